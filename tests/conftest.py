@@ -1,0 +1,30 @@
+"""Tests load the package through the Hub loader from build/ (run `make build` first)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from kernels import get_local_kernel
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build"
+
+HAS_CUDA = torch.cuda.is_available()
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="session")
+def lp():
+    """The variant the loader picks for this torch (on a CUDA torch: the CUDA variant)."""
+    return get_local_kernel(BUILD)
+
+
+@pytest.fixture(scope="session", params=["default", "cpu"])
+def lp_variant(request):
+    """Each variant that serves CPU tensors: the default one and the CPU-only one."""
+    backend = None if request.param == "default" else "cpu"
+    return get_local_kernel(BUILD, backend=backend)
+
+
+def devices():
+    return ["cpu", "cuda"] if HAS_CUDA else ["cpu"]

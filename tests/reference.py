@@ -1,0 +1,49 @@
+"""Independent references: plain torch, written for clarity, not speed."""
+
+from __future__ import annotations
+
+import torch
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """bool [rows, vocab]: True where the token is allowed (bit v % 32 of word v // 32)."""
+    bitmask = bitmask.reshape(-1, bitmask.shape[-1]).to(torch.int64) & 0xFFFFFFFF
+    v = torch.arange(vocab, device=bitmask.device)
+    return ((bitmask[:, v // 32] >> (v % 32)) & 1).bool()
+
+
+def pack_bitmask(allowed: torch.Tensor) -> torch.Tensor:
+    """int32 [rows, ceil(V / 32)] from a bool [rows, V] allowed matrix."""
+    rows, vocab = allowed.shape
+    words = (vocab + 31) // 32
+    padded = torch.zeros(rows, words * 32, dtype=torch.int64, device=allowed.device)
+    padded[:, :vocab] = allowed.to(torch.int64)
+    packed = (padded.view(rows, words, 32) << torch.arange(32, device=allowed.device)).sum(-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def bitmask_reference(logits, bitmask, *, vocab_size=None, indices=None, fill_value=float("-inf")):
+    """A masked copy of logits, XGrammar's semantics."""
+    out = logits.clone()
+    out2 = out.view(1, -1) if out.dim() == 1 else out
+    bitmask2 = bitmask.view(1, -1) if bitmask.dim() == 1 else bitmask
+    vocab = vocab_size if vocab_size is not None else min(out2.shape[1], 32 * bitmask2.shape[1])
+    rows = range(out2.shape[0]) if indices is None else [int(i) for i in indices]
+    allowed = unpack_bitmask(bitmask2, vocab)
+    for r in rows:
+        out2[r, :vocab] = torch.where(allowed[r], out2[r, :vocab], torch.tensor(fill_value, dtype=out.dtype))
+    return out
+
+
+def random_bitmask(rows: int, vocab: int, generator: torch.Generator, pattern: str = "mixed") -> torch.Tensor:
+    """Random bitmask words: 'mixed' (each bit a coin flip), 'zeros', 'ones' or 'words' (each word all 0, all 1 or mixed)."""
+    words = (vocab + 31) // 32
+    if pattern == "zeros":
+        return torch.zeros(rows, words, dtype=torch.int32)
+    if pattern == "ones":
+        return torch.full((rows, words), -1, dtype=torch.int32)
+    mixed = torch.randint(-(2**31), 2**31, (rows, words), dtype=torch.int64, generator=generator).to(torch.int32)
+    if pattern == "mixed":
+        return mixed
+    choice = torch.randint(0, 3, (rows, words), generator=generator)
+    return torch.where(choice == 0, 0, torch.where(choice == 1, -1, mixed)).to(torch.int32)

@@ -1,0 +1,21 @@
+"""logits-processor: grammar bitmask masking and fused sampling, as torch custom ops."""
+
+from ._bitmask import (
+    allocate_token_bitmask,
+    apply_packed_bitmask,
+    apply_token_bitmask,
+    apply_token_bitmask_inplace,
+    bitmask_dtype,
+    get_bitmask_shape,
+    reset_token_bitmask,
+)
+
+__all__ = [
+    "allocate_token_bitmask",
+    "apply_packed_bitmask",
+    "apply_token_bitmask",
+    "apply_token_bitmask_inplace",
+    "bitmask_dtype",
+    "get_bitmask_shape",
+    "reset_token_bitmask",
+]
