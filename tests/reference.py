@@ -47,3 +47,56 @@ def random_bitmask(rows: int, vocab: int, generator: torch.Generator, pattern: s
         return mixed
     choice = torch.randint(0, 3, (rows, words), generator=generator)
     return torch.where(choice == 0, 0, torch.where(choice == 1, -1, mixed)).to(torch.int32)
+
+
+def _row_value(value, row):
+    return value[row].item() if isinstance(value, torch.Tensor) else value
+
+
+def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, slack=0.0):
+    """float64 [B, V]: the probability of drawing each token under the intersection semantics.
+
+    Sort-based and in float64, independent of the kernels' algorithm. Scores are x / T in
+    float32 (the op's definition, so ties match), probabilities in float64. `slack` widens
+    the top-p and min-p filters by that relative amount, for a kept set that tolerates
+    rounding at the cutoff. Rows with no allowed finite logit are all zero.
+    """
+    x = logits.detach().cpu().float()
+    rows, vocab = x.shape
+    allowed = torch.ones(rows, vocab, dtype=torch.bool)
+    if bitmask is not None:
+        covered = min(vocab, 32 * bitmask.shape[1])
+        allowed[:, :covered] = unpack_bitmask(bitmask.cpu()[:rows], covered)
+    out = torch.zeros(rows, vocab, dtype=torch.float64)
+    for b in range(rows):
+        temp = float(_row_value(temperature, b))
+        cand = allowed[b] & (x[b] > float("-inf"))  # NaN fails the compare
+        if not cand.any():
+            continue
+        if not temp > 0:
+            best = torch.where(cand, x[b], torch.tensor(float("-inf"))).argmax()
+            out[b, best] = 1.0
+            continue
+        s = torch.clamp(x[b] / torch.tensor(temp, dtype=torch.float32), max=torch.finfo(torch.float32).max)
+        s = torch.where(cand, s, torch.tensor(float("-inf")))
+        s64 = s.double()
+        p = torch.softmax(s64, dim=0)
+        keep = cand.clone()
+        k = int(_row_value(top_k, b))
+        n = int(cand.sum())
+        if 0 < k < n:
+            kth = s.topk(k).values[-1]
+            keep &= s >= kth
+        mp = float(_row_value(min_p, b))
+        if mp > 0:
+            keep &= p >= min(mp, 1.0) * p.max() * (1 - slack)
+        tp = float(_row_value(top_p, b))
+        if tp < 1:
+            order = torch.argsort(s64, descending=True, stable=True)
+            cum = torch.cumsum(p[order], 0)
+            target = min(tp * (1 + slack), 1.0)
+            last = int(torch.searchsorted(cum, torch.tensor([target], dtype=torch.float64)).clamp(max=n - 1))
+            keep &= s >= s[order[last]]
+        probs = torch.where(keep, p, torch.zeros_like(p))
+        out[b] = probs / probs.sum()
+    return out

@@ -6,9 +6,11 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "../logits_processor/bitmask.h"
+#include "../logits_processor/sampling.h"
 #include "registration.h"
 
 #if defined(CUDA_KERNEL)
@@ -61,6 +63,12 @@ uint32_t fill_bits(double fill_value, at::ScalarType dtype) {
   uint32_t bits = 0;
   std::memcpy(&bits, fill.data_ptr(), fill.element_size());
   return bits;
+}
+
+lp::Dtype kernel_dtype(at::ScalarType dtype) {
+  if (dtype == at::kHalf) return lp::Dtype::Float16;
+  if (dtype == at::kBFloat16) return lp::Dtype::BFloat16;
+  return lp::Dtype::Float32;
 }
 
 void run_bitmask(const lp::BitmaskParams& params, const torch::Tensor& logits) {
@@ -132,6 +140,29 @@ torch::Tensor indices_on_device(const torch::Tensor& indices, const torch::Tenso
   return indices.to(logits.device()).contiguous();
 }
 
+// A per-row sampling parameter: a length-B tensor on the logits' device, converted to the
+// kernel's dtype (a no-op, and no allocation, when it already is float32 / int64).
+torch::Tensor row_parameter(const torch::Tensor& t, const torch::Tensor& logits, const char* name,
+                            at::ScalarType dtype) {
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == logits.size(0), name,
+              " must be a number or a 1-D tensor of length ", logits.size(0), " (one per row), got shape ",
+              t.sizes());
+  TORCH_CHECK(t.device() == logits.device(), name, " must be on the logits' device (",
+              logits.device(), "), got ", t.device());
+  const bool floating = dtype == at::kFloat;
+  TORCH_CHECK(floating ? t.is_floating_point() : !t.is_floating_point() && !t.is_complex() &&
+                                                     t.scalar_type() != at::kBool,
+              name, floating ? " must be a floating-point tensor" : " must be an integer tensor",
+              ", got ", t.scalar_type());
+  return t.to(dtype).contiguous();
+}
+
+template <typename T>
+const T* optional_data(const torch::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+
 }  // namespace
 
 void apply_token_bitmask_inplace(torch::Tensor& logits, const torch::Tensor& bitmask,
@@ -170,14 +201,89 @@ void apply_packed_bitmask(const torch::Tensor& logits, const torch::Tensor& bitm
   run_bitmask(p, logits);
 }
 
+void sample(const torch::Tensor& logits, const std::optional<torch::Tensor>& temperature,
+            double temperature_value, const std::optional<torch::Tensor>& top_k,
+            int64_t top_k_value, const std::optional<torch::Tensor>& top_p, double top_p_value,
+            const std::optional<torch::Tensor>& min_p, double min_p_value,
+            const std::optional<torch::Tensor>& seed, int64_t seed_value,
+            const std::optional<torch::Tensor>& offset, int64_t offset_value,
+            const std::optional<torch::Tensor>& bitmask, torch::Tensor& out) {
+  check_logits_dtype(logits, "logits");
+  check_device_supported(logits, "logits");
+  TORCH_CHECK(logits.dim() == 2, "logits must be 2-D [batch, vocab], got ", logits.dim(), "-D");
+  const RowView lv = row_view(logits, "logits");
+  TORCH_CHECK(lv.width < (int64_t{1} << 31), "logits: vocab must be below 2^31, got ", lv.width);
+  TORCH_CHECK(!std::isnan(temperature_value), "temperature must not be NaN");
+  TORCH_CHECK(top_p_value >= 0.0 && top_p_value <= 1.0, "top_p must be in [0, 1], got ", top_p_value);
+  TORCH_CHECK(min_p_value >= 0.0 && min_p_value <= 1.0, "min_p must be in [0, 1], got ", min_p_value);
+  TORCH_CHECK(out.scalar_type() == at::kLong, "out must be int64, got ", out.scalar_type());
+  TORCH_CHECK(out.device() == logits.device(), "out must be on the logits' device (",
+              logits.device(), "), got ", out.device());
+  TORCH_CHECK(out.dim() == 1 && out.size(0) == lv.rows && out.is_contiguous(),
+              "out must be a contiguous 1-D tensor of length ", lv.rows, ", got shape ", out.sizes());
+
+  const auto param = [&](const std::optional<torch::Tensor>& t, const char* name, at::ScalarType dtype) {
+    return t.has_value() ? row_parameter(*t, logits, name, dtype) : torch::Tensor();
+  };
+  const torch::Tensor temperature_t = param(temperature, "temperature", at::kFloat);
+  const torch::Tensor top_k_t = param(top_k, "top_k", at::kLong);
+  const torch::Tensor top_p_t = param(top_p, "top_p", at::kFloat);
+  const torch::Tensor min_p_t = param(min_p, "min_p", at::kFloat);
+  const torch::Tensor seed_t = param(seed, "seed", at::kLong);
+  const torch::Tensor offset_t = param(offset, "offset", at::kLong);
+
+  lp::SamplingParams p{};
+  if (bitmask.has_value()) {
+    const torch::Tensor& m = *bitmask;
+    TORCH_CHECK(m.scalar_type() == at::kInt, "bitmask must be int32, got ", m.scalar_type());
+    TORCH_CHECK(m.device() == logits.device(), "bitmask must be on the logits' device (",
+                logits.device(), "), got ", m.device());
+    TORCH_CHECK(m.dim() == 2, "bitmask must be 2-D [batch, words], got ", m.dim(), "-D");
+    const RowView bv = row_view(m, "bitmask");
+    TORCH_CHECK(bv.rows >= lv.rows, "bitmask has ", bv.rows, " rows but logits has ", lv.rows);
+    p.bitmask = m.data_ptr<int32_t>();
+    p.bitmask_row_stride = bv.row_stride;
+    p.bitmask_width = bv.width;
+  }
+  p.logits = logits.data_ptr();
+  p.dtype = kernel_dtype(logits.scalar_type());
+  p.rows = lv.rows;
+  p.vocab = lv.width;
+  p.row_stride = lv.row_stride;
+  p.temperature = optional_data<float>(temperature_t);
+  p.temperature_value = static_cast<float>(temperature_value);
+  p.top_k = optional_data<int64_t>(top_k_t);
+  p.top_k_value = top_k_value;
+  p.top_p = optional_data<float>(top_p_t);
+  p.top_p_value = static_cast<float>(top_p_value);
+  p.min_p = optional_data<float>(min_p_t);
+  p.min_p_value = static_cast<float>(min_p_value);
+  p.seed = optional_data<int64_t>(seed_t);
+  p.seed_value = seed_value;
+  p.offset = optional_data<int64_t>(offset_t);
+  p.offset_value = offset_value;
+  p.out = out.data_ptr<int64_t>();
+  if (logits.device().is_cpu()) {
+    lp::sample_cpu(p, run_parallel_for);
+    return;
+  }
+#if defined(CUDA_KERNEL)
+  const c10::cuda::CUDAGuard guard(logits.device());
+  lp::sample_cuda(p, c10::cuda::getCurrentCUDAStream(logits.device().index()));
+#endif
+}
+
 TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("apply_token_bitmask_inplace(Tensor(a!) logits, Tensor bitmask, int? vocab_size, Tensor? indices, float fill_value) -> ()");
   ops.impl("apply_token_bitmask_inplace", torch::kCPU, &apply_token_bitmask_inplace);
   ops.def("apply_packed_bitmask(Tensor logits, Tensor bitmask, float fill_value, Tensor(a!) out) -> ()");
   ops.impl("apply_packed_bitmask", torch::kCPU, &apply_packed_bitmask);
+  ops.def("sample(Tensor logits, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? seed, int seed_value, Tensor? offset, int offset_value, Tensor? bitmask, Tensor(a!) out) -> ()");
+  ops.impl("sample", torch::kCPU, &sample);
 #if defined(CUDA_KERNEL)
   ops.impl("apply_token_bitmask_inplace", torch::kCUDA, &apply_token_bitmask_inplace);
   ops.impl("apply_packed_bitmask", torch::kCUDA, &apply_packed_bitmask);
+  ops.impl("sample", torch::kCUDA, &sample);
 #endif
 }
 

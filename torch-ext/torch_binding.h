@@ -10,3 +10,11 @@ void apply_token_bitmask_inplace(torch::Tensor& logits, const torch::Tensor& bit
 
 void apply_packed_bitmask(const torch::Tensor& logits, const torch::Tensor& bitmask,
                           double fill_value, torch::Tensor& out);
+
+void sample(const torch::Tensor& logits, const std::optional<torch::Tensor>& temperature,
+            double temperature_value, const std::optional<torch::Tensor>& top_k,
+            int64_t top_k_value, const std::optional<torch::Tensor>& top_p, double top_p_value,
+            const std::optional<torch::Tensor>& min_p, double min_p_value,
+            const std::optional<torch::Tensor>& seed, int64_t seed_value,
+            const std::optional<torch::Tensor>& offset, int64_t offset_value,
+            const std::optional<torch::Tensor>& bitmask, torch::Tensor& out);

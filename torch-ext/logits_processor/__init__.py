@@ -9,6 +9,7 @@ from ._bitmask import (
     get_bitmask_shape,
     reset_token_bitmask,
 )
+from ._sampling import sample
 
 __all__ = [
     "allocate_token_bitmask",
@@ -18,4 +19,5 @@ __all__ = [
     "bitmask_dtype",
     "get_bitmask_shape",
     "reset_token_bitmask",
+    "sample",
 ]

@@ -1,0 +1,48 @@
+// Logits as float from their storage bits: exact conversions, the same on host and device.
+#pragma once
+
+#include "common.h"
+#include "fast_math.h"
+
+namespace logits_processor {
+
+LP_HOST_DEVICE float half_bits_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact in float
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    return sign ? -magnitude : magnitude;
+  }
+  if (exponent == 31) return bits_float(sign | 0x7f800000u | (mantissa << 13));
+  return bits_float(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+LP_HOST_DEVICE float bfloat16_bits_to_float(uint16_t h) {
+  return bits_float(static_cast<uint32_t>(h) << 16);
+}
+
+LP_HOST_DEVICE int64_t dtype_size(Dtype dtype) { return dtype == Dtype::Float32 ? 4 : 2; }
+
+template <Dtype D>
+LP_HOST_DEVICE float load_logit(const void* row, int64_t i) {
+  if constexpr (D == Dtype::Float32) {
+    return static_cast<const float*>(row)[i];
+  } else if constexpr (D == Dtype::Float16) {
+    return half_bits_to_float(static_cast<const uint16_t*>(row)[i]);
+  } else {
+    return bfloat16_bits_to_float(static_cast<const uint16_t*>(row)[i]);
+  }
+}
+
+// Calls f.template operator()<D>() with the dtype as a compile-time constant.
+template <typename F>
+void dispatch_dtype(Dtype dtype, F&& f) {
+  switch (dtype) {
+    case Dtype::Float32: f.template operator()<Dtype::Float32>(); break;
+    case Dtype::Float16: f.template operator()<Dtype::Float16>(); break;
+    case Dtype::BFloat16: f.template operator()<Dtype::BFloat16>(); break;
+  }
+}
+
+}  // namespace logits_processor

@@ -1,0 +1,91 @@
+// exp and log as plain float arithmetic, identical on the CPU and the GPU.
+//
+// The sampler's decisions (min-p cutoff, Gumbel noise, top-p masses) must come out the same
+// on both devices so that the CPU replays the GPU bit for bit. Library expf/logf differ by
+// an ulp between glibc and CUDA, and nvcc contracts a * b + c into an fma where the host
+// compiler does not. So these use Cephes' polynomials with every product and sum through
+// lp_mul / lp_add, which the device code spells as the non-contractible __fmul_rn /
+// __fadd_rn. Accuracy: about 1 ulp (relative error < 2e-7) on the ranges used here.
+#pragma once
+
+#include <cstring>
+
+#include "common.h"
+
+namespace logits_processor {
+
+LP_HOST_DEVICE float lp_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+LP_HOST_DEVICE float lp_add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+LP_HOST_DEVICE uint32_t float_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+LP_HOST_DEVICE float bits_float(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// e^x for x <= 0 (the sampler only exponentiates s - s_max); 0 below -87.3.
+LP_HOST_DEVICE float lp_exp_nonpositive(float x) {
+  if (!(x >= -87.3f)) return 0.0f;
+  // n = round(x / ln 2), then r = x - n ln 2 in [-ln2/2, ln2/2] (Cody-Waite split of ln 2).
+  const int n = static_cast<int>(lp_add(lp_mul(x, 1.44269504088896341f), -0.5f));
+  const float fn = static_cast<float>(n);
+  float r = lp_add(x, lp_mul(fn, -0.693359375f));
+  r = lp_add(r, lp_mul(fn, 2.12194440e-4f));
+  float p = 1.9875691500e-4f;
+  p = lp_add(lp_mul(p, r), 1.3981999507e-3f);
+  p = lp_add(lp_mul(p, r), 8.3334519073e-3f);
+  p = lp_add(lp_mul(p, r), 4.1665795894e-2f);
+  p = lp_add(lp_mul(p, r), 1.6666665459e-1f);
+  p = lp_add(lp_mul(p, r), 5.0000001201e-1f);
+  const float e = lp_add(lp_add(lp_mul(lp_mul(p, r), r), r), 1.0f);
+  return lp_mul(e, bits_float(static_cast<uint32_t>(n + 127) << 23));  // n >= -126
+}
+
+// ln x for a positive normal float x.
+LP_HOST_DEVICE float lp_log(float x) {
+  const uint32_t bits = float_bits(x);
+  int e = static_cast<int>((bits >> 23) & 0xffu) - 126;
+  float m = bits_float((bits & 0x007fffffu) | 0x3f000000u);  // x = m * 2^e, m in [0.5, 1)
+  if (m < 0.707106781186547524f) {
+    e -= 1;
+    m = lp_add(lp_add(m, m), -1.0f);
+  } else {
+    m = lp_add(m, -1.0f);
+  }
+  const float z = lp_mul(m, m);
+  float y = 7.0376836292e-2f;
+  y = lp_add(lp_mul(y, m), -1.1514610310e-1f);
+  y = lp_add(lp_mul(y, m), 1.1676998740e-1f);
+  y = lp_add(lp_mul(y, m), -1.2420140846e-1f);
+  y = lp_add(lp_mul(y, m), 1.4249322787e-1f);
+  y = lp_add(lp_mul(y, m), -1.6668057665e-1f);
+  y = lp_add(lp_mul(y, m), 2.0000714765e-1f);
+  y = lp_add(lp_mul(y, m), -2.4999993993e-1f);
+  y = lp_add(lp_mul(y, m), 3.3333331174e-1f);
+  y = lp_mul(y, lp_mul(m, z));
+  const float fe = static_cast<float>(e);
+  y = lp_add(y, lp_mul(fe, -2.12194440e-4f));
+  y = lp_add(y, lp_mul(z, -0.5f));
+  return lp_add(lp_add(m, y), lp_mul(fe, 0.693359375f));
+}
+
+}  // namespace logits_processor

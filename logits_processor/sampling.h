@@ -1,0 +1,170 @@
+// Fused sampling: temperature, the intersection of top-k, top-p and min-p, and a Gumbel-max
+// draw, one row at a time. Everything that decides a token is defined here, once, for the
+// CPU and the CUDA implementation; both then return the same token on the same input.
+//
+// For a row with scores s_i = x_i / T over the candidates (allowed by the bitmask, logit not
+// NaN and not -inf; +inf and overflow clamp to FLT_MAX):
+//   t_k    = the k-th largest score                                 (top_k in (0, n))
+//   t_minp = s_max + ln(min_p)                                      (min_p > 0)
+//   t_p    = the largest score t with M(t) >= ceil(top_p * Z)       (top_p < 1)
+// where mass_i = floor(2^32 * e^(s_i - s_max)) is an integer, M(t) the mass of the scores
+// >= t and Z the total, so sums are exact and independent of their order. The kept set is
+// {s_i >= max(t_k, t_minp, t_p)} (ties at the cutoff all kept, the maximum always kept), and
+// the token is argmax over it of s_i + G_i (lowest index on ties), G_i = -ln(-ln U_i) with
+// U_i from Philox keyed by the seed and counted by (i, stream, offset): a draw in
+// proportion to e^(s_i). Scores are compared through order-preserving integer keys.
+#pragma once
+
+#include "common.h"
+#include "dtype.h"
+#include "fast_math.h"
+#include "philox.h"
+
+#if defined(CUDA_KERNEL) || defined(__CUDACC__)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace logits_processor {
+
+struct SamplingParams {
+  const void* logits;
+  Dtype dtype;
+  int64_t rows;
+  int64_t vocab;
+  int64_t row_stride;  // in elements
+  // Each parameter is a per-row array, or nullptr and then the scalar beside it.
+  const float* temperature;
+  float temperature_value;
+  const int64_t* top_k;
+  int64_t top_k_value;
+  const float* top_p;
+  float top_p_value;
+  const float* min_p;
+  float min_p_value;
+  // With per-row seeds, row b's stream is keyed by (seed[b], offset[b]) alone; with one
+  // seed it is keyed by (seed, b, offset).
+  const int64_t* seed;
+  int64_t seed_value;
+  const int64_t* offset;
+  int64_t offset_value;
+  const int32_t* bitmask;  // optional, XGrammar's layout; columns past its width are allowed
+  int64_t bitmask_row_stride;
+  int64_t bitmask_width;  // in words
+  int64_t* out;
+};
+
+// Fixed point of the masses: 2^32 keeps V * 2^32 < 2^53, so top_p * Z is exact in double.
+constexpr float kMassScale = 4294967296.0f;
+constexpr uint32_t kNoKey = 0;  // below every candidate's key
+
+struct RowParams {
+  bool greedy;
+  float temperature;
+  int64_t top_k;
+  float top_p;
+  float min_p;
+  uint32_t key0, key1;      // Philox key: the seed
+  uint32_t stream;          // row for a shared seed, 0 for per-row seeds
+  uint32_t offset_lo, offset_hi;
+};
+
+// Per-row values that no host check has seen (device tensors) are made safe here: NaN or
+// non-positive temperature is greedy, top_p and min_p clamp to [0, 1] (NaN disables them).
+LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
+  RowParams r;
+  r.temperature = p.temperature ? p.temperature[row] : p.temperature_value;
+  r.greedy = !(r.temperature > 0.0f);
+  r.top_k = p.top_k ? p.top_k[row] : p.top_k_value;
+  const float top_p = p.top_p ? p.top_p[row] : p.top_p_value;
+  r.top_p = top_p >= 0.0f ? (top_p < 1.0f ? top_p : 1.0f) : (top_p < 0.0f ? 0.0f : 1.0f);
+  const float min_p = p.min_p ? p.min_p[row] : p.min_p_value;
+  r.min_p = min_p > 0.0f ? (min_p < 1.0f ? min_p : 1.0f) : 0.0f;
+  const uint64_t seed = static_cast<uint64_t>(p.seed ? p.seed[row] : p.seed_value);
+  const uint64_t offset = static_cast<uint64_t>(p.offset ? p.offset[row] : p.offset_value);
+  r.key0 = static_cast<uint32_t>(seed);
+  r.key1 = static_cast<uint32_t>(seed >> 32);
+  r.stream = p.seed ? 0u : static_cast<uint32_t>(row);
+  r.offset_lo = static_cast<uint32_t>(offset);
+  r.offset_hi = static_cast<uint32_t>(offset >> 32);
+  return r;
+}
+
+// Order-preserving map of a non-NaN float to uint32: a < b iff key(a) < key(b).
+LP_HOST_DEVICE uint32_t score_key(float s) {
+  const uint32_t u = float_bits(s);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+LP_HOST_DEVICE float key_score(uint32_t key) {
+  return bits_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+LP_HOST_DEVICE const void* row_logits(const SamplingParams& p, int64_t row) {
+  return static_cast<const char*>(p.logits) + row * p.row_stride * dtype_size(p.dtype);
+}
+
+LP_HOST_DEVICE const int32_t* row_bitmask(const SamplingParams& p, int64_t row) {
+  return p.bitmask ? p.bitmask + row * p.bitmask_row_stride : nullptr;
+}
+
+constexpr float kNegInf = -__builtin_huge_valf();
+
+// Token i's logit as float, or -inf when it is not a candidate (masked, NaN or -inf).
+template <Dtype D>
+LP_HOST_DEVICE float candidate_logit(const SamplingParams& p, const void* row,
+                                     const int32_t* bitmask_row, int64_t i) {
+  if (bitmask_row && (i >> 5) < p.bitmask_width && !token_allowed(bitmask_row, i))
+    return kNegInf;
+  const float x = load_logit<D>(row, i);
+  return x > kNegInf ? x : kNegInf;  // NaN fails the compare
+}
+
+LP_HOST_DEVICE float score(float x, float temperature) {
+  const float s = x / temperature;  // IEEE division on both devices
+  return s < 3.402823466e38f ? s : 3.402823466e38f;
+}
+
+LP_HOST_DEVICE uint64_t token_mass(float s, float s_max) {
+  return static_cast<uint64_t>(lp_mul(lp_exp_nonpositive(lp_add(s, -s_max)), kMassScale));
+}
+
+// ceil(top_p * Z), at least 1: the mass the top-p set must reach. (With top_p = 0 the
+// cutoff is then the largest score, whose mass is 2^32.)
+LP_HOST_DEVICE uint64_t top_p_target(float top_p, uint64_t total_mass) {
+  const double t = static_cast<double>(top_p) * static_cast<double>(total_mass);
+  const uint64_t floor_t = static_cast<uint64_t>(t);
+  const uint64_t ceil_t = static_cast<double>(floor_t) < t ? floor_t + 1 : floor_t;
+  return ceil_t > 0 ? ceil_t : 1;
+}
+
+LP_HOST_DEVICE uint32_t min_p_key(float s_max, float min_p) {
+  return min_p > 0.0f ? score_key(lp_add(s_max, lp_log(min_p))) : kNoKey;
+}
+
+// Gumbel-perturbed score of token i. Philox yields 4 words per counter: token i uses word
+// i % 4 of counter (i / 4, stream, offset).
+LP_HOST_DEVICE float gumbel_score(const RowParams& r, int64_t i, float s) {
+  const Philox4 counter = {{static_cast<uint32_t>(i >> 2), r.stream, r.offset_lo, r.offset_hi}};
+  const uint32_t bits = philox4x32_10(counter, r.key0, r.key1).v[i & 3];
+  const float u = uniform_open01(bits);
+  return lp_add(s, -lp_log(-lp_log(u)));
+}
+
+// (key, index) packed so that the larger value wins and, on equal keys, the lower index.
+LP_HOST_DEVICE uint64_t pack_argmax(uint32_t key, int64_t index) {
+  return (static_cast<uint64_t>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(index));
+}
+
+LP_HOST_DEVICE int64_t unpack_index(uint64_t packed) {
+  return static_cast<int64_t>(0xffffffffu - static_cast<uint32_t>(packed));
+}
+
+constexpr uint64_t kNoToken = 0;  // pack_argmax never yields 0 for a candidate
+
+void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for);
+
+#if defined(CUDA_KERNEL) || defined(__CUDACC__)
+void sample_cuda(const SamplingParams& params, cudaStream_t stream);
+#endif
+
+}  // namespace logits_processor

@@ -1,0 +1,191 @@
+// CUDA sampler: one 256-thread block per row (grid-stride over rows), one launch for the
+// whole chain, no sort and no float atomics. Each step is a pass over the row:
+//   1. max score and candidate count (or, greedy, the argmax: done);
+//   2. top-k: a radix select, 8 bits a pass, of the k-th largest score key;
+//   3. top-p: the integer masses' total, then a radix select on masses above the cutoff;
+//   4. the Gumbel-max draw over the kept set.
+// The integer histograms make every decision independent of thread timing, and the
+// arithmetic is sampling.h's, so the CPU sampler returns the same tokens.
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cuda_runtime.h>
+
+#include "cuda_utils.cuh"
+#include "sampling.h"
+
+namespace logits_processor {
+namespace {
+
+constexpr int kThreads = 256;  // also the radix: thread t owns bin 255 - t when scanning
+constexpr int kRadixBits = 8;
+
+struct MaxOp {
+  __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a > b ? a : b; }
+};
+
+using BlockReduce = cub::BlockReduce<uint64_t, kThreads>;
+using BlockScan = cub::BlockScan<uint64_t, kThreads>;
+
+struct SharedState {
+  union {
+    BlockReduce::TempStorage reduce;
+    BlockScan::TempStorage scan;
+  } cub;
+  unsigned long long histogram[kThreads];
+  uint64_t broadcast;
+  uint32_t digit;
+  uint64_t above;
+};
+
+// Block-wide reductions whose result every thread gets.
+__device__ uint64_t block_max(uint64_t v, SharedState& sh) {
+  v = BlockReduce(sh.cub.reduce).Reduce(v, MaxOp());
+  if (threadIdx.x == 0) sh.broadcast = v;
+  __syncthreads();
+  v = sh.broadcast;
+  __syncthreads();
+  return v;
+}
+
+__device__ uint64_t block_sum(uint64_t v, SharedState& sh) {
+  v = BlockReduce(sh.cub.reduce).Sum(v);
+  if (threadIdx.x == 0) sh.broadcast = v;
+  __syncthreads();
+  v = sh.broadcast;
+  __syncthreads();
+  return v;
+}
+
+template <Dtype D>
+struct Row {
+  const SamplingParams& p;
+  RowParams r;
+  const void* logits;
+  const int32_t* bitmask;
+  float s_max;
+
+  // f(i, s) for each candidate token of this thread's share of the row.
+  template <typename F>
+  __device__ void for_each_candidate(F&& f) const {
+    for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
+      const float x = candidate_logit<D>(p, logits, bitmask, i);
+      if (x > kNegInf) f(i, score(x, r.temperature));
+    }
+  }
+
+  __device__ uint64_t greedy_argmax(SharedState& sh) const {
+    uint64_t best = kNoToken;
+    for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
+      const float x = candidate_logit<D>(p, logits, bitmask, i);
+      if (x > kNegInf) best = max(best, pack_argmax(score_key(x), i));
+    }
+    return block_max(best, sh);
+  }
+
+  __device__ uint64_t gumbel_argmax(uint32_t threshold, SharedState& sh) const {
+    uint64_t best = kNoToken;
+    for_each_candidate([&](int64_t i, float s) {
+      if (score_key(s) >= threshold) best = max(best, pack_argmax(score_key(gumbel_score(r, i, s)), i));
+    });
+    return block_max(best, sh);
+  }
+
+  // The largest key t with stat(candidates with key >= t) >= target, where stat counts them
+  // (kMass false) or sums their masses, among the candidates with key >= lower. The caller
+  // guarantees that those reach the target.
+  template <bool kMass>
+  __device__ uint32_t radix_select(uint32_t lower, uint64_t target, SharedState& sh) const {
+    uint32_t prefix = 0;
+    uint64_t above = 0;  // stat of the candidates above the bins still in play
+    for (int shift = 32 - kRadixBits; shift >= 0; shift -= kRadixBits) {
+      const uint32_t decided = shift + kRadixBits == 32 ? 0u : ~0u << (shift + kRadixBits);
+      sh.histogram[threadIdx.x] = 0;
+      __syncthreads();
+      for_each_candidate([&](int64_t, float s) {
+        const uint32_t key = score_key(s);
+        if (key >= lower && (key & decided) == prefix)
+          atomicAdd(&sh.histogram[(key >> shift) & (kThreads - 1)],
+                    kMass ? static_cast<unsigned long long>(token_mass(s, s_max)) : 1ull);
+      });
+      __syncthreads();
+      const uint32_t bin = kThreads - 1 - threadIdx.x;  // the scan runs from the top bin down
+      const uint64_t mine = sh.histogram[bin];
+      uint64_t inclusive;
+      BlockScan(sh.cub.scan).InclusiveSum(mine, inclusive);
+      if (above + inclusive - mine < target && above + inclusive >= target) {
+        sh.digit = bin;
+        sh.above = above + inclusive - mine;
+      }
+      __syncthreads();
+      prefix |= sh.digit << shift;
+      above = sh.above;
+      __syncthreads();
+    }
+    return prefix;
+  }
+
+  __device__ int64_t sample(SharedState& sh) {
+    if (r.greedy) return unpack_or_none(greedy_argmax(sh));
+    uint64_t max_key = kNoKey, candidates = 0;
+    for_each_candidate([&](int64_t, float s) {
+      max_key = max(max_key, static_cast<uint64_t>(score_key(s)));
+      ++candidates;
+    });
+    max_key = block_max(max_key, sh);
+    candidates = block_sum(candidates, sh);
+    if (candidates == 0) return -1;
+    s_max = key_score(static_cast<uint32_t>(max_key));
+    const uint32_t lower = min_p_key(s_max, r.min_p);
+    uint32_t threshold = lower;
+    if (r.top_k > 0 && static_cast<uint64_t>(r.top_k) < candidates) {
+      uint64_t at_or_above = candidates;
+      if (lower != kNoKey) {
+        uint64_t mine = 0;
+        for_each_candidate([&](int64_t, float s) { mine += score_key(s) >= lower; });
+        at_or_above = block_sum(mine, sh);
+      }
+      // Fewer than k candidates at or above the min-p cutoff: top-k keeps all of them.
+      if (at_or_above >= static_cast<uint64_t>(r.top_k))
+        threshold = radix_select<false>(lower, static_cast<uint64_t>(r.top_k), sh);
+    }
+    if (r.top_p < 1.0f) {
+      uint64_t total = 0, above_threshold = 0;
+      for_each_candidate([&](int64_t, float s) {
+        const uint64_t mass = token_mass(s, s_max);
+        total += mass;
+        above_threshold += score_key(s) >= threshold ? mass : 0;
+      });
+      const uint64_t target = top_p_target(r.top_p, block_sum(total, sh));
+      if (block_sum(above_threshold, sh) >= target)
+        threshold = radix_select<true>(threshold, target, sh);
+    }
+    return unpack_or_none(gumbel_argmax(threshold, sh));
+  }
+
+  __device__ static int64_t unpack_or_none(uint64_t best) {
+    return best == kNoToken ? -1 : unpack_index(best);
+  }
+};
+
+template <Dtype D>
+__global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p) {
+  __shared__ SharedState sh;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row), 0.0f};
+    const int64_t token = sampler.sample(sh);
+    if (threadIdx.x == 0) p.out[row] = token;
+  }
+}
+
+}  // namespace
+
+void sample_cuda(const SamplingParams& params, cudaStream_t stream) {
+  if (params.rows == 0) return;
+  const unsigned int blocks = static_cast<unsigned int>(
+      params.rows < resident_block_limit(8) ? params.rows : resident_block_limit(8));
+  dispatch_dtype(params.dtype, [&]<Dtype D>() {
+    sample_kernel<D><<<blocks, kThreads, 0, stream>>>(params);
+  });
+}
+
+}  // namespace logits_processor
