@@ -42,9 +42,11 @@ LP_HOST_DEVICE float bits_float(uint32_t u) {
   return f;
 }
 
-// e^x for x <= 0 (the sampler only exponentiates s - s_max); 0 below -87.3.
-LP_HOST_DEVICE float lp_exp_nonpositive(float x) {
-  if (!(x >= -87.3f)) return 0.0f;
+// e^x for x <= 0 (the sampler only exponentiates s - s_max); 0 below -87.3 and for NaN.
+// Branch-free (selects only), so the CPU loops over it vectorise.
+LP_HOST_DEVICE float lp_exp_nonpositive(float x_in) {
+  const bool in_range = x_in >= -87.3f;
+  const float x = in_range ? x_in : -87.3f;
   // n = round(x / ln 2), then r = x - n ln 2 in [-ln2/2, ln2/2] (Cody-Waite split of ln 2).
   const int n = static_cast<int>(lp_add(lp_mul(x, 1.44269504088896341f), -0.5f));
   const float fn = static_cast<float>(n);
@@ -57,7 +59,8 @@ LP_HOST_DEVICE float lp_exp_nonpositive(float x) {
   p = lp_add(lp_mul(p, r), 1.6666665459e-1f);
   p = lp_add(lp_mul(p, r), 5.0000001201e-1f);
   const float e = lp_add(lp_add(lp_mul(lp_mul(p, r), r), r), 1.0f);
-  return lp_mul(e, bits_float(static_cast<uint32_t>(n + 127) << 23));  // n >= -126
+  const float result = lp_mul(e, bits_float(static_cast<uint32_t>(n + 127) << 23));  // n >= -126
+  return in_range ? result : 0.0f;
 }
 
 // ln x for a positive normal float x.
@@ -65,12 +68,9 @@ LP_HOST_DEVICE float lp_log(float x) {
   const uint32_t bits = float_bits(x);
   int e = static_cast<int>((bits >> 23) & 0xffu) - 126;
   float m = bits_float((bits & 0x007fffffu) | 0x3f000000u);  // x = m * 2^e, m in [0.5, 1)
-  if (m < 0.707106781186547524f) {
-    e -= 1;
-    m = lp_add(lp_add(m, m), -1.0f);
-  } else {
-    m = lp_add(m, -1.0f);
-  }
+  const bool below_sqrt_half = m < 0.707106781186547524f;  // selects, not branches: see exp
+  e = below_sqrt_half ? e - 1 : e;
+  m = below_sqrt_half ? lp_add(lp_add(m, m), -1.0f) : lp_add(m, -1.0f);
   const float z = lp_mul(m, m);
   float y = 7.0376836292e-2f;
   y = lp_add(lp_mul(y, m), -1.1514610310e-1f);

@@ -33,7 +33,8 @@ LP_HOST_DEVICE Philox4 philox4x32_10(Philox4 counter, uint32_t key0, uint32_t ke
 // Uniform in the open interval (0, 1): 24 random bits, centred in their cell, so neither
 // 0 nor 1 can come out (-log of either would be infinite).
 LP_HOST_DEVICE float uniform_open01(uint32_t bits) {
-  return (static_cast<float>(bits >> 8) + 0.5f) * 5.9604644775390625e-8f;  // 2^-24
+  // (int32 first: a signed conversion is one vector instruction on every x86-64.)
+  return (static_cast<float>(static_cast<int32_t>(bits >> 8)) + 0.5f) * 5.9604644775390625e-8f;  // 2^-24
 }
 
 }  // namespace logits_processor

@@ -89,9 +89,10 @@ LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   return r;
 }
 
-// Order-preserving map of a non-NaN float to uint32: a < b iff key(a) < key(b).
+// Order-preserving map of a non-NaN float to uint32: a < b iff key(a) < key(b), and
+// -0 and +0 share a key (adding +0 turns -0 into +0), so keys order exactly as floats do.
 LP_HOST_DEVICE uint32_t score_key(float s) {
-  const uint32_t u = float_bits(s);
+  const uint32_t u = float_bits(lp_add(s, 0.0f));
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
@@ -141,13 +142,16 @@ LP_HOST_DEVICE uint32_t min_p_key(float s_max, float min_p) {
   return min_p > 0.0f ? score_key(lp_add(s_max, lp_log(min_p))) : kNoKey;
 }
 
-// Gumbel-perturbed score of token i. Philox yields 4 words per counter: token i uses word
-// i % 4 of counter (i / 4, stream, offset).
-LP_HOST_DEVICE float gumbel_score(const RowParams& r, int64_t i, float s) {
-  const Philox4 counter = {{static_cast<uint32_t>(i >> 2), r.stream, r.offset_lo, r.offset_hi}};
-  const uint32_t bits = philox4x32_10(counter, r.key0, r.key1).v[i & 3];
-  const float u = uniform_open01(bits);
-  return lp_add(s, -lp_log(-lp_log(u)));
+// Random bits for tokens 4g .. 4g + 3: one Philox call, counter (g, stream, offset), serves
+// four tokens, word i % 4 for token i.
+LP_HOST_DEVICE Philox4 noise_bits(const RowParams& r, int64_t group) {
+  const Philox4 counter = {{static_cast<uint32_t>(group), r.stream, r.offset_lo, r.offset_hi}};
+  return philox4x32_10(counter, r.key0, r.key1);
+}
+
+// s + G with G = -ln(-ln U) a Gumbel variate from 32 random bits.
+LP_HOST_DEVICE float perturbed_score(float s, uint32_t bits) {
+  return lp_add(s, -lp_log(-lp_log(uniform_open01(bits))));
 }
 
 // (key, index) packed so that the larger value wins and, on equal keys, the lower index.

@@ -1,7 +1,10 @@
 // CPU sampler: rows in parallel. It decides exactly what the CUDA sampler decides (see
-// sampling.h); only the way it finds the cutoffs differs: a coarse 2048-bin histogram of
-// the score keys, then an exact selection among the few candidates above the coarse bound.
+// sampling.h); only the way it finds the cutoffs differs. Each row's scores go once into a
+// float buffer (a vectorised loop), every later pass reads that buffer, and the cutoffs
+// come from a coarse 2048-bin histogram of the score keys followed by an exact selection
+// among the few candidates above the coarse bound.
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "sampling.h"
@@ -11,46 +14,61 @@ namespace {
 
 constexpr int kCoarseShift = 21;  // 2048 bins on the top 11 bits of a score key
 constexpr int kCoarseBins = 1 << (32 - kCoarseShift);
+constexpr float kMaxScore = 3.402823466e38f;
 
 struct Candidate {
   uint32_t key;
   uint32_t index;
 };
 
-// Scratch reused across the rows one thread samples.
+// Scratch reused across the rows one thread samples; each vector is one value per token.
 struct Scratch {
+  explicit Scratch(int64_t vocab)
+      : scores(vocab), scaled_mass(vocab), noise((vocab + 3) / 4 * 4), perturbed(vocab) {}
+  std::vector<float> scores;  // the score, or -inf for a non-candidate
+  std::vector<float> scaled_mass;
+  std::vector<uint32_t> noise;
+  std::vector<float> perturbed;
   std::vector<Candidate> kept;
   std::vector<uint64_t> histogram = std::vector<uint64_t>(kCoarseBins);
 };
 
-// The lowest bin whose bins at or above it reach `target` (counts or masses), or -1.
-int coarse_bin(const std::vector<uint64_t>& histogram, uint64_t target) {
+struct CoarseBin {
+  int bin;         // the lowest bin whose bins at or above it reach the target, or -1
+  uint64_t above;  // the count or mass of the bins above it
+};
+
+CoarseBin coarse_bin(const std::vector<uint64_t>& histogram, uint64_t target) {
   uint64_t total = 0;
   for (int bin = kCoarseBins - 1; bin >= 0; --bin) {
+    if (total + histogram[bin] >= target) return {bin, total};
     total += histogram[bin];
-    if (total >= target) return bin;
   }
-  return -1;
+  return {-1, total};
 }
+
+int64_t unpack_or_none(uint64_t best) { return best == kNoToken ? -1 : unpack_index(best); }
 
 template <Dtype D>
 class RowSampler {
  public:
   RowSampler(const SamplingParams& p, int64_t row, Scratch& scratch)
-      : p_(p), r_(row_params(p, row)), logits_(row_logits(p, row)),
-        bitmask_(row_bitmask(p, row)), scratch_(scratch) {}
+      : p_(p), r_(row_params(p, row)), scratch_(scratch), scores_(scratch.scores.data()) {
+    load_scores(row_logits(p, row), row_bitmask(p, row));
+  }
 
   int64_t sample() {
-    if (r_.greedy) return unpack_or_none(greedy_argmax());
-    uint32_t max_key = kNoKey;
+    float s_max = kNegInf;
     int64_t candidates = 0;
-    for_each_candidate([&](int64_t, float s) {
-      max_key = std::max(max_key, score_key(s));
-      ++candidates;
-    });
+#pragma omp simd reduction(max : s_max) reduction(+ : candidates)
+    for (int64_t i = 0; i < p_.vocab; ++i) {
+      s_max = std::max(s_max, scores_[i]);
+      candidates += scores_[i] > kNegInf;
+    }
     if (candidates == 0) return -1;
-    s_max_ = key_score(max_key);
-    const uint32_t lower = min_p_key(s_max_, r_.min_p);
+    if (r_.greedy) return first_index_of(s_max);
+    s_max_ = s_max;
+    const uint32_t lower = min_p_key(s_max, r_.min_p);
     const bool top_k = r_.top_k > 0 && r_.top_k < candidates;
     const bool top_p = r_.top_p < 1.0f;
     if (!top_k && !top_p) return gumbel_over_row(lower);
@@ -58,57 +76,82 @@ class RowSampler {
   }
 
  private:
-  template <typename F>
-  void for_each_candidate(F&& f) const {
+  // Scores, or the logits themselves when greedy (argmax of x, +inf included).
+  void load_scores(const void* logits, const int32_t* bitmask) {
+    const float temperature = r_.greedy ? 1.0f : r_.temperature;
+    const float ceiling = r_.greedy ? -kNegInf : kMaxScore;
+#pragma omp simd
     for (int64_t i = 0; i < p_.vocab; ++i) {
-      const float x = candidate_logit<D>(p_, logits_, bitmask_, i);
-      if (x > kNegInf) f(i, score(x, r_.temperature));
+      const float x = load_logit<D>(logits, i);
+      const float s = std::min(x / temperature, ceiling);
+      scores_[i] = x > kNegInf ? s : kNegInf;  // NaN fails the compare
+    }
+    if (!bitmask) return;
+    const int64_t words = std::min(p_.bitmask_width, (p_.vocab + 31) / 32);
+    for (int64_t w = 0; w < words; ++w) {
+      const uint32_t bits = static_cast<uint32_t>(bitmask[w]);
+      if (bits == 0xffffffffu) continue;
+      const int64_t end = std::min<int64_t>(32, p_.vocab - 32 * w);
+      for (int64_t j = 0; j < end; ++j)
+        if (!((bits >> j) & 1u)) scores_[32 * w + j] = kNegInf;
     }
   }
 
-  static int64_t unpack_or_none(uint64_t best) { return best == kNoToken ? -1 : unpack_index(best); }
-
-  uint64_t greedy_argmax() const {
-    uint64_t best = kNoToken;
-    for (int64_t i = 0; i < p_.vocab; ++i) {
-      const float x = candidate_logit<D>(p_, logits_, bitmask_, i);
-      if (x > kNegInf) best = std::max(best, pack_argmax(score_key(x), i));
-    }
-    return best;
+  int64_t first_index_of(float value) const {
+    for (int64_t i = 0; i < p_.vocab; ++i)
+      if (scores_[i] == value) return i;
+    return -1;
   }
 
-  int64_t gumbel_over_row(uint32_t lower) const {
-    uint64_t best = kNoToken;
-    for_each_candidate([&](int64_t i, float s) {
-      if (score_key(s) >= lower) best = std::max(best, pack_argmax(score_key(gumbel_score(r_, i, s)), i));
-    });
-    return unpack_or_none(best);
+  // Gumbel-max over the candidates whose key is at least `threshold`, vectorised: the
+  // noise of every token, then the perturbed scores, then the first index of the largest.
+  int64_t gumbel_over_row(uint32_t threshold) {
+    uint32_t* noise = scratch_.noise.data();
+    for (int64_t group = 0; 4 * group < p_.vocab; ++group) {
+      const Philox4 bits = noise_bits(r_, group);
+      std::memcpy(noise + 4 * group, bits.v, sizeof(bits.v));
+    }
+    const float floor = threshold == kNoKey ? kNegInf : key_score(threshold);
+    float* perturbed = scratch_.perturbed.data();
+    float best = kNegInf;
+#pragma omp simd reduction(max : best)
+    for (int64_t i = 0; i < p_.vocab; ++i) {
+      const float g = perturbed_score(scores_[i], noise[i]);
+      perturbed[i] = scores_[i] >= floor && scores_[i] > kNegInf ? lp_add(g, 0.0f) : kNegInf;
+      best = std::max(best, perturbed[i]);
+    }
+    if (best == kNegInf) return -1;
+    for (int64_t i = 0; i < p_.vocab; ++i)
+      if (perturbed[i] == best) return i;
+    return -1;
   }
 
   int64_t gumbel_over_kept(uint32_t threshold) const {
     uint64_t best = kNoToken;
     for (const Candidate& c : scratch_.kept) {
       if (c.key < threshold) break;  // kept is sorted by key, descending
-      best = std::max(best, pack_argmax(score_key(gumbel_score(r_, c.index, key_score(c.key))), c.index));
+      const uint32_t bits = noise_bits(r_, c.index >> 2).v[c.index & 3];
+      best = std::max(best, pack_argmax(score_key(perturbed_score(key_score(c.key), bits)), c.index));
     }
     return unpack_or_none(best);
   }
 
-  // Collects the candidates with key >= bound, sorted by key, descending.
-  void gather(uint32_t bound) {
+  // Collects the candidates with key in [bound, below), sorted by key, descending.
+  void gather(uint32_t bound, uint64_t below = uint64_t{1} << 32) {
     scratch_.kept.clear();
-    for_each_candidate([&](int64_t i, float s) {
-      const uint32_t key = score_key(s);
-      if (key >= bound) scratch_.kept.push_back({key, static_cast<uint32_t>(i)});
-    });
+    for (int64_t i = 0; i < p_.vocab; ++i) {
+      if (!(scores_[i] > kNegInf)) continue;
+      const uint32_t key = score_key(scores_[i]);
+      if (key >= bound && key < below) scratch_.kept.push_back({key, static_cast<uint32_t>(i)});
+    }
     std::sort(scratch_.kept.begin(), scratch_.kept.end(),
               [](const Candidate& a, const Candidate& b) { return a.key > b.key; });
   }
 
   // The top-p cutoff among the gathered candidates at or above `threshold`, or `threshold`
   // when their mass falls short of the target (the top-p cutoff then lies below it).
-  uint32_t top_p_cutoff(uint32_t threshold, uint64_t target) const {
-    uint64_t mass = 0;
+  // `mass` is that of the candidates above the gathered ones.
+  uint32_t top_p_cutoff(uint32_t threshold, uint64_t target, uint64_t mass = 0) const {
     for (const Candidate& c : scratch_.kept) {
       if (c.key < threshold) break;
       mass += token_mass(key_score(c.key), s_max_);
@@ -117,50 +160,58 @@ class RowSampler {
     return threshold;
   }
 
-  uint64_t total_mass() const {
+  // token_mass of every token into scaled_mass (as float, exact), vectorised; Z returned.
+  uint64_t masses() {
+    float* scaled = scratch_.scaled_mass.data();
+    const float s_max = s_max_;
+#pragma omp simd
+    for (int64_t i = 0; i < p_.vocab; ++i)
+      scaled[i] = lp_mul(lp_exp_nonpositive(lp_add(scores_[i], -s_max)), kMassScale);
     uint64_t total = 0;
-    for_each_candidate([&](int64_t, float s) { total += token_mass(s, s_max_); });
+    for (int64_t i = 0; i < p_.vocab; ++i) total += static_cast<uint64_t>(scaled[i]);
     return total;
   }
 
+  // Top-k (and top-p within it): the kept set is small, so all candidates from the k-th
+  // largest's coarse bin up are gathered and the draw runs over them.
   int64_t sample_top_k(uint32_t lower, bool top_p) {
     auto& histogram = scratch_.histogram;
     std::fill(histogram.begin(), histogram.end(), 0);
-    for_each_candidate([&](int64_t, float s) {
-      const uint32_t key = score_key(s);
-      if (key >= lower) ++histogram[key >> kCoarseShift];
-    });
-    const int bin = coarse_bin(histogram, static_cast<uint64_t>(r_.top_k));
-    gather(std::max(lower, bin < 0 ? kNoKey : static_cast<uint32_t>(bin) << kCoarseShift));
+    for (int64_t i = 0; i < p_.vocab; ++i) {
+      const uint32_t key = score_key(scores_[i]);
+      if (scores_[i] > kNegInf && key >= lower) ++histogram[key >> kCoarseShift];
+    }
+    const CoarseBin coarse = coarse_bin(histogram, static_cast<uint64_t>(r_.top_k));
     // Fewer than k candidates at or above the min-p cutoff: top-k keeps all of them.
+    gather(coarse.bin < 0 ? lower : std::max(lower, static_cast<uint32_t>(coarse.bin) << kCoarseShift));
     uint32_t threshold = lower;
-    if (bin >= 0) threshold = std::max(threshold, scratch_.kept[r_.top_k - 1].key);
-    if (top_p) threshold = std::max(threshold, top_p_cutoff(threshold, top_p_target(r_.top_p, total_mass())));
+    if (coarse.bin >= 0) threshold = std::max(threshold, scratch_.kept[r_.top_k - 1].key);
+    if (top_p) threshold = std::max(threshold, top_p_cutoff(threshold, top_p_target(r_.top_p, masses())));
     return gumbel_over_kept(threshold);
   }
 
+  // Top-p alone: the kept set can be most of the row, so only the coarse bin holding the
+  // cutoff is gathered, and the draw runs over the row.
   int64_t sample_top_p(uint32_t lower) {
+    const uint64_t target = top_p_target(r_.top_p, masses());
     auto& histogram = scratch_.histogram;
     std::fill(histogram.begin(), histogram.end(), 0);
-    uint64_t total = 0;
-    for_each_candidate([&](int64_t, float s) {
-      const uint64_t mass = token_mass(s, s_max_);
-      total += mass;
-      const uint32_t key = score_key(s);
-      if (key >= lower) histogram[key >> kCoarseShift] += mass;
-    });
-    const uint64_t target = top_p_target(r_.top_p, total);
-    const int bin = coarse_bin(histogram, target);
-    if (bin < 0) return gumbel_over_row(lower);  // the min-p cutoff is the binding one
-    gather(std::max(lower, static_cast<uint32_t>(bin) << kCoarseShift));
-    return gumbel_over_kept(std::max(lower, top_p_cutoff(lower, target)));
+    for (int64_t i = 0; i < p_.vocab; ++i) {
+      const uint32_t key = score_key(scores_[i]);
+      if (scores_[i] > kNegInf && key >= lower)
+        histogram[key >> kCoarseShift] += static_cast<uint64_t>(scratch_.scaled_mass[i]);
+    }
+    const CoarseBin coarse = coarse_bin(histogram, target);
+    if (coarse.bin < 0) return gumbel_over_row(lower);  // the min-p cutoff is the binding one
+    const uint64_t bin_start = static_cast<uint64_t>(coarse.bin) << kCoarseShift;
+    gather(std::max<uint64_t>(lower, bin_start), bin_start + (uint64_t{1} << kCoarseShift));
+    return gumbel_over_row(std::max(lower, top_p_cutoff(lower, target, coarse.above)));
   }
 
   const SamplingParams& p_;
   const RowParams r_;
-  const void* logits_;
-  const int32_t* bitmask_;
   Scratch& scratch_;
+  float* scores_;
   float s_max_ = 0.0f;
 };
 
@@ -169,7 +220,7 @@ class RowSampler {
 void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for) {
   dispatch_dtype(params.dtype, [&]<Dtype D>() {
     parallel_for(0, params.rows, 1, [&](int64_t begin, int64_t end) {
-      Scratch scratch;
+      Scratch scratch(params.vocab);
       for (int64_t row = begin; row < end; ++row)
         params.out[row] = RowSampler<D>(params, row, scratch).sample();
     });

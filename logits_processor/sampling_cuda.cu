@@ -82,11 +82,24 @@ struct Row {
     return block_max(best, sh);
   }
 
+  // Each thread takes 4 consecutive tokens at a time: one Philox call covers them.
   __device__ uint64_t gumbel_argmax(uint32_t threshold, SharedState& sh) const {
     uint64_t best = kNoToken;
-    for_each_candidate([&](int64_t i, float s) {
-      if (score_key(s) >= threshold) best = max(best, pack_argmax(score_key(gumbel_score(r, i, s)), i));
-    });
+    for (int64_t group = threadIdx.x; 4 * group < p.vocab; group += kThreads) {
+      Philox4 bits;
+      bool drawn = false;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t i = 4 * group + j;
+        if (i >= p.vocab) break;
+        const float x = candidate_logit<D>(p, logits, bitmask, i);
+        if (!(x > kNegInf)) continue;
+        const float s = score(x, r.temperature);
+        if (score_key(s) < threshold) continue;
+        if (!drawn) bits = noise_bits(r, group), drawn = true;
+        best = max(best, pack_argmax(score_key(perturbed_score(s, bits.v[j])), i));
+      }
+    }
     return block_max(best, sh);
   }
 

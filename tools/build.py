@@ -113,6 +113,14 @@ def sources(config: dict, backend: str) -> list[Path]:
     return list(dict.fromkeys(files))
 
 
+def section_flags(config: dict, backend: str, key: str) -> list[str]:
+    flags = []
+    for section in config["kernel"].values():
+        if section["backend"] == backend:
+            flags += [f for f in section.get(key, []) if f not in flags]
+    return flags
+
+
 def source_hash(files: list[Path], flags: list[str]) -> str:
     digest = hashlib.sha256()
     for path in sorted(files + [ROOT / "build.toml", Path(__file__)]):
@@ -141,10 +149,10 @@ def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) ->
     files = sources(config, backend)
     compiled = [str(f) for f in files if f.suffix in (".cpp", ".cu")]
     define = "-DCUDA_KERNEL" if backend == "cuda" else "-DCPU_KERNEL"
-    cflags = CXX_FLAGS + [define]
+    cflags = CXX_FLAGS + [define] + section_flags(config, backend, "cxx-flags")
     ldflags = []
     archs = cuda_archs(config) if backend == "cuda" else []
-    cuda_flags = CUDA_FLAGS + [define] + gencode_flags(archs)
+    cuda_flags = CUDA_FLAGS + [define] + gencode_flags(archs) + section_flags(config, backend, "cuda-flags")
     if sanitize:
         cflags = [f for f in cflags if f != "-O3"] + [
             "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
