@@ -21,7 +21,7 @@ test: build
 	$(PY) -m pytest tests
 
 demo: build
-	$(PY) examples/mask_demo.py
+	$(PY) examples/demo.py
 
 bench: build
 	$(PY) benchmarks/bench.py
