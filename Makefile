@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: build test demo bench clean
+.PHONY: build test demo bench clean sanitize certify
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +17,10 @@ $(STAMP): requirements-dev.txt
 build: $(STAMP)
 	$(PY) tools/build.py
 
+# Every test through the loader, then the CPU tests again under ASan + UBSan (sanitize).
 test: build
 	$(PY) -m pytest tests
+	$(MAKE) sanitize
 
 demo: build
 	$(PY) examples/demo.py
@@ -28,3 +30,24 @@ bench: build
 
 clean:
 	rm -rf build build-asan
+
+# GPU certification (scripts/certify.sh): no .venv prerequisite, since the GPU machine has no
+# internet to create one; its python3 and the wheels carried in .whl/ are used there.
+certify:
+	scripts/certify.sh
+
+# The CPU variant built with AddressSanitizer + UBSan into build-asan/, and the CPU reliability
+# tests run against it; any report aborts the run. The ASan runtime must come first in the
+# process, so it is preloaded (also for the build, which imports the module it built), with
+# libstdc++ (ASan intercepts __cxa_throw and needs it loaded first, or every C++ exception
+# aborts);
+# detect_leaks=0 because CPython itself leaks at exit.
+ASAN_ENV = LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libstdc++.so)" \
+	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+
+sanitize: $(STAMP)
+	$(ASAN_ENV) LP_SANITIZE=1 $(PY) tools/build.py
+	$(ASAN_ENV) LP_BUILD_DIR=build-asan $(PY) -m pytest tests/test_bitmask.py tests/test_sampling.py \
+		tests/test_properties_bitmask.py tests/test_properties_sampling.py tests/test_bad_input.py \
+		tests/test_scale.py

@@ -168,7 +168,11 @@ constexpr uint64_t kNoToken = 0;  // pack_argmax never yields 0 for a candidate
 void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for);
 
 #if defined(CUDA_KERNEL) || defined(__CUDACC__)
-void sample_cuda(const SamplingParams& params, cudaStream_t stream);
+// How many blocks share each row (1 unless the batch is small against the GPU). When more
+// than 1, sample_cuda needs rows * splits scratch words and rows zeroed arrival counters.
+int64_t sample_cuda_splits(int64_t rows, int64_t vocab);
+void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* partials,
+                 unsigned int* arrivals, cudaStream_t stream);
 #endif
 
 }  // namespace logits_processor

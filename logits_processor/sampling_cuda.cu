@@ -6,6 +6,12 @@
 //   4. the Gumbel-max draw over the kept set.
 // The integer histograms make every decision independent of thread timing, and the
 // arithmetic is sampling.h's, so the CPU sampler returns the same tokens.
+//
+// Small batches (fewer rows than SMs) split each row over several blocks where one pass is
+// the whole job (greedy, or no filter: a Gumbel-max over every candidate): each block takes
+// a chunk, and the last block to finish a row, counted with an atomic after a fence,
+// combines the chunks' winners. No block ever waits for another. Rows with filters are
+// sampled whole by their chunk-0 block.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
@@ -18,6 +24,8 @@ namespace {
 
 constexpr int kThreads = 256;  // also the radix: thread t owns bin 255 - t when scanning
 constexpr int kRadixBits = 8;
+constexpr int64_t kMinSplitTokens = 8192;  // a chunk smaller than this is not worth a block
+constexpr int64_t kMaxSplits = 64;
 
 struct MaxOp {
   __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a > b ? a : b; }
@@ -73,25 +81,37 @@ struct Row {
     }
   }
 
-  __device__ uint64_t greedy_argmax(SharedState& sh) const {
+  // Whether one pass decides the row: greedy, or no filter that could drop a candidate.
+  __device__ bool single_pass() const {
+    return r.greedy || ((r.top_k <= 0 || r.top_k >= p.vocab) && r.top_p >= 1.0f && r.min_p <= 0.0f);
+  }
+
+  // That pass over tokens [begin, end): the packed winner, kNoToken if none.
+  __device__ uint64_t single_pass_winner(int64_t begin, int64_t end, SharedState& sh) const {
+    return r.greedy ? greedy_argmax(sh, begin, end) : gumbel_argmax(kNoKey, sh, begin, end);
+  }
+
+  __device__ uint64_t greedy_argmax(SharedState& sh, int64_t begin, int64_t end) const {
     uint64_t best = kNoToken;
-    for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
+    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
       const float x = candidate_logit<D>(p, logits, bitmask, i);
       if (x > kNegInf) best = max(best, pack_argmax(score_key(x), i));
     }
     return block_max(best, sh);
   }
 
-  // Each thread takes 4 consecutive tokens at a time: one Philox call covers them.
-  __device__ uint64_t gumbel_argmax(uint32_t threshold, SharedState& sh) const {
+  // Over tokens [begin, end), begin a multiple of 4: each thread takes 4 consecutive
+  // tokens at a time, which one Philox call covers.
+  __device__ uint64_t gumbel_argmax(uint32_t threshold, SharedState& sh, int64_t begin,
+                                    int64_t end) const {
     uint64_t best = kNoToken;
-    for (int64_t group = threadIdx.x; 4 * group < p.vocab; group += kThreads) {
+    for (int64_t group = begin / 4 + threadIdx.x; 4 * group < end; group += kThreads) {
       Philox4 bits;
       bool drawn = false;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int64_t i = 4 * group + j;
-        if (i >= p.vocab) break;
+        if (i >= end) break;
         const float x = candidate_logit<D>(p, logits, bitmask, i);
         if (!(x > kNegInf)) continue;
         const float s = score(x, r.temperature);
@@ -138,7 +158,7 @@ struct Row {
   }
 
   __device__ int64_t sample(SharedState& sh) {
-    if (r.greedy) return unpack_or_none(greedy_argmax(sh));
+    if (r.greedy) return unpack_or_none(greedy_argmax(sh, 0, p.vocab));
     uint64_t max_key = kNoKey, candidates = 0;
     for_each_candidate([&](int64_t, float s) {
       max_key = max(max_key, static_cast<uint64_t>(score_key(s)));
@@ -172,7 +192,7 @@ struct Row {
       if (block_sum(above_threshold, sh) >= target)
         threshold = radix_select<true>(threshold, target, sh);
     }
-    return unpack_or_none(gumbel_argmax(threshold, sh));
+    return unpack_or_none(gumbel_argmax(threshold, sh, 0, p.vocab));
   }
 
   __device__ static int64_t unpack_or_none(uint64_t best) {
@@ -180,24 +200,74 @@ struct Row {
   }
 };
 
+// Rows split over `splits` blocks each, chunks of `chunk` tokens (a multiple of 4).
+// Chunk winners go to partials[row * splits + c]; arrivals[row] (zero before the launch)
+// counts the finished chunks.
+struct Split {
+  int64_t splits;
+  int64_t chunk;
+  unsigned long long* partials;
+  unsigned int* arrivals;
+};
+
+// Thread 0 of each chunk's block: publish the chunk's winner; the last chunk of the row to
+// arrive writes the row's token.
+__device__ void finish_chunk(const Split& split, int64_t row, int64_t chunk, uint64_t winner,
+                             int64_t* out) {
+  unsigned long long* partials = split.partials + row * split.splits;
+  partials[chunk] = winner;
+  __threadfence();  // the winner is visible before the arrival is counted
+  if (atomicAdd(&split.arrivals[row], 1u) != split.splits - 1) return;
+  __threadfence();  // the last to arrive sees every chunk's winner
+  uint64_t best = kNoToken;
+  for (int64_t c = 0; c < split.splits; ++c) {
+    const uint64_t w = *reinterpret_cast<volatile unsigned long long*>(&partials[c]);
+    best = w > best ? w : best;
+  }
+  out[row] = best == kNoToken ? -1 : unpack_index(best);
+}
+
 template <Dtype D>
-__global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p) {
+__global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Split split) {
   __shared__ SharedState sh;
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+  for (int64_t work = blockIdx.x; work < p.rows * split.splits; work += gridDim.x) {
+    const int64_t row = work / split.splits;
+    const int64_t chunk = work % split.splits;
     Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row), 0.0f};
-    const int64_t token = sampler.sample(sh);
-    if (threadIdx.x == 0) p.out[row] = token;
+    if (split.splits == 1 || !sampler.single_pass()) {
+      if (chunk != 0) continue;
+      const int64_t token = sampler.sample(sh);
+      if (threadIdx.x == 0) p.out[row] = token;
+      continue;
+    }
+    const int64_t begin = chunk * split.chunk;
+    const int64_t end = begin + split.chunk < p.vocab ? begin + split.chunk : p.vocab;
+    const uint64_t winner = sampler.single_pass_winner(begin, end, sh);
+    if (threadIdx.x == 0) finish_chunk(split, row, chunk, winner, p.out);
   }
 }
 
 }  // namespace
 
-void sample_cuda(const SamplingParams& params, cudaStream_t stream) {
+int64_t sample_cuda_splits(int64_t rows, int64_t vocab) {
+  const int64_t sms = resident_block_limit(1);
+  if (rows == 0 || rows >= sms) return 1;
+  const int64_t wanted = (2 * sms + rows - 1) / rows;        // about two blocks per SM
+  const int64_t most = (vocab + kMinSplitTokens - 1) / kMinSplitTokens;  // chunks worth a block
+  const int64_t splits = wanted < most ? wanted : most;
+  return splits < 1 ? 1 : (splits > kMaxSplits ? kMaxSplits : splits);
+}
+
+void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* partials,
+                 unsigned int* arrivals, cudaStream_t stream) {
   if (params.rows == 0) return;
-  const unsigned int blocks = static_cast<unsigned int>(
-      params.rows < resident_block_limit(8) ? params.rows : resident_block_limit(8));
+  const int64_t chunk = ((params.vocab + splits - 1) / splits + 3) / 4 * 4;
+  const Split split{splits, chunk > 0 ? chunk : 4, partials, arrivals};
+  const int64_t work = params.rows * splits;
+  const int64_t limit = resident_block_limit(8);
+  const unsigned int blocks = static_cast<unsigned int>(work < limit ? work : limit);
   dispatch_dtype(params.dtype, [&]<Dtype D>() {
-    sample_kernel<D><<<blocks, kThreads, 0, stream>>>(params);
+    sample_kernel<D><<<blocks, kThreads, 0, stream>>>(params, split);
   });
 }
 

@@ -1,5 +1,6 @@
 """Tests load the package through the Hub loader from build/ (run `make build` first)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -7,7 +8,10 @@ import torch
 from kernels import get_local_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
-BUILD = ROOT / "build"
+# LP_BUILD_DIR picks another build, e.g. build-asan/ (`make sanitize`), which has only the
+# CPU variant: then every test runs against that.
+BUILD = Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")).resolve()
+HAS_CUDA_VARIANT = any(BUILD.glob("torch*-cu*"))
 
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
@@ -16,10 +20,16 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 @pytest.fixture(scope="session")
 def lp():
     """The variant the loader picks for this torch (on a CUDA torch: the CUDA variant)."""
-    return get_local_kernel(BUILD)
+    return get_local_kernel(BUILD, backend=None if HAS_CUDA_VARIANT else "cpu")
 
 
-@pytest.fixture(scope="session", params=["default", "cpu"])
+@pytest.fixture(scope="session")
+def lp_cpu():
+    """The CPU variant."""
+    return get_local_kernel(BUILD, backend="cpu")
+
+
+@pytest.fixture(scope="session", params=["default", "cpu"] if HAS_CUDA_VARIANT else ["cpu"])
 def lp_variant(request):
     """Each variant that serves CPU tensors: the default one and the CPU-only one."""
     backend = None if request.param == "default" else "cpu"

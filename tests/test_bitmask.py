@@ -4,7 +4,7 @@ import pytest
 import torch
 import xgrammar
 
-from conftest import HAS_CUDA, ROOT, devices, requires_cuda
+from conftest import BUILD, ROOT, devices, requires_cuda
 from reference import bitmask_reference, pack_bitmask, random_bitmask, unpack_bitmask
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -172,7 +172,6 @@ def test_pack_unpack_roundtrip():
 # --- bad input: each raises naming the argument, before anything is written -------------
 
 def _bad_calls(device):
-    f32 = torch.randn(4, 64, device=device)
     mask = torch.full((4, 2), 0, dtype=torch.int32, device=device)
     return [
         ("bitmask", lambda lp, x: lp.apply_token_bitmask_inplace(x, mask.to(torch.int64))),
@@ -266,7 +265,7 @@ def test_cuda_build_carries_all_architectures():
     sys.path.insert(0, str(ROOT / "tools"))
     from fatbin import fatbin_entries
 
-    variants = sorted((ROOT / "build").glob("torch*-cu*"))
+    variants = sorted(BUILD.glob("torch*-cu*"))
     if not variants:
         pytest.skip("no CUDA variant was built (CPU-only torch or no nvcc)")
     archs = json.loads((variants[0] / "metadata.json").read_text())["backend"]["archs"]

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from conftest import HAS_CUDA, devices, requires_cuda
-from reference import bitmask_reference, random_bitmask, sampling_reference
+from conftest import requires_cuda
+from reference import random_bitmask, sampling_reference
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 FILTERS = {
@@ -195,6 +195,7 @@ def test_edge_cases(lp):
         t = lp.sample(ties.repeat(100, 1), **kwargs, seed=3)
         assert set(t.tolist()) == {10, 11, 12}, kwargs  # ties at the cutoff are all kept
     assert torch.equal(lp.sample(x[4:], top_k=1000, seed=4), lp.sample(x[4:], seed=4))  # top_k > V keeps all
+    assert torch.equal(lp.sample(x[4:], top_k=-3, top_p=1.0, min_p=-0.5, seed=4), lp.sample(x[4:], seed=4))
     assert lp.sample(torch.empty(0, 10)).shape == (0,)
     assert torch.equal(lp.sample(torch.empty(3, 0)), torch.full((3,), -1))
 
@@ -269,10 +270,10 @@ def test_opcheck_and_compile(lp):
 @requires_cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab", [1, 50, 32000, 128256])
-def test_cuda_agrees_with_cpu(lp, dtype, vocab):
+@pytest.mark.parametrize("rows", [3, 256])  # 3: rows split over blocks; 256: a block per row
+def test_cuda_agrees_with_cpu(lp, dtype, vocab, rows):
     """The CPU replays the GPU's decisions: token agreement on the same inputs."""
     g = torch.Generator().manual_seed(110)
-    rows = 256
     logits = (torch.randn(rows, vocab, generator=g) * 3).to(dtype)
     logits[::9, ::5] = float("nan")
     bitmask = random_bitmask(rows, vocab, g, "words")
@@ -284,11 +285,12 @@ def test_cuda_agrees_with_cpu(lp, dtype, vocab):
         seed=torch.randint(0, 2**62, (rows,), generator=g),
         offset=torch.randint(0, 2**40, (rows,), generator=g),
     )
-    params["temperature"][::4] = 0.0
+    params["temperature"][::4] = 0.0  # greedy rows
+    params["top_k"][1::4], params["top_p"][1::4], params["min_p"][1::4] = 0, 1.0, 0.0  # unfiltered rows
     cpu = lp.sample(logits, bitmask=bitmask, **params)
     gpu = lp.sample(logits.cuda(), bitmask=bitmask.cuda(), **{k: v.cuda() for k, v in params.items()})
     agreement = (cpu == gpu.cpu()).float().mean().item()
-    print(f"CUDA/CPU token agreement, {dtype}, V={vocab}: {agreement:.4f}")
+    print(f"CUDA/CPU token agreement, {dtype}, B={rows}, V={vocab}: {agreement:.4f}")
     assert agreement >= 0.999
     greedy = params["temperature"] == 0
     assert torch.equal(cpu[greedy], gpu.cpu()[greedy])

@@ -215,7 +215,7 @@ void sample(const torch::Tensor& logits, const std::optional<torch::Tensor>& tem
   TORCH_CHECK(lv.width < (int64_t{1} << 31), "logits: vocab must be below 2^31, got ", lv.width);
   TORCH_CHECK(!std::isnan(temperature_value), "temperature must not be NaN");
   TORCH_CHECK(top_p_value >= 0.0 && top_p_value <= 1.0, "top_p must be in [0, 1], got ", top_p_value);
-  TORCH_CHECK(min_p_value >= 0.0 && min_p_value <= 1.0, "min_p must be in [0, 1], got ", min_p_value);
+  TORCH_CHECK(min_p_value <= 1.0, "min_p must be at most 1 (0 or less disables it), got ", min_p_value);
   TORCH_CHECK(out.scalar_type() == at::kLong, "out must be int64, got ", out.scalar_type());
   TORCH_CHECK(out.device() == logits.device(), "out must be on the logits' device (",
               logits.device(), "), got ", out.device());
@@ -269,7 +269,17 @@ void sample(const torch::Tensor& logits, const std::optional<torch::Tensor>& tem
   }
 #if defined(CUDA_KERNEL)
   const c10::cuda::CUDAGuard guard(logits.device());
-  lp::sample_cuda(p, c10::cuda::getCurrentCUDAStream(logits.device().index()));
+  // Scratch for small batches comes from PyTorch's caching allocator: capture-safe.
+  const int64_t splits = lp::sample_cuda_splits(lv.rows, lv.width);
+  torch::Tensor partials, arrivals;
+  if (splits > 1) {
+    partials = torch::empty({lv.rows * splits}, logits.options().dtype(at::kLong));
+    arrivals = torch::zeros({lv.rows}, logits.options().dtype(at::kInt));
+  }
+  lp::sample_cuda(p, splits,
+                  splits > 1 ? reinterpret_cast<unsigned long long*>(partials.data_ptr<int64_t>()) : nullptr,
+                  splits > 1 ? reinterpret_cast<unsigned int*>(arrivals.data_ptr<int32_t>()) : nullptr,
+                  c10::cuda::getCurrentCUDAStream(logits.device().index()));
 #endif
 }
 

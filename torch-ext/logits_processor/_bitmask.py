@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Optional, Union
 
 import torch
 
+from ._fake_checks import check_devices
 from ._ops import add_op_namespace_prefix, ops
 
 bitmask_dtype = torch.int32
@@ -16,6 +18,9 @@ Indices = Union[Sequence[int], torch.Tensor, None]
 
 def get_bitmask_shape(batch_size: int, vocab_size: int) -> tuple[int, int]:
     """Shape of a bitmask for `batch_size` rows over `vocab_size` tokens: (B, ceil(V / 32))."""
+    for name, value in (("batch_size", batch_size), ("vocab_size", vocab_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     return (batch_size, math.ceil(vocab_size / 32))
 
 
@@ -32,12 +37,18 @@ def reset_token_bitmask(bitmask: torch.Tensor) -> None:
 
 
 def _indices_tensor(indices: Indices) -> Optional[torch.Tensor]:
-    if indices is None or isinstance(indices, torch.Tensor):
-        if isinstance(indices, torch.Tensor) and indices.dtype != torch.int64:
-            if indices.is_floating_point() or indices.dtype == torch.bool:
-                raise TypeError(f"indices must be an integer tensor, got {indices.dtype}")
-            indices = indices.to(torch.int64)
-        return indices
+    """None, or the row indices as an int64 tensor (range checks happen in the op)."""
+    if indices is None:
+        return None
+    if isinstance(indices, torch.Tensor):
+        if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+            raise TypeError(f"indices must be an integer tensor, got {indices.dtype}")
+        return indices.to(torch.int64)
+    if not isinstance(indices, Sequence) or isinstance(indices, str):
+        raise TypeError(f"indices must be a sequence of ints or an integer tensor, got {type(indices).__name__}")
+    bad = [i for i in indices if isinstance(i, bool) or not isinstance(i, int) or not -(2**63) <= i < 2**63]
+    if bad:
+        raise TypeError(f"indices must hold int64 values, got {bad[0]!r}")
     return torch.tensor(list(indices), dtype=torch.int64)
 
 
@@ -96,9 +107,9 @@ def apply_packed_bitmask(
 
 @torch.library.register_fake(add_op_namespace_prefix("apply_token_bitmask_inplace"))
 def _apply_token_bitmask_inplace_fake(logits, bitmask, vocab_size, indices, fill_value):
-    return None
+    check_devices(logits, host_ok=("indices",), bitmask=bitmask, indices=indices)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("apply_packed_bitmask"))
 def _apply_packed_bitmask_fake(logits, bitmask, fill_value, out):
-    return None
+    check_devices(logits, bitmask=bitmask, out=out)

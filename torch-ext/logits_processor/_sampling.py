@@ -6,6 +6,7 @@ from typing import Optional, Union
 
 import torch
 
+from ._fake_checks import check_devices
 from ._ops import add_op_namespace_prefix, ops
 
 Param = Union[float, int, torch.Tensor]
@@ -41,12 +42,13 @@ def sample(
     set is the intersection of three filters: p >= the k-th largest p (top_k > 0), the smallest
     top set whose mass reaches top_p (top_p < 1), and p >= min_p * max p (min_p > 0). Ties at a
     cutoff are all kept, so a filter may keep more than k tokens; the most likely token is
-    always kept. The token is drawn in proportion to p over the kept set (Gumbel-max).
+    always kept. top_k <= 0, top_p = 1 and min_p <= 0 disable their filter. The token is drawn in proportion to p over the kept set (Gumbel-max).
     temperature <= 0 (or NaN in a tensor) is greedy: the argmax, lowest index on ties.
 
     bitmask (optional, int32 [B, ceil(V/32)], XGrammar's layout) excludes disallowed tokens
     without writing the logits: the result equals `apply_token_bitmask(logits.clone(), bitmask)`
-    then `sample`. NaN logits count as -inf; a row with no allowed finite logit returns -1.
+    then `sample`. NaN logits count as -inf, +inf as the largest finite value; a row with no
+    allowed logit above -inf returns -1.
 
     Randomness is counter-based (Philox) and replayable: with a number `seed`, row b draws from
     the stream keyed by (seed, b, offset); with a length-B int64 `seed` tensor, from (seed[b],
@@ -73,4 +75,5 @@ def sample(
 @torch.library.register_fake(add_op_namespace_prefix("sample"))
 def _sample_fake(logits, temperature, temperature_value, top_k, top_k_value, top_p, top_p_value,
                  min_p, min_p_value, seed, seed_value, offset, offset_value, bitmask, out):
-    return None
+    check_devices(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                  seed=seed, offset=offset, bitmask=bitmask, out=out)

@@ -1,0 +1,260 @@
+"""The bad-input matrix: every kind of wrong call, each in a child process.
+
+Each case must raise a Python exception whose message names the wrong argument, and leave
+every input tensor bit for bit as it was. The cases run in child processes (one per variant,
+restarted after a crash), so a crash fails exactly the case that caused it instead of the
+test run. Per-row sampler tensors holding NaN or values outside [0, 1] are not bad input: they are
+documented (greedy / clamped, as no host check may read a device tensor) and covered by
+tests/test_properties_sampling.py. Sampler cases skip only if the build has no `sample` op.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+import pytest
+import torch
+
+from harness import backends, load, same_bits
+
+EXPECTED_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
+B, V = 4, 64
+
+
+def inputs() -> SimpleNamespace:
+    """Fresh valid inputs; a case passes a wrong one, often a view of these (so a write through
+    it would show)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(B, V, generator=g)
+    return SimpleNamespace(
+        logits=logits,
+        half=logits.half(),
+        f64=logits.double(),
+        mask=torch.randint(-(2**31), 2**31, (B, 2), generator=g, dtype=torch.int64).to(torch.int32),
+        wide_mask=torch.zeros(B, 4, dtype=torch.int32),
+        out=torch.full((B, V), 7.0),
+        out_t=torch.full((V, B), 7.0),
+        big=torch.randn(B + 1, V, generator=g),
+        ids=torch.full((B,), 5, dtype=torch.int64),
+        ids2=torch.full((2 * B,), 5, dtype=torch.int64),
+        row_f32=torch.full((B,), 0.5),
+        row_i64=torch.full((B,), 3, dtype=torch.int64),
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    arg: str  # the argument the message must name
+    call: Callable  # (lp, inputs) -> anything
+
+
+def _op(name: str, *args, **kwargs) -> Callable:
+    """A call of lp.<name>; each argument is a value or a function of the inputs."""
+    def value(v, t):
+        return v(t) if callable(v) else v
+    return lambda lp, t: getattr(lp, name)(*(value(v, t) for v in args),
+                                           **{k: value(v, t) for k, v in kwargs.items()})
+
+
+def inplace(logits=lambda t: t.logits, bitmask=lambda t: t.mask, **kwargs) -> Callable:
+    return _op("apply_token_bitmask_inplace", logits, bitmask, **kwargs)
+
+
+def packed(logits=lambda t: t.logits, bitmask=lambda t: t.mask, **kwargs) -> Callable:
+    return _op("apply_packed_bitmask", logits, bitmask, **kwargs)
+
+
+def sample(logits=lambda t: t.logits, **kwargs) -> Callable:
+    return _op("sample", logits, **kwargs)
+
+
+def _bitmask_cases() -> list[Case]:
+    cases = [
+        # logits: dtype, rank, layout, device
+        ("logits-float64", "logits", inplace(logits=lambda t: t.f64)),
+        ("logits-int32-view", "logits", inplace(logits=lambda t: t.logits.view(torch.int32))),
+        ("logits-bool-view", "logits", inplace(logits=lambda t: t.logits.view(torch.bool))),
+        ("logits-3d", "logits", inplace(logits=lambda t: t.logits.view(2, 2, V))),
+        ("logits-0d", "logits", inplace(logits=lambda t: t.logits[0, 0])),
+        ("logits-transposed", "logits", inplace(logits=lambda t: t.logits.t())),
+        ("logits-column-stride-2", "logits", inplace(logits=lambda t: t.logits[:, ::2], bitmask=lambda t: t.mask[:, :1])),
+        ("logits-expanded-rows", "logits", inplace(logits=lambda t: t.logits[:1].expand(B, V))),
+        ("logits-not-a-tensor", "logits", inplace(logits=lambda t: t.logits.tolist())),
+        ("logits-meta-device", "logits", inplace(logits=lambda t: t.logits.to("meta"))),
+        # bitmask
+        ("bitmask-int64", "bitmask", inplace(bitmask=lambda t: t.mask.long())),
+        ("bitmask-uint32-view", "bitmask", inplace(bitmask=lambda t: t.mask.view(torch.uint32))),
+        ("bitmask-float32-view", "bitmask", inplace(bitmask=lambda t: t.mask.view(torch.float32))),
+        ("bitmask-3d", "bitmask", inplace(bitmask=lambda t: t.mask.view(2, 2, 2))),
+        ("bitmask-0d", "bitmask", inplace(bitmask=lambda t: t.mask[0, 0])),
+        ("bitmask-too-few-rows", "bitmask", inplace(bitmask=lambda t: t.mask[:3])),
+        ("bitmask-too-narrow", "bitmask", inplace(bitmask=lambda t: t.mask[:, :1], vocab_size=V)),
+        ("bitmask-word-stride-2", "bitmask", inplace(bitmask=lambda t: t.wide_mask[:, ::2])),
+        ("bitmask-meta-device", "bitmask", inplace(bitmask=lambda t: t.mask.to("meta"))),
+        # vocab_size
+        ("vocab_size-negative", "vocab_size", inplace(vocab_size=-1)),
+        ("vocab_size-past-width", "vocab_size", inplace(vocab_size=V + 1)),
+        ("vocab_size-2^40", "vocab_size", inplace(vocab_size=2**40)),
+        ("vocab_size-2^70", "vocab_size", inplace(vocab_size=2**70)),
+        ("vocab_size-float", "vocab_size", inplace(vocab_size=3.0)),
+        ("vocab_size-str", "vocab_size", inplace(vocab_size="64")),
+        # indices
+        ("indices-past-rows", "indices", inplace(indices=[0, B])),
+        ("indices-negative", "indices", inplace(indices=[-1])),
+        ("indices-tensor-past-rows", "indices", inplace(indices=lambda t: t.ids)),
+        ("indices-past-bitmask-rows", "indices", inplace(logits=lambda t: t.big, indices=[B])),
+        ("indices-float-list", "indices", inplace(indices=[0.5])),
+        ("indices-overflowing-int", "indices", inplace(indices=[2**64])),
+        ("indices-not-a-sequence", "indices", inplace(indices=3)),
+        ("indices-strings", "indices", inplace(indices=["a"])),
+        ("indices-float-tensor", "indices", inplace(indices=lambda t: t.row_f32)),
+        ("indices-bool-tensor", "indices", inplace(indices=lambda t: t.row_f32 > 0)),
+        ("indices-2d-tensor", "indices", inplace(indices=lambda t: t.row_i64.view(2, 2))),
+        ("indices-0d-tensor", "indices", inplace(indices=lambda t: t.row_i64[0])),
+        ("indices-meta-device", "indices", inplace(indices=lambda t: t.row_i64.to("meta"))),
+        # fill_value
+        ("fill_value-str", "fill_value", inplace(fill_value="-inf")),
+        ("fill_value-none", "fill_value", inplace(fill_value=None)),
+        # apply_packed_bitmask: its own checks of out, and the shared ones of logits and bitmask
+        ("packed-logits-float64", "logits", packed(logits=lambda t: t.f64)),
+        ("packed-bitmask-too-few-rows", "bitmask", packed(bitmask=lambda t: t.mask[:3])),
+        ("packed-bitmask-meta-device", "bitmask", packed(bitmask=lambda t: t.mask.to("meta"))),
+        ("out-wrong-shape", "out", packed(out=lambda t: t.out[:, : V - 1])),
+        ("out-1d", "out", packed(out=lambda t: t.out.view(-1))),
+        ("out-wrong-dtype", "out", packed(out=lambda t: t.half)),
+        ("out-int32-view", "out", packed(out=lambda t: t.out.view(torch.int32))),
+        ("out-transposed", "out", packed(out=lambda t: t.out_t.t())),
+        ("out-expanded-rows", "out", packed(out=lambda t: t.out[:1].expand(B, V))),
+        ("out-overlaps-logits", "out", packed(logits=lambda t: t.big[:B], out=lambda t: t.big[1:])),
+        ("out-meta-device", "out", packed(out=lambda t: t.out.to("meta"))),
+        # the Python helpers
+        ("allocate-negative-batch_size", "batch_size", lambda lp, t: lp.allocate_token_bitmask(-1, V)),
+        ("allocate-negative-vocab_size", "vocab_size", lambda lp, t: lp.allocate_token_bitmask(B, -V)),
+    ]
+    return [Case(*c) for c in cases]
+
+
+def _sampler_cases() -> list[Case]:
+    nan = float("nan")
+    cases = [
+        ("sample-logits-float64", "logits", sample(logits=lambda t: t.f64)),
+        ("sample-logits-int32-view", "logits", sample(logits=lambda t: t.logits.view(torch.int32))),
+        ("sample-logits-3d", "logits", sample(logits=lambda t: t.logits.view(2, 2, V))),
+        ("sample-logits-transposed", "logits", sample(logits=lambda t: t.logits.t())),
+        # (all-meta calls are legitimate tracing; a meta tensor among real ones is not)
+        ("sample-bitmask-meta-device", "bitmask", sample(bitmask=lambda t: t.mask.to("meta"))),
+        ("sample-temperature-nan", "temperature", sample(temperature=nan)),
+        ("sample-top_p-nan", "top_p", sample(top_p=nan)),
+        ("sample-top_p-negative", "top_p", sample(top_p=-0.1)),
+        ("sample-top_p-above-1", "top_p", sample(top_p=1.5)),
+        ("sample-min_p-nan", "min_p", sample(min_p=nan)),
+        ("sample-min_p-above-1", "min_p", sample(min_p=1.5)),
+        ("sample-seed-float", "seed", sample(seed=1.5)),
+        ("sample-seed-rows-float", "seed", sample(seed=lambda t: t.row_f32)),
+        ("sample-offset-rows-wrong-length", "offset", sample(offset=lambda t: t.row_i64[:3])),
+        ("sample-top_k-float", "top_k", sample(top_k=1.5)),
+        ("sample-temperature-rows-wrong-length", "temperature", sample(temperature=lambda t: t.row_f32[:3])),
+        ("sample-temperature-rows-2d", "temperature", sample(temperature=lambda t: t.row_f32.view(2, 2))),
+        ("sample-top_p-rows-meta-device", "top_p", sample(top_p=lambda t: t.row_f32.to("meta"))),
+        ("sample-top_p-rows-bool", "top_p", sample(top_p=lambda t: t.row_f32 > 0)),
+        ("sample-top_k-rows-wrong-length", "top_k", sample(top_k=lambda t: t.row_i64[:3])),
+        ("sample-top_k-rows-float", "top_k", sample(top_k=lambda t: t.row_f32)),
+        ("sample-min_p-rows-wrong-length", "min_p", sample(min_p=lambda t: t.big[:, 0])),
+        ("sample-bitmask-int64", "bitmask", sample(bitmask=lambda t: t.mask.long())),
+        ("sample-bitmask-too-few-rows", "bitmask", sample(bitmask=lambda t: t.mask[:3])),
+        ("sample-out-wrong-length", "out", sample(out=lambda t: t.row_i64[:3])),
+        ("sample-out-float", "out", sample(out=lambda t: t.row_f32)),
+        ("sample-out-int32", "out", sample(out=lambda t: t.row_i64.view(torch.int32)[:B])),
+        ("sample-out-strided", "out", sample(out=lambda t: t.ids2[::2])),
+    ]
+    return [Case(*c) for c in cases]
+
+
+CASES = {c.id: c for c in _bitmask_cases() + _sampler_cases()}
+# Not part of the matrix: checks that the harness turns a crash into that case's failure.
+PROBES = {"crash-probe": Case("crash-probe", "-", lambda lp, t: os.abort())}
+
+
+def run_one(lp, case: Case) -> dict:
+    """Run one case in this process: what it raised, and whether the inputs kept their bits."""
+    if case.id.startswith("sample-") and not hasattr(lp, "sample"):
+        return {"missing": "sample"}
+    t = inputs()
+    before = {k: v.clone() for k, v in vars(t).items()}
+    result = {"raised": None, "message": ""}
+    try:
+        case.call(lp, t)
+    except Exception as e:  # noqa: BLE001: the matrix reports any exception and judges it in the parent
+        result = {"raised": type(e).__name__, "expected_type": isinstance(e, EXPECTED_ERRORS),
+                  "message": str(e).splitlines()[0] if str(e) else "", "where": traceback.format_exc(limit=-3)}
+    result["changed"] = [k for k, v in vars(t).items() if not same_bits(v, before[k])]
+    return result
+
+
+def child_main(backend: str, ids: list[str]) -> None:
+    lp = load(None if backend == "default" else backend)
+    for case_id in ids:
+        print(f"BEGIN {case_id}", flush=True)
+        case = CASES.get(case_id) or PROBES[case_id]
+        print("RESULT " + json.dumps({"id": case_id, **run_one(lp, case)}), flush=True)
+
+
+def run_children(backend: str, ids: list[str]) -> dict[str, dict]:
+    """All cases through child processes; a crash records the case it hit and a new child
+    takes the rest."""
+    outcomes: dict[str, dict] = {}
+    remaining = list(ids)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_bad_input as m; "
+            "m.child_main(sys.argv[2], sys.argv[3:])")
+    while remaining:
+        proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), backend, *remaining],
+                              capture_output=True, text=True, timeout=600, env=os.environ.copy())
+        current = None
+        for line in proc.stdout.splitlines():
+            if line.startswith("BEGIN "):
+                current = line.removeprefix("BEGIN ")
+            elif line.startswith("RESULT "):
+                result = json.loads(line.removeprefix("RESULT "))
+                outcomes[result.pop("id")] = result
+                current = None
+        if current is None and proc.returncode != 0:
+            raise RuntimeError(f"the child failed outside any case (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        if current is not None:
+            outcomes[current] = {"crashed": proc.returncode, "stderr": proc.stderr[-3000:]}
+        remaining = [i for i in ids if i not in outcomes]
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    return {backend: run_children(backend, list(CASES)) for backend in [b or "default" for b in backends()]}
+
+
+@pytest.mark.parametrize("backend", [b or "default" for b in backends()])
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_bad_call_raises_naming_the_argument(outcomes, backend, case_id):
+    result = outcomes[backend][case_id]
+    if "missing" in result:
+        pytest.skip(f"this build has no `{result['missing']}` op yet")
+    assert "crashed" not in result, f"the child process died (exit {result['crashed']}):\n{result['stderr']}"
+    assert result["raised"] is not None, "no exception: the bad call was accepted"
+    assert result["expected_type"], f"raised {result['raised']}: {result['message']}\n{result['where']}"
+    assert CASES[case_id].arg in result["message"], f"the message does not name {CASES[case_id].arg!r}: {result['message']}"
+    assert not result["changed"], f"inputs changed: {result['changed']}"
+
+
+def test_the_matrix_detects_a_crash():
+    """The harness itself: a case that kills its process is reported as that case's crash,
+    and the cases after it still run in a new child."""
+    got = run_children("cpu", ["logits-float64", "crash-probe", "vocab_size-negative"])
+    assert got["crash-probe"]["crashed"] != 0
+    assert got["logits-float64"]["raised"] and got["vocab_size-negative"]["raised"]

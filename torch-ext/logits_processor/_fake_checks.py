@@ -1,0 +1,20 @@
+"""Device checks for the fake (meta) implementations.
+
+A call mixing a meta tensor with real ones dispatches to the fake implementation, which
+would otherwise return without doing or checking anything: the real kernels' validation
+(in torch_binding.cpp) never runs. So the fakes check what decides the dispatch: devices.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def check_devices(logits: torch.Tensor, host_ok: tuple[str, ...] = (), **tensors: Optional[torch.Tensor]) -> None:
+    """Every tensor on the logits' device; those named in `host_ok` may also be on the CPU."""
+    for name, t in tensors.items():
+        if t is None or t.device == logits.device or (name in host_ok and t.device.type == "cpu"):
+            continue
+        raise RuntimeError(f"{name} must be on the logits' device ({logits.device}), got {t.device}")
