@@ -8,8 +8,10 @@
 namespace logits_processor {
 namespace {
 
-// Columns per parallel work item: a multiple of 32, large enough to amortise scheduling.
+// Columns per work item: a multiple of 32. A thread takes at least kMinItemsPerThread
+// items (256k columns): below that, waking a thread costs more than masking.
 constexpr int64_t kChunkColumns = 8192;
+constexpr int64_t kMinItemsPerThread = 32;
 
 // keep[m][l] is all ones where bit l of m is set: the lane masks of one 16-byte group.
 template <typename Bits>
@@ -63,7 +65,7 @@ void apply_bitmask_rows(const BitmaskParams& p, const ParallelFor& parallel_for)
   const int64_t columns = bitmask_columns(p);
   const int64_t chunks = (columns + kChunkColumns - 1) / kChunkColumns;
   if (chunks == 0) return;
-  parallel_for(0, p.num_work_rows * chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, p.num_work_rows * chunks, kMinItemsPerThread, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t row = bitmask_work_row(p, item / chunks);
       if (!bitmask_row_in_range(p, row)) continue;

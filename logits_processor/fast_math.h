@@ -3,12 +3,16 @@
 // The sampler's decisions (min-p cutoff, Gumbel noise, top-p masses) must come out the same
 // on both devices so that the CPU replays the GPU bit for bit. Library expf/logf differ by
 // an ulp between glibc and CUDA, and nvcc contracts a * b + c into an fma where the host
-// compiler does not. So these use Cephes' polynomials with every product and sum through
-// lp_mul / lp_add, which the device code spells as the non-contractible __fmul_rn /
-// __fadd_rn. Accuracy: about 1 ulp (relative error < 2e-7) on the ranges used here.
+// compiler does not (the CPU build passes -ffp-contract=off, which build.toml sets). So these
+// use Cephes' polynomials with every product and sum through lp_mul / lp_add, which the
+// device code spells as the non-contractible __fmul_rn / __fadd_rn. Accuracy: about 1 ulp (relative error < 2e-7) on the ranges used here.
 #pragma once
 
 #include <cstring>
+
+#if defined(__USE_FAST_MATH__) || defined(__FAST_MATH__)
+#error "fast-math changes x / T and flushes subnormals: the CPU could no longer replay the GPU"
+#endif
 
 #include "common.h"
 

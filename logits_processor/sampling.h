@@ -53,7 +53,8 @@ struct SamplingParams {
   int64_t* out;
 };
 
-// Fixed point of the masses: 2^32 keeps V * 2^32 < 2^53, so top_p * Z is exact in double.
+// Fixed point of the masses: 2^32 keeps Z below 2^63 for any V < 2^31; top_p * Z is one
+// IEEE double product, the same on both devices.
 constexpr float kMassScale = 4294967296.0f;
 constexpr uint32_t kNoKey = 0;  // below every candidate's key
 
@@ -78,7 +79,8 @@ LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   const float top_p = p.top_p ? p.top_p[row] : p.top_p_value;
   r.top_p = top_p >= 0.0f ? (top_p < 1.0f ? top_p : 1.0f) : (top_p < 0.0f ? 0.0f : 1.0f);
   const float min_p = p.min_p ? p.min_p[row] : p.min_p_value;
-  r.min_p = min_p > 0.0f ? (min_p < 1.0f ? min_p : 1.0f) : 0.0f;
+  // (At least the smallest normal float: lp_log takes normal inputs.)
+  r.min_p = min_p > 0.0f ? (min_p < 1.0f ? (min_p > 1.17549435e-38f ? min_p : 1.17549435e-38f) : 1.0f) : 0.0f;
   const uint64_t seed = static_cast<uint64_t>(p.seed ? p.seed[row] : p.seed_value);
   const uint64_t offset = static_cast<uint64_t>(p.offset ? p.offset[row] : p.offset_value);
   r.key0 = static_cast<uint32_t>(seed);
@@ -120,9 +122,14 @@ LP_HOST_DEVICE float candidate_logit(const SamplingParams& p, const void* row,
   return x > kNegInf ? x : kNegInf;  // NaN fails the compare
 }
 
+constexpr float kMaxFinite = 3.402823466e38f;
+
+// A candidate's score x / T, finite: +inf logits count as the largest finite value, and a
+// quotient that overflows either way is clamped, so every candidate stays above -inf.
 LP_HOST_DEVICE float score(float x, float temperature) {
-  const float s = x / temperature;  // IEEE division on both devices
-  return s < 3.402823466e38f ? s : 3.402823466e38f;
+  const float finite_x = x < kMaxFinite ? x : kMaxFinite;
+  const float s = finite_x / temperature;  // IEEE division on both devices
+  return s < kMaxFinite ? (s > -kMaxFinite ? s : -kMaxFinite) : kMaxFinite;
 }
 
 LP_HOST_DEVICE uint64_t token_mass(float s, float s_max) {

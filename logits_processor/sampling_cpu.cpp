@@ -14,7 +14,6 @@ namespace {
 
 constexpr int kCoarseShift = 21;  // 2048 bins on the top 11 bits of a score key
 constexpr int kCoarseBins = 1 << (32 - kCoarseShift);
-constexpr float kMaxScore = 3.402823466e38f;
 
 struct Candidate {
   uint32_t key;
@@ -76,14 +75,15 @@ class RowSampler {
   }
 
  private:
-  // Scores, or the logits themselves when greedy (argmax of x, +inf included).
+  // Scores, or the logits themselves when greedy (argmax of x, +inf included); -inf for a
+  // token that is not a candidate.
   void load_scores(const void* logits, const int32_t* bitmask) {
-    const float temperature = r_.greedy ? 1.0f : r_.temperature;
-    const float ceiling = r_.greedy ? -kNegInf : kMaxScore;
+    const bool greedy = r_.greedy;
+    const float temperature = r_.temperature;
 #pragma omp simd
     for (int64_t i = 0; i < p_.vocab; ++i) {
       const float x = load_logit<D>(logits, i);
-      const float s = std::min(x / temperature, ceiling);
+      const float s = greedy ? x : score(x, temperature);
       scores_[i] = x > kNegInf ? s : kNegInf;  // NaN fails the compare
     }
     if (!bitmask) return;

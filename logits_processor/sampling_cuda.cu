@@ -143,6 +143,9 @@ struct Row {
       __syncthreads();
       const uint32_t bin = kThreads - 1 - threadIdx.x;  // the scan runs from the top bin down
       const uint64_t mine = sh.histogram[bin];
+      // Defaults in case no bin qualifies (the caller's guarantee failed): a wrong
+      // threshold then, never a stale digit. The scan's own barrier orders these writes.
+      if (threadIdx.x == 0) sh.digit = 0, sh.above = above;
       uint64_t inclusive;
       BlockScan(sh.cub.scan).InclusiveSum(mine, inclusive);
       if (above + inclusive - mine < target && above + inclusive >= target) {
@@ -150,7 +153,7 @@ struct Row {
         sh.above = above + inclusive - mine;
       }
       __syncthreads();
-      prefix |= sh.digit << shift;
+      prefix |= (sh.digit & (kThreads - 1)) << shift;
       above = sh.above;
       __syncthreads();
     }

@@ -57,7 +57,8 @@ def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, b
     """float64 [B, V]: the probability of drawing each token under the intersection semantics.
 
     Sort-based and in float64, independent of the kernels' algorithm. Scores are x / T in
-    float32 (the op's definition, so ties match), probabilities in float64. `slack` widens
+    float32, +inf and overflow clamped to the finite range (the op's definition, so ties
+    match), probabilities in float64. `slack` widens
     the top-p and min-p filters by that relative amount, for a kept set that tolerates
     rounding at the cutoff. Rows with no allowed finite logit are all zero.
     """
@@ -77,7 +78,9 @@ def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, b
             best = torch.where(cand, x[b], torch.tensor(float("-inf"))).argmax()
             out[b, best] = 1.0
             continue
-        s = torch.clamp(x[b] / torch.tensor(temp, dtype=torch.float32), max=torch.finfo(torch.float32).max)
+        # +inf counts as the largest finite logit; a quotient that overflows is clamped.
+        big = torch.finfo(torch.float32).max
+        s = torch.clamp(torch.clamp(x[b], max=big) / torch.tensor(temp, dtype=torch.float32), -big, big)
         s = torch.where(cand, s, torch.tensor(float("-inf")))
         s64 = s.double()
         p = torch.softmax(s64, dim=0)

@@ -187,6 +187,11 @@ def test_edge_cases(lp):
         t = lp.sample(x, **kwargs, seed=1)
         assert t[0] == -1 and t[1] == -1 and t[2] == 44 and t[3] == 7, kwargs
         assert 0 <= t[4] < 45 and 0 <= t[5] < 45
+    # Scores that overflow either way stay candidates: clamped to the finite range.
+    huge = torch.tensor([[-3e38, -3e38, float("-inf")], [0.0, float("inf"), 1.0]])
+    for temperature in [0.5, float("inf")]:
+        t = lp.sample(huge, temperature=temperature, seed=5)
+        assert 0 <= t[0] < 2 and 0 <= t[1] < 3, temperature
     one = torch.randn(8, 1, generator=g)
     assert torch.equal(lp.sample(one, top_k=5, top_p=0.3, seed=2), torch.zeros(8, dtype=torch.int64))
     ties = torch.zeros(4, 100)

@@ -1,7 +1,13 @@
 """Development build without Nix: reads build.toml and writes build/<variant>/ as kernel-builder would.
 
 For the running torch it builds the CUDA variant (when torch is a CUDA build and nvcc is
-present; it also serves CPU tensors) and the CPU variant. Each variant dir holds
+present; it also serves CPU tensors) and the CPU variant. A backend listed under
+`[torch.stable-abi]` in build.toml (backend = "2.10") is built against torch's stable ABI for
+that torch release and named `torch-stable-abi210-<backend>-<arch>-linux`: the loader prefers
+it, and it serves every torch from that release on. Otherwise the variant is tied to the
+running torch: `torch214-cxx11-<backend>-<arch>-linux`. Building a variant removes the other
+variants of its backend from the output dir, so build/ holds what build.toml describes.
+Each variant dir holds
 metadata.json, the Python package from torch-ext/logits_processor/, a generated _ops.py and
 `<ops>.abi3.so`, where `<ops>` = `_logits_processor_<backend>_<source hash>` is at once the
 module name, TORCH_EXTENSION_NAME and the torch.ops namespace.
@@ -31,6 +37,7 @@ if "CUDA_HOME" not in os.environ and Path("/usr/local/cuda/bin/nvcc").exists():
     os.environ["CUDA_HOME"] = "/usr/local/cuda"
 
 import torch  # noqa: E402
+from kernels.variants import ArchVariant, parse_variant  # noqa: E402
 from torch.utils import cpp_extension  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +52,9 @@ REGISTRATION_H = """\
 #define _STRINGIFY(A) #A
 #define STRINGIFY(A) _STRINGIFY(A)
 #define TORCH_LIBRARY_EXPAND(NAME, MODULE) TORCH_LIBRARY(NAME, MODULE)
+#define STABLE_TORCH_LIBRARY_EXPAND(NAME, MODULE) STABLE_TORCH_LIBRARY(NAME, MODULE)
+#define STABLE_TORCH_LIBRARY_IMPL_EXPAND(NAME, DEVICE, MODULE) \\
+  STABLE_TORCH_LIBRARY_IMPL(NAME, DEVICE, MODULE)
 #define REGISTER_EXTENSION(NAME)                                                   \\
   PyMODINIT_FUNC CONCAT(PyInit_, NAME)() {                                         \\
     static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, STRINGIFY(NAME),    \\
@@ -69,17 +79,54 @@ CXX_FLAGS = ["-O3", "-std=c++20", "-DPy_LIMITED_API=0x03090000"]
 CUDA_FLAGS = ["-O3", "-std=c++20", "--threads=2", "-Xptxas=-v", "-lineinfo"]
 
 
-def torch_tag() -> str:
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return f"torch{major}{minor}"
+def stable_abi(config: dict, backend: str) -> tuple[int, int] | None:
+    """The torch release whose stable ABI `backend` targets (build.toml's [torch.stable-abi]:
+    one version for every backend, or one per backend), or None: built for the running torch."""
+    wanted = config["torch"].get("stable-abi")
+    version = wanted.get(backend) if isinstance(wanted, dict) else wanted
+    if version is None:
+        return None
+    major, minor = (int(part) for part in version.split("."))
+    return major, minor
 
 
-def variant_name(backend: str) -> str:
-    machine = platform.machine()
+def variant_name(backend: str, stable: tuple[int, int] | None) -> str:
+    if stable:
+        framework = f"torch-stable-abi{stable[0]}{stable[1]}"
+    else:
+        major, minor = torch.__version__.split("+")[0].split(".")[:2]
+        framework = f"torch{major}{minor}-cxx11"
     if backend == "cuda":
         major, minor = torch.version.cuda.split(".")[:2]
-        return f"{torch_tag()}-cxx11-cu{major}{minor}-{machine}-linux"
-    return f"{torch_tag()}-cxx11-cpu-{machine}-linux"
+        return f"{framework}-cu{major}{minor}-{platform.machine()}-linux"
+    return f"{framework}-cpu-{platform.machine()}-linux"
+
+
+def stable_abi_flags(stable: tuple[int, int]) -> list[str]:
+    """Compile against the stable ABI of that torch release only: newer API is compiled out."""
+    return [f"-DTORCH_TARGET_VERSION=0x{stable[0]:02x}{stable[1]:02x}000000000000"]
+
+
+def remove_other_variants(out_root: Path, backend: str, keep: Path) -> None:
+    """Remove the variants of `backend` in `out_root` other than `keep` (older torch tags, or
+    the non-stable variant after a switch to the stable ABI): the loader would ignore them or
+    prefer `keep`, and a release must not ship them."""
+    for path in out_root.iterdir():
+        if path == keep or not path.is_dir() or path.name.startswith("."):
+            continue
+        try:
+            other = parse_variant(path.name)
+        except ValueError:
+            continue
+        if isinstance(other, ArchVariant) and other.arch.backend.name == backend:
+            shutil.rmtree(path)
+            print(f"[build] removed {path.relative_to(ROOT)} (superseded by {keep.name})")
+
+
+def linked_libraries(so_path: Path) -> list[str]:
+    dynamic = subprocess.run(["readelf", "-d", str(so_path)], check=True, capture_output=True,
+                             text=True).stdout
+    return [line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line]
 
 
 def cuda_archs(config: dict) -> list[str]:
@@ -149,25 +196,31 @@ def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) ->
     files = sources(config, backend)
     compiled = [str(f) for f in files if f.suffix in (".cpp", ".cu")]
     define = "-DCUDA_KERNEL" if backend == "cuda" else "-DCPU_KERNEL"
-    cflags = CXX_FLAGS + [define] + section_flags(config, backend, "cxx-flags")
-    ldflags = []
+    stable = stable_abi(config, backend)
+    # A stable-ABI build must not need libtorch_python (nor anything else it does not use):
+    # cpp_extension links it in, --as-needed drops it again, and the check below makes sure.
+    abi_flags = stable_abi_flags(stable) if stable else []
+    cflags = CXX_FLAGS + [define] + abi_flags + section_flags(config, backend, "cxx-flags")
+    ldflags = ["-Wl,--as-needed"] if stable else []
     archs = cuda_archs(config) if backend == "cuda" else []
-    cuda_flags = CUDA_FLAGS + [define] + gencode_flags(archs) + section_flags(config, backend, "cuda-flags")
+    cuda_flags = (CUDA_FLAGS + [define] + abi_flags + gencode_flags(archs)
+                  + section_flags(config, backend, "cuda-flags"))
     if sanitize:
         cflags = [f for f in cflags if f != "-O3"] + [
             "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
             "-fno-omit-frame-pointer"]
-        ldflags = ["-fsanitize=address,undefined"]
+        ldflags += ["-fsanitize=address,undefined"]
     ops_name = f"_logits_processor_{backend}_{source_hash(files, cflags + cuda_flags)}"
     obj_dir = out_root / ".obj" / backend
     include_dir = obj_dir / "include"
     include_dir.mkdir(parents=True, exist_ok=True)
     (include_dir / "registration.h").write_text(REGISTRATION_H)
 
-    variant_dir = out_root / variant_name(backend)
+    variant_dir = out_root / variant_name(backend, stable)
     so_path = variant_dir / f"{ops_name}.abi3.so"
     if so_path.exists():
         print(f"[build] {variant_dir.relative_to(ROOT)} is up to date ({ops_name})")
+        remove_other_variants(out_root, backend, variant_dir)
         return variant_dir
 
     print(f"[build] {variant_dir.relative_to(ROOT)}: compiling {len(compiled)} sources"
@@ -184,6 +237,8 @@ def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) ->
         is_python_module=False,
         verbose=os.environ.get("LP_VERBOSE") == "1",
     )
+    if stable and "libtorch_python.so" in linked_libraries(Path(built)):
+        raise SystemExit(f"[build] {built} links libtorch_python: not a stable-ABI build")
     if variant_dir.exists():
         shutil.rmtree(variant_dir)
     shutil.copytree(PACKAGE, variant_dir, ignore=shutil.ignore_patterns("__pycache__"))
@@ -201,6 +256,7 @@ def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) ->
     }
     (variant_dir / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
     print(f"[build] wrote {variant_dir.relative_to(ROOT)} ({ops_name})", flush=True)
+    remove_other_variants(out_root, backend, variant_dir)
     return variant_dir
 
 

@@ -1,46 +1,138 @@
 // The only file that touches torch types: op schemas, argument validation (one place per
 // op, shared by both devices), and dispatch to the CPU or CUDA kernel.
+//
+// Only torch's stable ABI is used (torch/csrc/stable/*, torch/headeronly/*, and the C shim
+// they wrap), at the 2.10 feature level: the build passes -DTORCH_TARGET_VERSION for 2.10, so
+// anything newer fails to compile, and the .so loads into every torch from 2.10 on.
+
+// The CUDA entries of torch's C shim (the current stream) are declared only under USE_CUDA.
+#if defined(CUDA_KERNEL) && !defined(USE_CUDA)
+#define USE_CUDA
+#endif
+
 #include "torch_binding.h"
 
-#include <ATen/MemoryOverlap.h>
-#include <ATen/Parallel.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 
+#include <algorithm>
+#include <cfloat>
 #include <cmath>
-#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <string>
 
 #include "../logits_processor/bitmask.h"
 #include "../logits_processor/sampling.h"
 #include "registration.h"
 
-#if defined(CUDA_KERNEL)
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
-
 namespace lp = logits_processor;
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
 
 namespace {
 
+// TORCH_CHECK on the stable ABI: a std::runtime_error (RuntimeError in Python) whose message
+// is the streamed arguments alone. (STD_TORCH_CHECK would prefix the C++ function, source
+// path and line to every message.)
+template <typename... Args>
+[[noreturn]] void fail(const Args&... args) {
+  std::ostringstream message;
+  (message << ... << args);
+  throw std::runtime_error(message.str());
+}
+
+#define CHECK_ARG(cond, ...)         \
+  do {                               \
+    if (!(cond)) fail(__VA_ARGS__);  \
+  } while (false)
+
+// Printed as c10::Device prints itself: "cpu", "cuda:0".
+std::string device_name(const torch::stable::Device& device) {
+  using torch::headeronly::DeviceType;
+  std::string name;
+  switch (device.type()) {
+    case DeviceType::CPU: name = "cpu"; break;
+    case DeviceType::CUDA: name = "cuda"; break;
+    case DeviceType::Meta: name = "meta"; break;
+    case DeviceType::MPS: name = "mps"; break;
+    case DeviceType::XPU: name = "xpu"; break;
+    default: name = "device type " + std::to_string(static_cast<int>(device.type()));
+  }
+  return device.has_index() ? name + ":" + std::to_string(device.index()) : name;
+}
+
+// Printed as c10 prints sizes: "[4, 64]".
+std::string shape_name(torch::headeronly::IntHeaderOnlyArrayRef sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + "]";
+}
+
+bool is_floating(ScalarType t) {
+  switch (t) {
+    case ScalarType::Double: case ScalarType::Float: case ScalarType::Half:
+    case ScalarType::BFloat16: case ScalarType::Float8_e5m2: case ScalarType::Float8_e4m3fn:
+    case ScalarType::Float8_e5m2fnuz: case ScalarType::Float8_e4m3fnuz:
+    case ScalarType::Float8_e8m0fnu:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_complex(ScalarType t) {
+  return t == ScalarType::ComplexHalf || t == ScalarType::ComplexFloat ||
+         t == ScalarType::ComplexDouble;
+}
+
 void run_parallel_for(int64_t begin, int64_t end, int64_t grain,
                       const std::function<void(int64_t, int64_t)>& body) {
-  at::parallel_for(begin, end, grain, body);
+  torch::stable::parallel_for(begin, end, grain, body);
 }
 
-void check_logits_dtype(const torch::Tensor& logits, const char* name) {
-  const auto dtype = logits.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, name,
-              " must be float32, float16 or bfloat16, got ", dtype);
+void check_logits_dtype(const Tensor& logits, const char* name) {
+  const ScalarType dtype = logits.scalar_type();
+  CHECK_ARG(dtype == ScalarType::Float || dtype == ScalarType::Half ||
+                dtype == ScalarType::BFloat16,
+            name, " must be float32, float16 or bfloat16, got ", dtype);
 }
 
-void check_device_supported(const torch::Tensor& t, const char* name) {
+void check_device_supported(const Tensor& t, const char* name) {
 #if defined(CUDA_KERNEL)
-  TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), name,
-              " must be on the CPU or a CUDA device, got ", t.device());
+  CHECK_ARG(t.is_cpu() || t.is_cuda(), name, " must be on the CPU or a CUDA device, got ",
+            device_name(t.device()));
 #else
-  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU (this is the CPU build), got ",
-              t.device());
+  CHECK_ARG(t.is_cpu(), name, " must be on the CPU (this is the CPU build), got ",
+            device_name(t.device()));
 #endif
+}
+
+// at::has_internal_overlap(t) == MemOverlap::Yes: a dimension of size > 1 with stride 0.
+bool has_internal_overlap(const Tensor& t) {
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1 && t.stride(d) == 0) return true;
+  }
+  return false;
+}
+
+// Whether two tensors are views of one allocation (at::Tensor::is_alias_of): their storages
+// start at the same address. Storages without bytes hold no memory to share.
+bool shares_storage(const Tensor& a, const Tensor& b) {
+  const auto storage_start = [](const Tensor& t) {
+    int64_t bytes = 0;
+    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_storage_size(t.get(), &bytes));
+    return bytes == 0 ? nullptr
+                      : static_cast<const char*>(t.data_ptr()) -
+                            t.storage_offset() * static_cast<int64_t>(t.element_size());
+  };
+  const char* start = storage_start(a);
+  return start != nullptr && start == storage_start(b);
 }
 
 // A 1-D or 2-D tensor seen as rows: (rows, width, row stride in elements).
@@ -50,61 +142,75 @@ struct RowView {
   int64_t row_stride;
 };
 
-RowView row_view(const torch::Tensor& t, const char* name) {
-  TORCH_CHECK(t.dim() == 1 || t.dim() == 2, name, " must be 1-D or 2-D, got ", t.dim(), "-D");
-  TORCH_CHECK(t.size(-1) <= 1 || t.stride(-1) == 1, name,
-              " must be contiguous in its last dimension, got stride ", t.stride(-1));
+RowView row_view(const Tensor& t, const char* name) {
+  CHECK_ARG(t.dim() == 1 || t.dim() == 2, name, " must be 1-D or 2-D, got ", t.dim(), "-D");
+  CHECK_ARG(t.size(-1) <= 1 || t.stride(-1) == 1, name,
+            " must be contiguous in its last dimension, got stride ", t.stride(-1));
   if (t.dim() == 1) return {1, t.size(0), t.size(0)};
   return {t.size(0), t.size(1), t.stride(0)};
 }
 
-uint32_t fill_bits(double fill_value, at::ScalarType dtype) {
-  const torch::Tensor fill = torch::full({1}, fill_value, torch::TensorOptions().dtype(dtype));
-  uint32_t bits = 0;
-  std::memcpy(&bits, fill.data_ptr(), fill.element_size());
-  return bits;
+// The fill value's bits in the logits dtype, converted as torch::full(fill_value) does: to
+// float (round to nearest even; a finite value beyond float's range is an error for float32
+// and infinity for the 16-bit types), then to float16 or bfloat16 (round to nearest even).
+uint32_t fill_bits(double fill_value, ScalarType dtype) {
+  const bool beyond_float = std::isfinite(fill_value) && std::fabs(fill_value) > FLT_MAX;
+  CHECK_ARG(!(beyond_float && dtype == ScalarType::Float),
+            "fill_value cannot be converted to float32 without overflow, got ", fill_value);
+  const float value = beyond_float ? std::copysign(INFINITY, static_cast<float>(fill_value))
+                                   : static_cast<float>(fill_value);
+  if (dtype == ScalarType::Half) return torch::headeronly::Half(value).x;
+  if (dtype == ScalarType::BFloat16) return torch::headeronly::BFloat16(value).x;
+  return lp::float_bits(value);
 }
 
-lp::Dtype kernel_dtype(at::ScalarType dtype) {
-  if (dtype == at::kHalf) return lp::Dtype::Float16;
-  if (dtype == at::kBFloat16) return lp::Dtype::BFloat16;
+lp::Dtype kernel_dtype(ScalarType dtype) {
+  if (dtype == ScalarType::Half) return lp::Dtype::Float16;
+  if (dtype == ScalarType::BFloat16) return lp::Dtype::BFloat16;
   return lp::Dtype::Float32;
 }
 
-void run_bitmask(const lp::BitmaskParams& params, const torch::Tensor& logits) {
-  if (logits.device().is_cpu()) {
+#if defined(CUDA_KERNEL)
+cudaStream_t current_cuda_stream(const Tensor& t) {
+  void* stream = nullptr;
+  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
+  return static_cast<cudaStream_t>(stream);
+}
+#endif
+
+void run_bitmask(const lp::BitmaskParams& params, const Tensor& logits) {
+  if (logits.is_cpu()) {
     lp::apply_bitmask_cpu(params, run_parallel_for);
     return;
   }
 #if defined(CUDA_KERNEL)
-  const c10::cuda::CUDAGuard guard(logits.device());
-  lp::apply_bitmask_cuda(params, c10::cuda::getCurrentCUDAStream(logits.device().index()));
+  const torch::stable::accelerator::DeviceGuard guard(logits.get_device_index());
+  lp::apply_bitmask_cuda(params, current_cuda_stream(logits));
 #endif
 }
 
 // Validation shared by both bitmask ops; returns in-place masking work on `logits`.
-lp::BitmaskParams bitmask_params(const torch::Tensor& logits, const torch::Tensor& bitmask,
+lp::BitmaskParams bitmask_params(const Tensor& logits, const Tensor& bitmask,
                                  std::optional<int64_t> vocab_size,
-                                 const std::optional<torch::Tensor>& indices,
-                                 double fill_value) {
+                                 const std::optional<Tensor>& indices, double fill_value) {
   check_logits_dtype(logits, "logits");
   check_device_supported(logits, "logits");
-  TORCH_CHECK(bitmask.scalar_type() == at::kInt, "bitmask must be int32, got ",
-              bitmask.scalar_type());
-  TORCH_CHECK(bitmask.device() == logits.device(), "bitmask must be on the logits' device (",
-              logits.device(), "), got ", bitmask.device());
+  CHECK_ARG(bitmask.scalar_type() == ScalarType::Int, "bitmask must be int32, got ",
+            bitmask.scalar_type());
+  CHECK_ARG(bitmask.device() == logits.device(), "bitmask must be on the logits' device (",
+            device_name(logits.device()), "), got ", device_name(bitmask.device()));
   const RowView lv = row_view(logits, "logits");
   const RowView bv = row_view(bitmask, "bitmask");
   const int64_t vocab = vocab_size.value_or(std::min(lv.width, 32 * bv.width));
-  TORCH_CHECK(vocab >= 0 && vocab <= lv.width, "vocab_size must be in [0, ", lv.width,
-              "] (the logits' width), got ", vocab);
-  TORCH_CHECK(32 * bv.width >= vocab, "bitmask is too narrow: ", bv.width,
-              " words cover ", 32 * bv.width, " tokens, vocab_size is ", vocab);
+  CHECK_ARG(vocab >= 0 && vocab <= lv.width, "vocab_size must be in [0, ", lv.width,
+            "] (the logits' width), got ", vocab);
+  CHECK_ARG(32 * bv.width >= vocab, "bitmask is too narrow: ", bv.width, " words cover ",
+            32 * bv.width, " tokens, vocab_size is ", vocab);
 
   lp::BitmaskParams p{};
-  p.element_size = logits.element_size();
+  p.element_size = static_cast<int64_t>(logits.element_size());
   p.fill_bits = fill_bits(fill_value, logits.scalar_type());
-  p.bitmask = bitmask.data_ptr<int32_t>();
+  p.bitmask = bitmask.const_data_ptr<int32_t>();
   p.bitmask_row_stride = bv.row_stride;
   p.num_logits_rows = lv.rows;
   p.num_bitmask_rows = bv.rows;
@@ -114,21 +220,29 @@ lp::BitmaskParams bitmask_params(const torch::Tensor& logits, const torch::Tenso
   p.out = logits.data_ptr();
   p.out_row_stride = lv.row_stride;
   if (!indices.has_value()) {
-    TORCH_CHECK(bv.rows >= lv.rows, "bitmask has ", bv.rows, " rows but logits has ", lv.rows,
-                ": pass indices to mask a subset of rows");
+    CHECK_ARG(bv.rows >= lv.rows, "bitmask has ", bv.rows, " rows but logits has ", lv.rows,
+              ": pass indices to mask a subset of rows");
     return p;
   }
-  const torch::Tensor& idx = *indices;
-  TORCH_CHECK(idx.scalar_type() == at::kLong, "indices must be int64, got ", idx.scalar_type());
-  TORCH_CHECK(idx.dim() == 1, "indices must be 1-D, got ", idx.dim(), "-D");
-  TORCH_CHECK(idx.device().is_cpu() || idx.device() == logits.device(),
-              "indices must be on the CPU or on the logits' device (", logits.device(),
-              "), got ", idx.device());
-  if (idx.device().is_cpu() && idx.numel() > 0) {
-    const int64_t lo = idx.min().item<int64_t>();
-    const int64_t hi = idx.max().item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi < lv.rows && hi < bv.rows, "indices must lie in [0, ",
-                std::min(lv.rows, bv.rows), "), got values in [", lo, ", ", hi, "]");
+  const Tensor& idx = *indices;
+  CHECK_ARG(idx.scalar_type() == ScalarType::Long, "indices must be int64, got ",
+            idx.scalar_type());
+  CHECK_ARG(idx.dim() == 1, "indices must be 1-D, got ", idx.dim(), "-D");
+  CHECK_ARG(idx.is_cpu() || idx.device() == logits.device(),
+            "indices must be on the CPU or on the logits' device (", device_name(logits.device()),
+            "), got ", device_name(idx.device()));
+  if (idx.is_cpu() && idx.numel() > 0) {
+    // Host memory: read in place, whatever the stride.
+    const int64_t* values = idx.const_data_ptr<int64_t>();
+    const int64_t stride = idx.stride(0);
+    int64_t lo = values[0];
+    int64_t hi = values[0];
+    for (int64_t i = 1; i < idx.numel(); ++i) {
+      lo = std::min(lo, values[i * stride]);
+      hi = std::max(hi, values[i * stride]);
+    }
+    CHECK_ARG(lo >= 0 && hi < lv.rows && hi < bv.rows, "indices must lie in [0, ",
+              std::min(lv.rows, bv.rows), "), got values in [", lo, ", ", hi, "]");
   }
   p.num_work_rows = idx.numel();
   return p;
@@ -136,64 +250,64 @@ lp::BitmaskParams bitmask_params(const torch::Tensor& logits, const torch::Tenso
 
 // Host indices are checked above, then moved to the logits' device; device indices are
 // never read on the host (no sync), and the kernel skips any that are out of range.
-torch::Tensor indices_on_device(const torch::Tensor& indices, const torch::Tensor& logits) {
-  return indices.to(logits.device()).contiguous();
+Tensor indices_on_device(const Tensor& indices, const Tensor& logits) {
+  return torch::stable::contiguous(torch::stable::to(indices, logits.device()));
 }
 
 // A per-row sampling parameter: a length-B tensor on the logits' device, converted to the
 // kernel's dtype (a no-op, and no allocation, when it already is float32 / int64).
-torch::Tensor row_parameter(const torch::Tensor& t, const torch::Tensor& logits, const char* name,
-                            at::ScalarType dtype) {
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == logits.size(0), name,
-              " must be a number or a 1-D tensor of length ", logits.size(0), " (one per row), got shape ",
-              t.sizes());
-  TORCH_CHECK(t.device() == logits.device(), name, " must be on the logits' device (",
-              logits.device(), "), got ", t.device());
-  const bool floating = dtype == at::kFloat;
-  TORCH_CHECK(floating ? t.is_floating_point() : !t.is_floating_point() && !t.is_complex() &&
-                                                     t.scalar_type() != at::kBool,
-              name, floating ? " must be a floating-point tensor" : " must be an integer tensor",
-              ", got ", t.scalar_type());
-  return t.to(dtype).contiguous();
+Tensor row_parameter(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype) {
+  CHECK_ARG(t.dim() == 1 && t.size(0) == logits.size(0), name,
+            " must be a number or a 1-D tensor of length ", logits.size(0),
+            " (one per row), got shape ", shape_name(t.sizes()));
+  CHECK_ARG(t.device() == logits.device(), name, " must be on the logits' device (",
+            device_name(logits.device()), "), got ", device_name(t.device()));
+  const bool floating = dtype == ScalarType::Float;
+  const ScalarType given = t.scalar_type();
+  CHECK_ARG(floating ? is_floating(given)
+                     : !is_floating(given) && !is_complex(given) && given != ScalarType::Bool,
+            name, floating ? " must be a floating-point tensor" : " must be an integer tensor",
+            ", got ", given);
+  return torch::stable::contiguous(torch::stable::to(t, dtype));
 }
 
 template <typename T>
-const T* optional_data(const torch::Tensor& t) {
-  return t.defined() ? t.data_ptr<T>() : nullptr;
+const T* optional_data(const std::optional<Tensor>& t) {
+  return t.has_value() ? t->const_data_ptr<T>() : nullptr;
 }
-
 
 }  // namespace
 
-void apply_token_bitmask_inplace(torch::Tensor& logits, const torch::Tensor& bitmask,
+void apply_token_bitmask_inplace(const Tensor& logits, const Tensor& bitmask,
                                  std::optional<int64_t> vocab_size,
-                                 const std::optional<torch::Tensor>& indices, double fill_value) {
+                                 const std::optional<Tensor>& indices, double fill_value) {
   lp::BitmaskParams p = bitmask_params(logits, bitmask, vocab_size, indices, fill_value);
-  TORCH_CHECK(at::has_internal_overlap(logits) != at::MemOverlap::Yes,
-              "logits must not have overlapping rows (e.g. an expanded tensor)");
-  torch::Tensor idx;
+  CHECK_ARG(!has_internal_overlap(logits),
+            "logits must not have overlapping rows (e.g. an expanded tensor)");
+  std::optional<Tensor> idx;
   if (indices.has_value()) {
     idx = indices_on_device(*indices, logits);
-    p.indices = idx.data_ptr<int64_t>();
+    p.indices = idx->const_data_ptr<int64_t>();
   }
   run_bitmask(p, logits);
 }
 
-void apply_packed_bitmask(const torch::Tensor& logits, const torch::Tensor& bitmask,
-                          double fill_value, torch::Tensor& out) {
+void apply_packed_bitmask(const Tensor& logits, const Tensor& bitmask, double fill_value,
+                          const Tensor& out) {
   lp::BitmaskParams p = bitmask_params(logits, bitmask, std::nullopt, std::nullopt, fill_value);
-  TORCH_CHECK(out.scalar_type() == logits.scalar_type(), "out must have the logits' dtype (",
-              logits.scalar_type(), "), got ", out.scalar_type());
-  TORCH_CHECK(out.device() == logits.device(), "out must be on the logits' device (",
-              logits.device(), "), got ", out.device());
-  TORCH_CHECK(out.sizes() == logits.sizes(), "out must have the logits' shape ",
-              logits.sizes(), ", got ", out.sizes());
+  CHECK_ARG(out.scalar_type() == logits.scalar_type(), "out must have the logits' dtype (",
+            logits.scalar_type(), "), got ", out.scalar_type());
+  CHECK_ARG(out.device() == logits.device(), "out must be on the logits' device (",
+            device_name(logits.device()), "), got ", device_name(out.device()));
+  CHECK_ARG(out.sizes().equals(logits.sizes()), "out must have the logits' shape ",
+            shape_name(logits.sizes()), ", got ", shape_name(out.sizes()));
   const RowView ov = row_view(out, "out");
-  TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes,
-              "out must not have overlapping rows (e.g. an expanded tensor)");
-  const bool same_view = out.data_ptr() == logits.data_ptr() && out.strides() == logits.strides();
-  TORCH_CHECK(!out.is_alias_of(logits) || same_view,
-              "out must be the logits tensor itself or not share its memory");
+  CHECK_ARG(!has_internal_overlap(out),
+            "out must not have overlapping rows (e.g. an expanded tensor)");
+  const bool same_view =
+      out.data_ptr() == logits.data_ptr() && out.strides().equals(logits.strides());
+  CHECK_ARG(!shares_storage(out, logits) || same_view,
+            "out must be the logits tensor itself or not share its memory");
   p.in = p.out;
   p.in_row_stride = p.out_row_stride;
   p.out = out.data_ptr();
@@ -201,47 +315,50 @@ void apply_packed_bitmask(const torch::Tensor& logits, const torch::Tensor& bitm
   run_bitmask(p, logits);
 }
 
-void sample(const torch::Tensor& logits, const std::optional<torch::Tensor>& temperature,
-            double temperature_value, const std::optional<torch::Tensor>& top_k,
-            int64_t top_k_value, const std::optional<torch::Tensor>& top_p, double top_p_value,
-            const std::optional<torch::Tensor>& min_p, double min_p_value,
-            const std::optional<torch::Tensor>& seed, int64_t seed_value,
-            const std::optional<torch::Tensor>& offset, int64_t offset_value,
-            const std::optional<torch::Tensor>& bitmask, torch::Tensor& out) {
+void sample(const Tensor& logits, const std::optional<Tensor>& temperature,
+            double temperature_value, const std::optional<Tensor>& top_k, int64_t top_k_value,
+            const std::optional<Tensor>& top_p, double top_p_value,
+            const std::optional<Tensor>& min_p, double min_p_value,
+            const std::optional<Tensor>& seed, int64_t seed_value,
+            const std::optional<Tensor>& offset, int64_t offset_value,
+            const std::optional<Tensor>& bitmask, const Tensor& out) {
   check_logits_dtype(logits, "logits");
   check_device_supported(logits, "logits");
-  TORCH_CHECK(logits.dim() == 2, "logits must be 2-D [batch, vocab], got ", logits.dim(), "-D");
+  CHECK_ARG(logits.dim() == 2, "logits must be 2-D [batch, vocab], got ", logits.dim(), "-D");
   const RowView lv = row_view(logits, "logits");
-  TORCH_CHECK(lv.width < (int64_t{1} << 31), "logits: vocab must be below 2^31, got ", lv.width);
-  TORCH_CHECK(!std::isnan(temperature_value), "temperature must not be NaN");
-  TORCH_CHECK(top_p_value >= 0.0 && top_p_value <= 1.0, "top_p must be in [0, 1], got ", top_p_value);
-  TORCH_CHECK(min_p_value <= 1.0, "min_p must be at most 1 (0 or less disables it), got ", min_p_value);
-  TORCH_CHECK(out.scalar_type() == at::kLong, "out must be int64, got ", out.scalar_type());
-  TORCH_CHECK(out.device() == logits.device(), "out must be on the logits' device (",
-              logits.device(), "), got ", out.device());
-  TORCH_CHECK(out.dim() == 1 && out.size(0) == lv.rows && out.is_contiguous(),
-              "out must be a contiguous 1-D tensor of length ", lv.rows, ", got shape ", out.sizes());
+  CHECK_ARG(lv.width < (int64_t{1} << 31), "logits: vocab must be below 2^31, got ", lv.width);
+  CHECK_ARG(!std::isnan(temperature_value), "temperature must not be NaN");
+  CHECK_ARG(top_p_value >= 0.0 && top_p_value <= 1.0, "top_p must be in [0, 1], got ",
+            top_p_value);
+  CHECK_ARG(min_p_value <= 1.0, "min_p must be at most 1 (0 or less disables it), got ",
+            min_p_value);
+  CHECK_ARG(out.scalar_type() == ScalarType::Long, "out must be int64, got ", out.scalar_type());
+  CHECK_ARG(out.device() == logits.device(), "out must be on the logits' device (",
+            device_name(logits.device()), "), got ", device_name(out.device()));
+  CHECK_ARG(out.dim() == 1 && out.size(0) == lv.rows && out.is_contiguous(),
+            "out must be a contiguous 1-D tensor of length ", lv.rows, ", got shape ",
+            shape_name(out.sizes()));
 
-  const auto param = [&](const std::optional<torch::Tensor>& t, const char* name, at::ScalarType dtype) {
-    return t.has_value() ? row_parameter(*t, logits, name, dtype) : torch::Tensor();
+  const auto param = [&](const std::optional<Tensor>& t, const char* name, ScalarType dtype) {
+    return t.has_value() ? std::optional(row_parameter(*t, logits, name, dtype)) : std::nullopt;
   };
-  const torch::Tensor temperature_t = param(temperature, "temperature", at::kFloat);
-  const torch::Tensor top_k_t = param(top_k, "top_k", at::kLong);
-  const torch::Tensor top_p_t = param(top_p, "top_p", at::kFloat);
-  const torch::Tensor min_p_t = param(min_p, "min_p", at::kFloat);
-  const torch::Tensor seed_t = param(seed, "seed", at::kLong);
-  const torch::Tensor offset_t = param(offset, "offset", at::kLong);
+  const std::optional<Tensor> temperature_t = param(temperature, "temperature", ScalarType::Float);
+  const std::optional<Tensor> top_k_t = param(top_k, "top_k", ScalarType::Long);
+  const std::optional<Tensor> top_p_t = param(top_p, "top_p", ScalarType::Float);
+  const std::optional<Tensor> min_p_t = param(min_p, "min_p", ScalarType::Float);
+  const std::optional<Tensor> seed_t = param(seed, "seed", ScalarType::Long);
+  const std::optional<Tensor> offset_t = param(offset, "offset", ScalarType::Long);
 
   lp::SamplingParams p{};
   if (bitmask.has_value()) {
-    const torch::Tensor& m = *bitmask;
-    TORCH_CHECK(m.scalar_type() == at::kInt, "bitmask must be int32, got ", m.scalar_type());
-    TORCH_CHECK(m.device() == logits.device(), "bitmask must be on the logits' device (",
-                logits.device(), "), got ", m.device());
-    TORCH_CHECK(m.dim() == 2, "bitmask must be 2-D [batch, words], got ", m.dim(), "-D");
+    const Tensor& m = *bitmask;
+    CHECK_ARG(m.scalar_type() == ScalarType::Int, "bitmask must be int32, got ", m.scalar_type());
+    CHECK_ARG(m.device() == logits.device(), "bitmask must be on the logits' device (",
+              device_name(logits.device()), "), got ", device_name(m.device()));
+    CHECK_ARG(m.dim() == 2, "bitmask must be 2-D [batch, words], got ", m.dim(), "-D");
     const RowView bv = row_view(m, "bitmask");
-    TORCH_CHECK(bv.rows >= lv.rows, "bitmask has ", bv.rows, " rows but logits has ", lv.rows);
-    p.bitmask = m.data_ptr<int32_t>();
+    CHECK_ARG(bv.rows >= lv.rows, "bitmask has ", bv.rows, " rows but logits has ", lv.rows);
+    p.bitmask = m.const_data_ptr<int32_t>();
     p.bitmask_row_stride = bv.row_stride;
     p.bitmask_width = bv.width;
   }
@@ -262,39 +379,46 @@ void sample(const torch::Tensor& logits, const std::optional<torch::Tensor>& tem
   p.seed_value = seed_value;
   p.offset = optional_data<int64_t>(offset_t);
   p.offset_value = offset_value;
-  p.out = out.data_ptr<int64_t>();
-  if (logits.device().is_cpu()) {
+  p.out = out.mutable_data_ptr<int64_t>();
+  if (logits.is_cpu()) {
     lp::sample_cpu(p, run_parallel_for);
     return;
   }
 #if defined(CUDA_KERNEL)
-  const c10::cuda::CUDAGuard guard(logits.device());
+  const torch::stable::accelerator::DeviceGuard guard(logits.get_device_index());
   // Scratch for small batches comes from PyTorch's caching allocator: capture-safe.
   const int64_t splits = lp::sample_cuda_splits(lv.rows, lv.width);
-  torch::Tensor partials, arrivals;
+  std::optional<Tensor> partials, arrivals;
   if (splits > 1) {
-    partials = torch::empty({lv.rows * splits}, logits.options().dtype(at::kLong));
-    arrivals = torch::zeros({lv.rows}, logits.options().dtype(at::kInt));
+    partials = torch::stable::new_empty(logits, {lv.rows * splits}, ScalarType::Long);
+    arrivals = torch::stable::new_zeros(logits, {lv.rows}, ScalarType::Int);
   }
-  lp::sample_cuda(p, splits,
-                  splits > 1 ? reinterpret_cast<unsigned long long*>(partials.data_ptr<int64_t>()) : nullptr,
-                  splits > 1 ? reinterpret_cast<unsigned int*>(arrivals.data_ptr<int32_t>()) : nullptr,
-                  c10::cuda::getCurrentCUDAStream(logits.device().index()));
+  lp::sample_cuda(
+      p, splits,
+      partials ? reinterpret_cast<unsigned long long*>(partials->mutable_data_ptr<int64_t>()) : nullptr,
+      arrivals ? reinterpret_cast<unsigned int*>(arrivals->mutable_data_ptr<int32_t>()) : nullptr,
+      current_cuda_stream(logits));
 #endif
 }
 
-TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
+STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("apply_token_bitmask_inplace(Tensor(a!) logits, Tensor bitmask, int? vocab_size, Tensor? indices, float fill_value) -> ()");
-  ops.impl("apply_token_bitmask_inplace", torch::kCPU, &apply_token_bitmask_inplace);
   ops.def("apply_packed_bitmask(Tensor logits, Tensor bitmask, float fill_value, Tensor(a!) out) -> ()");
-  ops.impl("apply_packed_bitmask", torch::kCPU, &apply_packed_bitmask);
   ops.def("sample(Tensor logits, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? seed, int seed_value, Tensor? offset, int offset_value, Tensor? bitmask, Tensor(a!) out) -> ()");
-  ops.impl("sample", torch::kCPU, &sample);
-#if defined(CUDA_KERNEL)
-  ops.impl("apply_token_bitmask_inplace", torch::kCUDA, &apply_token_bitmask_inplace);
-  ops.impl("apply_packed_bitmask", torch::kCUDA, &apply_packed_bitmask);
-  ops.impl("sample", torch::kCUDA, &sample);
-#endif
 }
+
+STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CPU, ops) {
+  ops.impl("apply_token_bitmask_inplace", TORCH_BOX(&apply_token_bitmask_inplace));
+  ops.impl("apply_packed_bitmask", TORCH_BOX(&apply_packed_bitmask));
+  ops.impl("sample", TORCH_BOX(&sample));
+}
+
+#if defined(CUDA_KERNEL)
+STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
+  ops.impl("apply_token_bitmask_inplace", TORCH_BOX(&apply_token_bitmask_inplace));
+  ops.impl("apply_packed_bitmask", TORCH_BOX(&apply_packed_bitmask));
+  ops.impl("sample", TORCH_BOX(&sample));
+}
+#endif
 
 REGISTER_EXTENSION(TORCH_EXTENSION_NAME)

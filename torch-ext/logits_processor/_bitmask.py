@@ -67,7 +67,8 @@ def apply_token_bitmask_inplace(
     vocab_size: columns at or past it are left untouched; default min(V, 32 * bitmask width).
     indices: rows to mask (a list or an integer tensor); row i of logits is masked by row i of
     the bitmask, so B and B' may differ. Host indices are range-checked; indices already on the
-    GPU are not read on the host (no synchronisation), and any out of range are skipped.
+    GPU are not read on the host (no synchronisation), and any out of range are skipped. A CUDA
+    graph can capture the op only with device indices (host ones are copied to the GPU).
     On CUDA a logit is written only where its bit is 0 and is never read.
     """
     ops.apply_token_bitmask_inplace(logits, bitmask, vocab_size, _indices_tensor(indices), fill_value)

@@ -1,0 +1,556 @@
+"""Side-by-side benchmarks of logits-processor and its peers (`make bench`).
+
+Bitmask: this package (in place and out of place) against XGrammar's function and torch's
+masked_fill (with the unpacking a torch user needs). Sampler, when the build has `sample`:
+against the sort-based torch chain of torch_reference.py, with the same intersection
+semantics. On a GPU it adds XGrammar's CUDA and Triton kernels and FlashInfer's sampling
+(each skipped, with the reason recorded, when it cannot be loaded) and reports % of the
+memory floor: the bytes that must move over a device-to-device copy bandwidth measured in
+the same run.
+
+Shared, noisy machines: every case times its implementations interleaved, round after round,
+on rotating input buffers (so caches do not flatter), and reports the median time and the
+median of the per-round ratios (peer time / this package's time: > 1 means we are faster).
+On the GPU a measurement is CUDA events around back-to-back calls, so the launch cost counts
+where it exceeds the kernel's time, as it does for a caller. Each case first checks that the
+outputs agree (bitmask: every implementation equal to masked_fill's result; sampler: every
+token of ours and of the reference in the reference's kept set) and says so.
+
+  python benchmarks/bench.py [--quick] [--device cpu|cuda|all] [--json PATH]
+  python benchmarks/bench.py --prewarm   # only compile/load the GPU peers (certify.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from torch_reference import kept_probs, sample_reference, unpack_bitmask
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = "logits-processor"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Sampler modes: the arguments each passes on top of temperature=1.
+MODES = {
+    "greedy": {"temperature": 0.0},
+    "unfiltered": {},
+    "top-k": {"top_k": 50},
+    "top-p": {"top_p": 0.9},
+    "min-p": {"min_p": 0.1},
+    "top-k+top-p": {"top_k": 50, "top_p": 0.9},
+    "all three": {"top_k": 50, "top_p": 0.9, "min_p": 0.1},
+}
+
+# (batch, vocab, dtype, pattern); the first of each list is the CPU target's case.
+BITMASK_CASES = {
+    ("cpu", False): [(64, 128000, "float32", "half"), (64, 128000, "bfloat16", "half"),
+                     (64, 128000, "float16", "half"), (64, 128000, "float32", "none"),
+                     (64, 128000, "float32", "all"), (64, 128257, "bfloat16", "half"),
+                     (8, 32000, "float32", "half"), (1, 128000, "float32", "half")],
+    ("cpu", True): [(64, 128000, "float32", "half"), (64, 128000, "bfloat16", "half")],
+    ("cuda", False): [(256, 128000, d, p) for d in ("float32", "bfloat16") for p in ("half", "none", "all")]
+                     + [(512, 128000, "float32", "half"), (64, 128000, "float32", "half"),
+                        (32, 128000, "float32", "half"), (1, 128000, "float32", "half"),
+                        (256, 128257, "bfloat16", "half")],
+    ("cuda", True): [(256, 128000, "float32", "half"), (256, 128000, "bfloat16", "half")],
+}
+
+# Largest batches first: the targets' cases are measured even if a run is cut short.
+SAMPLER_SHAPES = {
+    # On the CPU bf16 only at the target's size: the sort-based reference takes about a second
+    # a call there on two cores, and `make bench` should stay within a few minutes.
+    ("cpu", False): [(64, 128256, "bfloat16")] + [(b, v, "float32") for b in (64, 32, 1) for v in (128256, 32000)],
+    ("cpu", True): [(64, 128256, "float32")],
+    ("cuda", False): [(b, v, d) for b in (256, 32, 1) for v in (128256, 32000) for d in ("float32", "bfloat16")],
+    ("cuda", True): [(256, 128256, "float32")],
+}
+QUICK_CPU_MODES = ["greedy", "top-k+top-p", "all three"]
+
+# Seconds of timing per case (after warm-up), and the shortest single measurement the
+# timer resolves well (perf_counter on the CPU, CUDA events on the GPU).
+BUDGET_S = {"cpu": 0.6, "cuda": 0.25}
+MIN_MEASUREMENT_S = {"cpu": 2e-3, "cuda": 2e-4}
+MIN_ROUNDS, MAX_ROUNDS = 3, 25
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def describe(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:200] if lines else ''}"
+
+
+# --- timing -------------------------------------------------------------------------------
+
+@dataclass
+class Impl:
+    name: str
+    run: Callable[[int], Any]  # one call on input set i (buffers rotate)
+
+
+@dataclass
+class Case:
+    op: str
+    device: str
+    batch: int
+    vocab: int
+    dtype: str
+    variant: str  # bitmask pattern or sampler mode
+    bytes: int  # what must move through memory (bitmask_bytes; the sampler: one read of the logits)
+    impls: list[Impl]
+    nbuf: int
+    check: Callable[[], str]  # run before timing: "ok" or what disagreed
+    floor_s: Optional[float] = None
+    results: dict[str, dict] = field(default_factory=dict)
+    check_result: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.op} {self.device} B={self.batch} V={self.vocab} {self.dtype} {self.variant}"
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_calls(impl: Impl, calls: int, first: int, nbuf: int, device: str) -> float:
+    """Seconds per call over `calls` back-to-back calls on buffers first, first+1, ..."""
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for j in range(calls):
+            impl.run((first + j) % nbuf)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+    begin = time.perf_counter()
+    for j in range(calls):
+        impl.run((first + j) % nbuf)
+    return (time.perf_counter() - begin) / calls
+
+
+def measure(case: Case) -> None:
+    """Fills case.results: median seconds per call and, for peers, the median paired ratio."""
+    impls = []
+    for impl in case.impls:
+        try:
+            impl.run(case.nbuf - 1)  # warm-up (JIT, allocator); timing starts at buffer 0
+            synchronize(case.device)
+            impls.append(impl)
+        except Exception as error:  # a peer that cannot run this case is reported, not fatal
+            case.results[impl.name] = {"error": describe(error)}
+    if not impls or impls[0].name != OURS:
+        return
+    single = [time_calls(impl, 1, 0, case.nbuf, case.device) for impl in impls]
+    calls = [max(1, math.ceil(MIN_MEASUREMENT_S[case.device] / max(t, 1e-9))) for t in single]
+    per_round = sum(n * t for n, t in zip(calls, single))
+    rounds = max(MIN_ROUNDS, min(MAX_ROUNDS, int(BUDGET_S[case.device] / max(per_round, 1e-9))))
+    samples: list[list[float]] = [[] for _ in impls]
+    counter = 0
+    for r in range(rounds):
+        for k in range(len(impls)):
+            i = (k + r) % len(impls)  # rotate who goes first, so order effects average out
+            samples[i].append(time_calls(impls[i], calls[i], counter, case.nbuf, case.device))
+            counter += calls[i]
+    ours = samples[0]
+    for impl, times in zip(impls, samples):
+        median = statistics.median(times)
+        entry = {"us": median * 1e6, "GBps": case.bytes / median / 1e9, "rounds": rounds}
+        if impl.name != OURS:
+            entry["ratio"] = statistics.median(t / o for t, o in zip(times, ours))
+        if case.floor_s:
+            entry["pct_floor"] = 100.0 * case.floor_s / median
+        case.results[impl.name] = entry
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write), median of 10 copies of 1 GiB."""
+    src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * src.numel() * src.element_size() / statistics.median(times)
+
+
+def buffer_count(case_bytes: int, device: str) -> int:
+    """Enough input sets that their total is 4x the last-level cache, so each call misses it."""
+    cache = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 32 << 20
+    return max(2, min(64, math.ceil(4 * cache / max(case_bytes, 1))))
+
+
+# --- peers --------------------------------------------------------------------------------
+
+SKIPPED_PEERS: dict[str, str] = {}
+
+
+def load_module(name: str, module: str):
+    """Import a peer lazily; on failure record why and return None."""
+    try:
+        return importlib.import_module(module)
+    except Exception as error:
+        SKIPPED_PEERS[name] = describe(error)
+        return None
+
+
+@functools.cache
+def xgrammar_peers(device: str) -> dict[str, Callable]:
+    """name -> f(logits, bitmask), in place."""
+    specs = {"cpu": [("xgrammar-cpu", "xgrammar", "apply_token_bitmask_inplace")],
+             "cuda": [("xgrammar-cuda", "xgrammar.kernels.apply_token_bitmask_inplace_cuda",
+                       "apply_token_bitmask_inplace_cuda"),
+                      ("xgrammar-triton", "xgrammar.kernels.apply_token_bitmask_inplace_triton",
+                       "apply_token_bitmask_inplace_triton")]}[device]
+    modules = {name: (load_module(name, module), attribute) for name, module, attribute in specs}
+    return {name: getattr(module, attribute) for name, (module, attribute) in modules.items() if module}
+
+
+@functools.cache
+def flashinfer_sampling():
+    return load_module("flashinfer", "flashinfer.sampling")
+
+
+def flashinfer_call(mode: str) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
+    """FlashInfer's nearest entry point for a mode (temperature 1), or None where it has none.
+
+    Its *_from_probs functions take probabilities: the softmax is part of the call timed.
+    It has no greedy path and no joint top-k + top-p + min-p.
+    """
+    fs = flashinfer_sampling()
+    if fs is None:
+        return None
+    params = MODES[mode]
+    return {
+        "unfiltered": lambda x: fs.sampling_from_logits(x),
+        "top-k": lambda x: fs.top_k_sampling_from_probs(fs.softmax(x), params.get("top_k")),
+        "top-p": lambda x: fs.top_p_sampling_from_probs(fs.softmax(x), params.get("top_p")),
+        "min-p": lambda x: fs.min_p_sampling_from_probs(fs.softmax(x), params.get("min_p")),
+        "top-k+top-p": lambda x: fs.top_k_top_p_sampling_from_logits(
+            x, params.get("top_k"), params.get("top_p"), filter_apply_order="joint"),
+    }.get(mode)
+
+
+def prewarm() -> int:
+    """Load every GPU peer once with a tiny call, so their JIT builds happen outside the timing
+    (certify.py runs this in the background while it builds and tests)."""
+    logits = torch.randn(4, 4096, device="cuda")
+    bitmask = torch.full((4, 128), -1, dtype=torch.int32, device="cuda")
+    calls = {name: functools.partial(fn, logits.clone(), bitmask) for name, fn in xgrammar_peers("cuda").items()}
+    calls.update({f"flashinfer {mode}": functools.partial(flashinfer_call(mode), logits)
+                  for mode in MODES if flashinfer_call(mode) is not None})
+    for name, call in calls.items():
+        try:
+            call()
+            torch.cuda.synchronize()
+            log(f"[prewarm] {name} ready")
+        except Exception as error:  # the benchmark records it again, case by case
+            log(f"[prewarm] {name} failed: {describe(error)}")
+    for name, reason in SKIPPED_PEERS.items():
+        log(f"[prewarm] {name} unavailable: {reason}")
+    return 0
+
+
+# --- cases --------------------------------------------------------------------------------
+
+def random_bitmask(batch: int, vocab: int, pattern: str, device: str) -> torch.Tensor:
+    """'half': each bit a coin flip; 'none': nothing masked (-1); 'all': everything masked (0)."""
+    words = (vocab + 31) // 32
+    if pattern == "none":
+        return torch.full((batch, words), -1, dtype=torch.int32, device=device)
+    if pattern == "all":
+        return torch.zeros((batch, words), dtype=torch.int32, device=device)
+    return torch.randint(-(2**31), 2**31, (batch, words), dtype=torch.int64, device=device).to(torch.int32)
+
+
+def bitmask_bytes(bitmask: torch.Tensor, vocab: int, element_size: int) -> int:
+    """Bytes a write-only masking kernel must move, in 32-byte sectors (anchors.md's model):
+    the bitmask is read once; a sector of fully masked tokens is written (32 B); a partly
+    masked one is read and written back (64 B); an untouched one costs nothing."""
+    tokens = 32 // element_size  # tokens per sector: 8 bits (fp32) or 16 bits (16-bit types)
+    per_word = 32 // tokens
+    words = bitmask.to(torch.int64) & 0xFFFFFFFF
+    shifts = torch.arange(per_word, device=bitmask.device) * tokens
+    sectors = ((words.unsqueeze(-1) >> shifts) & ((1 << tokens) - 1)).reshape(bitmask.shape[0], -1)
+    sectors = sectors[:, : math.ceil(vocab / tokens)]
+    written = sectors != (1 << tokens) - 1
+    partial = written & (sectors != 0)
+    return bitmask.numel() * 4 + 32 * int(written.sum()) + 32 * int(partial.sum())
+
+
+def bitmask_case(lp, device: str, batch: int, vocab: int, dtype: str, pattern: str, bandwidth) -> Case:
+    torch_dtype = DTYPES[dtype]
+    element = torch.tensor([], dtype=torch_dtype).element_size()
+    nbuf = buffer_count(batch * vocab * element, device)
+    logits = [torch.randn(batch, vocab, device=device).to(torch_dtype) for _ in range(nbuf)]
+    masks = [random_bitmask(batch, vocab, pattern, device) for _ in range(nbuf)]
+    outs = [torch.empty_like(x) for x in logits]
+    impls = [
+        Impl(OURS, lambda i: lp.apply_token_bitmask_inplace(logits[i], masks[i])),
+        Impl(f"{OURS} out-of-place", lambda i: lp.apply_packed_bitmask(logits[i], masks[i], out=outs[i])),
+    ]
+    impls += [Impl(name, functools.partial(lambda fn, i: fn(logits[i], masks[i]), fn))
+              for name, fn in xgrammar_peers(device).items()]
+    impls.append(Impl("torch masked_fill", lambda i: logits[i].masked_fill_(
+        ~unpack_bitmask(masks[i], vocab), float("-inf"))))
+
+    def check() -> str:
+        expected = logits[0].masked_fill(~unpack_bitmask(masks[0], vocab), float("-inf"))
+        disagree = []
+        for impl in impls:
+            if impl.name.endswith("out-of-place"):
+                impl.run(0)
+                got = outs[0]
+            else:
+                saved = logits[0].clone()
+                impl.run(0)
+                got, logits[0] = logits[0], saved
+            if not torch.equal(got, expected):
+                disagree.append(impl.name)
+        return "ok" if not disagree else "MISMATCH: " + ", ".join(disagree)
+
+    bytes_ = sum(bitmask_bytes(m, vocab, element) for m in masks) // nbuf
+    return Case("bitmask", device, batch, vocab, dtype, pattern, bytes_, impls, nbuf, check,
+                floor_s=bytes_ / bandwidth if bandwidth else None)
+
+
+def sampler_case(lp, device: str, batch: int, vocab: int, dtype: str, mode: str, bandwidth) -> Case:
+    torch_dtype = DTYPES[dtype]
+    element = torch.tensor([], dtype=torch_dtype).element_size()
+    nbuf = buffer_count(batch * vocab * element, device)
+    logits = [torch.randn(batch, vocab, device=device).to(torch_dtype) for _ in range(nbuf)]
+    params = {"temperature": 1.0, **MODES[mode]}
+    out = torch.empty(batch, dtype=torch.int64, device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    impls = [
+        Impl(OURS, lambda i: lp.sample(logits[i], **params, seed=1234, offset=i, out=out)),
+        Impl("torch sort-based", lambda i: sample_reference(logits[i], **params, generator=generator)),
+    ]
+    flashinfer = flashinfer_call(mode) if device == "cuda" else None
+    if flashinfer is not None:
+        impls.append(Impl("flashinfer", lambda i: flashinfer(logits[i])))
+
+    def check() -> str:
+        kept = kept_probs(logits[0], **params) > 0
+        outside = {}
+        for impl in impls[:2]:
+            ids = impl.run(0).clone()
+            valid = (ids >= 0) & (ids < vocab)
+            inside = kept.gather(1, ids.clamp(0, vocab - 1).unsqueeze(1)).squeeze(1) & valid
+            if not bool(inside.all()):
+                outside[impl.name] = int((~inside).sum())
+        if not outside:
+            return "ok"
+        return "MISMATCH: " + ", ".join(f"{n}: {c}/{batch} tokens outside the kept set" for n, c in outside.items())
+
+    bytes_ = batch * vocab * element + batch * 8  # one read of the logits, the ids written
+    return Case("sampler", device, batch, vocab, dtype, mode, bytes_, impls, nbuf, check,
+                floor_s=bytes_ / bandwidth if bandwidth else None)
+
+
+def run_case(case: Case, index: int, total: int) -> dict:
+    try:
+        case.check_result = case.check()
+        measure(case)
+    except Exception as error:  # ours failed: report the case, go on with the others
+        case.check_result = f"ERROR: {describe(error)}"
+    parts = []
+    for name, r in case.results.items():
+        if "error" in r:
+            parts.append(f"{name} failed ({r['error'][:80]})")
+        else:
+            text = f"{name} {format_time(r['us'])}"
+            text += f" x{r['ratio']:.2f}" if "ratio" in r else f" ({r['GBps']:.1f} GB/s"
+            text += "" if "ratio" in r else (f", {r['pct_floor']:.0f}% of floor)" if "pct_floor" in r else ")")
+            parts.append(text)
+    log(f"[{index:3d}/{total}] {case.label}: " + " | ".join(parts) + f" | check {case.check_result}")
+    return {"op": case.op, "device": case.device, "batch": case.batch, "vocab": case.vocab,
+            "dtype": case.dtype, "variant": case.variant, "bytes": case.bytes,
+            "floor_us": case.floor_s * 1e6 if case.floor_s else None,
+            "check": case.check_result, "results": case.results}
+
+
+def format_time(us: float) -> str:
+    return f"{us / 1e3:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+
+
+# --- targets and report -------------------------------------------------------------------
+
+def find(cases: list[dict], **key) -> Optional[dict]:
+    return next((c for c in cases if all(c[k] == v for k, v in key.items())), None)
+
+
+def ratio_target(cases, name, peer, threshold, **key) -> dict:
+    case = find(cases, **key)
+    if case is None:
+        return {"name": name, "status": "SKIP", "detail": "case not run"}
+    ratio = case["results"].get(peer, {}).get("ratio")
+    if ratio is None or not case["check"] == "ok":
+        return {"name": name, "status": "FAIL", "detail": f"no ratio (check: {case['check']}, "
+                f"{peer}: {case['results'].get(peer)})"}
+    status = "PASS" if ratio >= threshold else "FAIL"
+    return {"name": name, "status": status, "detail": f"x{ratio:.2f} (need >= {threshold})"}
+
+
+def gpu_sampler_targets(cases) -> list[dict]:
+    """issue 3's GPU targets at B=256, V=128k: faster than FlashInfer on every path it has,
+    greedy within 1.5x of the one-read floor, top-p within 3x."""
+    big = [c for c in cases if c["op"] == "sampler" and c["device"] == "cuda"
+           and c["batch"] == 256 and c["vocab"] == 128256]
+    if not big:
+        return [{"name": "GPU sampler targets (B=256, V=128256)", "status": "SKIP", "detail": "cases not run"}]
+    targets = []
+    timed = [(c, c["results"]["flashinfer"]) for c in big if "flashinfer" in c["results"]]
+    ratios = [(f"{c['variant']} {c['dtype']}", r["ratio"]) for c, r in timed if "ratio" in r]
+    slower = [f"{name} x{ratio:.2f}" for name, ratio in ratios if ratio < 1]
+    failed = [f"{c['variant']} {c['dtype']}" for c, r in timed if "error" in r]
+    detail = ", ".join(slower) or f"{len(ratios)} paths, slowest x{min((r for _, r in ratios), default=0):.2f}"
+    targets.append({"name": "GPU: every path faster than FlashInfer (B=256, V=128256)",
+                    "status": "SKIP" if not ratios else ("FAIL" if slower else "PASS"),
+                    "detail": ("flashinfer not run" if not ratios else detail)
+                    + (f"; flashinfer failed on {', '.join(failed)}" if failed else "")})
+    for mode, limit in (("greedy", 1.5), ("top-p", 3.0)):
+        rows = [c for c in big if c["variant"] == mode]
+        over = [(c["dtype"], c["results"].get(OURS, {}).get("pct_floor")) for c in rows]
+        bad = [f"{d}: {'no time' if p is None else f'{100 / p:.2f}x floor'}" for d, p in over
+               if p is None or 100 / p > limit]
+        shown = ", ".join(f"{d} {100 / p:.2f}x" for d, p in over if p)
+        targets.append({"name": f"GPU: {mode} within {limit}x of the one-read floor (B=256, V=128256)",
+                        "status": "FAIL" if bad or not rows else "PASS", "detail": ", ".join(bad) or shown})
+    return targets
+
+
+def targets(cases: list[dict], sampler_available: bool) -> list[dict]:
+    result = [ratio_target(cases, "CPU bitmask: >= 2x faster than XGrammar's CPU function "
+                           "(B=64, V=128000, fp32, half the bits)", "xgrammar-cpu", 2.0,
+                           op="bitmask", device="cpu", batch=64, vocab=128000, dtype="float32", variant="half")]
+    if not sampler_available:
+        return result + [{"name": "sampler targets", "status": "SKIP", "detail": "sample is not in this build"}]
+    result.append(ratio_target(cases, "CPU sampler: >= 5x faster than the sort-based reference "
+                               "(B=64, V=128256, fp32, top_p=0.9, top_k=50)", "torch sort-based", 5.0,
+                               op="sampler", device="cpu", batch=64, vocab=128256, dtype="float32",
+                               variant="top-k+top-p"))
+    if any(c["device"] == "cuda" for c in cases):
+        result += gpu_sampler_targets(cases)
+    return result
+
+
+def markdown(report: dict) -> str:
+    """Tables per (op, device): our time, each peer's time and ratio, % of the floor."""
+    lines = []
+    groups: dict[tuple, list] = {}
+    for case in report["cases"]:
+        groups.setdefault((case["op"], case["device"]), []).append(case)
+    for (op, device), cases in groups.items():
+        peers = list(dict.fromkeys(n for c in cases for n in c["results"] if n != OURS))
+        has_floor = any(c["floor_us"] for c in cases)
+        header = ["case", f"{OURS}"] + [f"{p} (ratio)" for p in peers] + (["% of floor"] if has_floor else [])
+        lines += [f"\n**{op}, {device}** (ratio = peer time / ours; > 1: ours faster)\n",
+                  "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for c in cases:
+            ours = c["results"].get(OURS, {})
+            row = [f"B={c['batch']} V={c['vocab']} {c['dtype']} {c['variant']}"
+                   + ("" if c["check"] == "ok" else f" ({c['check'][:60]})")]
+            row.append(format_time(ours["us"]) if "us" in ours else ours.get("error", "-")[:40])
+            for p in peers:
+                r = c["results"].get(p)
+                row.append("-" if r is None else (f"failed: {r['error'][:40]}" if "error" in r
+                                                  else f"{format_time(r['us'])} (x{r['ratio']:.2f})"))
+            if has_floor:
+                row.append(f"{ours['pct_floor']:.0f}%" if "pct_floor" in ours else "-")
+            lines.append("| " + " | ".join(row) + " |")
+    lines.append("")
+    lines += [f"- **{t['status']}** {t['name']}: {t['detail']}" for t in report["targets"]]
+    return "\n".join(lines)
+
+
+# --- main ---------------------------------------------------------------------------------
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a reduced set: the target cases and a few more")
+    parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
+                        help="'all' (default): the CPU, and the GPU when there is one")
+    parser.add_argument("--json", type=Path, help="write every result to this file")
+    parser.add_argument("--prewarm", action="store_true", help="only load/compile the GPU peers, then exit")
+    args = parser.parse_args()
+
+    from kernels import get_local_kernel
+
+    if args.prewarm:
+        return prewarm()
+    has_gpu = torch.cuda.is_available()
+    if args.device == "cuda" and not has_gpu:
+        parser.error("--device cuda: no CUDA GPU is visible")
+    devices = {"cpu": ["cpu"], "cuda": ["cuda"], "all": ["cpu"] + (["cuda"] if has_gpu else [])}[args.device]
+    lp = get_local_kernel(ROOT / "build")
+    sampler_available = hasattr(lp, "sample")
+    torch.manual_seed(0)
+
+    meta = {"kernel": lp.__name__, "torch": torch.__version__, "python": platform.python_version(),
+            "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "devices": devices, "quick": args.quick, "sample_available": sampler_available}
+    log(f"bench: {OURS} ({lp.__name__}), torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
+        f"devices {', '.join(devices)}{', quick' if args.quick else ''}")
+    bandwidth = None
+    if "cuda" in devices:
+        bandwidth = copy_bandwidth()  # also brings the clocks up before the first case
+        meta.update(gpu=torch.cuda.get_device_name(0), copy_bandwidth_GBps=bandwidth / 1e9)
+        log(f"bench: {meta['gpu']}, device-to-device copy {bandwidth / 1e9:.0f} GB/s (read + write)")
+    if not sampler_available:
+        log("bench: sample is not in this build: sampler benchmarks skipped")
+
+    todo = []
+    for device in devices:
+        for shape in BITMASK_CASES[(device, args.quick)]:
+            todo.append(functools.partial(bitmask_case, lp, device, *shape, bandwidth if device == "cuda" else None))
+        if sampler_available:
+            modes = QUICK_CPU_MODES if args.quick and device == "cpu" else list(MODES)
+            for shape in SAMPLER_SHAPES[(device, args.quick)]:
+                for mode in modes:
+                    todo.append(functools.partial(sampler_case, lp, device, *shape, mode,
+                                                  bandwidth if device == "cuda" else None))
+    cases = []
+    for i, make in enumerate(todo):
+        cases.append(run_case(make(), i + 1, len(todo)))
+        meta["skipped_peers"] = dict(SKIPPED_PEERS)
+        report = {"meta": meta, "cases": cases, "targets": targets(cases, sampler_available),
+                  "complete": len(cases) == len(todo)}
+        if args.json:  # after every case: a run stopped at a time limit keeps what it measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            partial = args.json.with_suffix(".partial")
+            partial.write_text(json.dumps(report, indent=1) + "\n")
+            partial.replace(args.json)  # atomic: a reader never sees half a file
+
+    for name, reason in SKIPPED_PEERS.items():
+        log(f"bench: peer {name} skipped: {reason}")
+    log(markdown(report))
+    if args.json:
+        log(f"bench: results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

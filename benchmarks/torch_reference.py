@@ -1,0 +1,140 @@
+"""The sort-based sampling chain in plain torch, with the package's intersection semantics.
+
+This is what a serving engine runs without a fused kernel, and what `bench.py` measures
+`sample` against:
+- p = softmax(logits / T) over the allowed tokens (bitmask bit set, logit not NaN and not -inf),
+  computed in float32 whatever the logits dtype;
+- keep the tokens whose p is at least the largest of three cutoffs: the k-th largest p
+  (top_k in (0, V)), the p of the last token of the smallest top set whose mass reaches top_p
+  (top_p < 1), and min_p * max p (min_p > 0). This is the intersection of the three filters
+  (FlashInfer's "joint" order, SGLang's default), not vLLM's "top-k first";
+- draw in proportion to p over the kept set (torch.multinomial);
+- temperature <= 0 is greedy (argmax, lowest index on ties); a row with no allowed finite
+  logit returns -1.
+Each parameter is a Python number or a length-B tensor. Like the engines, it sorts only when
+top-k or top-p needs the rank order: greedy is one argmax and min-p needs only the maximum.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional, Union
+
+import torch
+
+Param = Union[float, int, torch.Tensor]
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """bool [rows, vocab]: True where token v is allowed (bit v % 32 of word v // 32)."""
+    bitmask = bitmask.reshape(-1, bitmask.shape[-1])
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab].bool()
+
+
+def candidate_logits(logits: torch.Tensor, bitmask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """float32 copy of logits with every non-candidate (masked or NaN) at -inf.
+
+    Columns past the bitmask's 32 * width tokens are allowed, as in the package.
+    """
+    x = logits.float()
+    x = torch.where(torch.isnan(x), float("-inf"), x)
+    if bitmask is not None:
+        covered = min(x.shape[-1], 32 * bitmask.shape[-1])
+        allowed = unpack_bitmask(bitmask, covered)
+        x[:, :covered] = x[:, :covered].masked_fill(~allowed, float("-inf"))
+    return x
+
+
+def _column(value: Param, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A parameter as a [1, 1] or [B, 1] tensor that broadcasts against [B, V]."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, dtype).reshape(-1, 1)
+    return _number(value, dtype, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _number(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    # Cached: copying a number to the GPU synchronises, once per call it would slow the
+    # reference down with idle gaps that an engine's loop does not have.
+    return torch.tensor(value, dtype=dtype, device=device).reshape(1, 1)
+
+
+def _is_number_at_most_zero(value: Param) -> bool:
+    return not isinstance(value, torch.Tensor) and not value > 0
+
+
+def _needs_rank_order(top_k: Param, top_p: Param, vocab: int) -> bool:
+    """Decided from the arguments alone: reading a device tensor here would synchronise."""
+    if isinstance(top_k, torch.Tensor) or isinstance(top_p, torch.Tensor):
+        return True
+    return 0 < top_k < vocab or top_p < 1
+
+
+def kept_probs(
+    logits: torch.Tensor,
+    temperature: Param = 1.0,
+    top_k: Param = 0,
+    top_p: Param = 1.0,
+    min_p: Param = 0.0,
+    *,
+    bitmask: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """float32 [B, V]: p over the kept set, 0 elsewhere (not renormalised).
+
+    Greedy rows are one-hot at their argmax; rows with no candidate are all 0.
+    """
+    x = candidate_logits(logits, bitmask)
+    rows, vocab = x.shape
+    maybe_greedy = isinstance(temperature, torch.Tensor) or not temperature > 0
+    temperature = _column(temperature, torch.float32, x.device)
+    greedy = ~(temperature > 0)  # NaN temperature is greedy too
+    scaled = x.clamp(max=torch.finfo(torch.float32).max) / torch.where(greedy, 1.0, temperature)
+    probs = torch.softmax(scaled, dim=-1)
+    cutoff = _column(min_p, torch.float32, x.device).clamp(0, 1) * probs.amax(-1, keepdim=True)
+
+    if _needs_rank_order(top_k, top_p, vocab):
+        top_k = _column(top_k, torch.int64, x.device)
+        top_p = _column(top_p, torch.float32, x.device)
+        k_active = (top_k > 0) & (top_k < vocab)
+        p_active = top_p < 1
+        sorted_p = probs.sort(dim=-1, descending=True).values
+        kth = sorted_p.gather(1, (torch.where(k_active, top_k, vocab) - 1).expand(rows, 1))
+        # The last token of the smallest top set whose mass reaches top_p: the first
+        # position where the running mass is >= top_p.
+        mass = sorted_p.cumsum(-1)
+        last = (mass < top_p.clamp(min=0)).sum(-1, keepdim=True).clamp(max=vocab - 1)
+        cutoff = torch.maximum(cutoff, torch.where(k_active, kth, 0.0))
+        cutoff = torch.maximum(cutoff, torch.where(p_active, sorted_p.gather(1, last), 0.0))
+
+    # A row with no candidate has NaN probabilities, which fail the comparison: all 0.
+    kept = torch.where(probs >= cutoff, probs, 0.0)
+    if maybe_greedy:
+        has_candidate = (x > float("-inf")).any(-1, keepdim=True)
+        one_hot = torch.zeros_like(kept).scatter_(1, x.argmax(-1, keepdim=True), 1.0)
+        kept = torch.where(greedy, torch.where(has_candidate, one_hot, 0.0), kept)
+    return kept
+
+
+def sample_reference(
+    logits: torch.Tensor,
+    temperature: Param = 1.0,
+    top_k: Param = 0,
+    top_p: Param = 1.0,
+    min_p: Param = 0.0,
+    *,
+    bitmask: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
+    """int64 token ids [B], drawn from `kept_probs`; -1 for rows with no candidate."""
+    if _is_number_at_most_zero(temperature):
+        x = candidate_logits(logits, bitmask)
+        ids = x.argmax(-1)
+        return torch.where((x > float("-inf")).any(-1), ids, -1)
+    kept = kept_probs(logits, temperature, top_k, top_p, min_p, bitmask=bitmask)
+    has_candidate = kept.amax(-1) > 0
+    # multinomial rejects all-zero rows: give them any distribution, their answer is -1.
+    kept = torch.where(has_candidate.unsqueeze(-1), kept, 1.0)
+    ids = torch.multinomial(kept, 1, generator=generator).squeeze(1)
+    return torch.where(has_candidate, ids, -1)

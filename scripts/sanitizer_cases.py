@@ -1,0 +1,198 @@
+"""Every CUDA kernel of the package on a reduced but real set of inputs, for compute-sanitizer.
+
+certify.py runs this under memcheck, racecheck, initcheck and synccheck. Each call is also
+checked against the CPU implementation on the same inputs (the oracle), so a kernel that
+writes wrong values fails here even when the sanitizer sees nothing; exit status 1 then.
+Run it with PYTORCH_NO_CUDA_MEMORY_CACHING=1: torch's caching allocator packs tensors into
+shared segments, and memcheck only sees accesses outside whole allocations.
+
+  python scripts/sanitizer_cases.py [--device cuda|cpu]
+`--device cpu` runs the same script against the CPU path, to try the script itself without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from kernels import get_local_kernel
+
+ROOT = Path(__file__).resolve().parent.parent
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+FAILURES: list[str] = []
+
+
+def expect(condition: bool, what: str) -> None:
+    if not condition:
+        FAILURES.append(what)
+        print(f"FAIL {what}", flush=True)
+
+
+def on(tensor: torch.Tensor, device: str) -> torch.Tensor:
+    """A copy on `device`, also when that is the CPU (the oracle's inputs must stay untouched)."""
+    return tensor.to(device, copy=True)
+
+
+def random_bitmask(rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
+    """Random bits, with row 0 fully masked and (when there are 3 rows or more) row 1 all allowed."""
+    words = (vocab + 31) // 32
+    mask = torch.randint(-(2**31), 2**31, (rows, words), generator=g, dtype=torch.int64).to(torch.int32)
+    mask[0] = 0
+    if rows >= 3:
+        mask[1] = -1
+    return mask
+
+
+def bitmask_cases(lp, device: str, g: torch.Generator) -> None:
+    for dtype in DTYPES:
+        for vocab in (1, 33, 1000, 128257):
+            rows = 3 if vocab > 100000 else 5
+            logits = torch.randn(rows, vocab, generator=g).to(dtype)
+            mask = random_bitmask(rows, vocab, g)
+            name = f"bitmask {dtype} V={vocab}"
+            for kwargs in ({}, {"vocab_size": vocab // 2}, {"fill_value": -1e4}):
+                expected = lp.apply_token_bitmask(logits.clone(), mask, **kwargs)
+                got = lp.apply_token_bitmask(on(logits, device), mask.to(device), **kwargs)
+                expect(torch.equal(got.cpu(), expected), f"{name} in place {kwargs}")
+            out = lp.apply_packed_bitmask(on(logits, device), mask.to(device), -1e4)
+            expect(torch.equal(out.cpu(), lp.apply_packed_bitmask(logits, mask, -1e4)), f"{name} out of place")
+            # Device indices: out-of-range ones are skipped on the GPU without a host read.
+            indices = torch.tensor([rows - 1, 0, -1, rows + 3], device=device)
+            got = on(logits, device)
+            if device == "cuda":
+                lp.apply_token_bitmask_inplace(got, mask.to(device), indices=indices)
+            else:
+                lp.apply_token_bitmask_inplace(got, mask, indices=[rows - 1, 0])
+            expected = lp.apply_token_bitmask(logits.clone(), mask, indices=[rows - 1, 0])
+            expect(torch.equal(got.cpu(), expected), f"{name} device indices")
+
+        # Strided rows: a view into a padded buffer; everything outside it stays as it was.
+        rows, vocab, stride = 4, 1027, 1100
+        buffer = torch.randn(rows * stride + 64, generator=g).to(dtype)
+        mask = random_bitmask(rows, vocab, g)
+        on_device = on(buffer, device)
+        view = on_device[32 : 32 + rows * stride].view(rows, stride)[:, 5 : 5 + vocab]
+        expected = lp.apply_token_bitmask(buffer[32 : 32 + rows * stride].view(rows, stride)[:, 5 : 5 + vocab].clone(), mask)
+        out = lp.apply_packed_bitmask(view, mask.to(device))
+        lp.apply_token_bitmask_inplace(view, mask.to(device))
+        expect(torch.equal(view.cpu(), expected) and torch.equal(out.cpu(), expected), f"strided {dtype}")
+        outside = torch.ones_like(buffer, dtype=torch.bool)
+        outside[32 : 32 + rows * stride].view(rows, stride)[:, 5 : 5 + vocab] = False
+        expect(torch.equal(on_device.cpu()[outside], buffer[outside]), f"strided {dtype}: outside the view")
+
+    logits = torch.randn(100, generator=g)  # 1-D logits
+    mask = random_bitmask(1, 100, g)[0]
+    expect(torch.equal(lp.apply_token_bitmask(on(logits, device), mask.to(device)).cpu(),
+                       lp.apply_token_bitmask(logits.clone(), mask)), "1-D logits")
+    rows = 70000  # more rows than a 65535 grid dimension
+    logits = torch.randn(rows, 40, generator=g)
+    mask = random_bitmask(rows, 40, g)
+    expect(torch.equal(lp.apply_token_bitmask(on(logits, device), mask.to(device)).cpu(),
+                       lp.apply_token_bitmask(logits.clone(), mask)), "70000 rows")
+    lp.apply_token_bitmask_inplace(torch.empty(0, 100, device=device), torch.empty(0, 4, dtype=torch.int32, device=device))
+
+
+# (rows, vocab, dtypes): small and large batches (one block per row, several blocks per row).
+SAMPLER_SHAPES = [(1, 1, [torch.float32]), (3, 33, [torch.float32]), (5, 1000, DTYPES),
+                  (300, 1000, [torch.bfloat16]), (64, 32000, [torch.float32]),
+                  (2, 128256, [torch.bfloat16]), (1, 262144, [torch.float32])]
+MODES = {
+    "greedy": {"temperature": 0.0},
+    "unfiltered": {},
+    "top-k": {"top_k": 5},
+    "top-k >= V": {"top_k": 1 << 20},
+    "top-k=1": {"top_k": 1},
+    "top-p": {"top_p": 0.9},
+    "top-p=0": {"top_p": 0.0},
+    "min-p": {"min_p": 0.1},
+    "min-p=1": {"min_p": 1.0},
+    "all three": {"temperature": 0.7, "top_k": 50, "top_p": 0.9, "min_p": 0.05},
+}
+EXACT_MODES = {"greedy", "top-k=1", "top-p=0", "min-p=1"}  # one token: no rounding can differ
+
+
+def sampler_cases(lp, device: str, g: torch.Generator) -> tuple[int, int]:
+    """Returns (rows where CUDA and CPU drew the same token, rows compared)."""
+    agree = total = 0
+    for rows, vocab, dtypes in SAMPLER_SHAPES:
+        for dtype in dtypes:
+            logits = (torch.randn(rows, vocab, generator=g) * 3).to(dtype)
+            if rows >= 3:
+                logits[1] = float("nan")  # NaN counts as -inf: no candidate, -1
+                logits[2] = float("-inf")
+            mask = random_bitmask(rows, vocab, g)
+            small = rows * vocab <= 300_000  # large shapes cost most under racecheck: there
+            for mode, params in MODES.items():  # the bitmask rides along once
+                for bitmask in ((None, mask) if small or mode == "all three" else (None,)):
+                    name = f"sample {mode} B={rows} V={vocab} {dtype}{' bitmask' if bitmask is not None else ''}"
+                    m_dev = None if bitmask is None else bitmask.to(device)
+                    out = torch.full((rows,), -7, dtype=torch.int64, device=device)
+                    got = lp.sample(on(logits, device), **params, seed=7, offset=3, bitmask=m_dev, out=out).cpu()
+                    want = lp.sample(logits, **params, seed=7, offset=3, bitmask=bitmask)
+                    candidates = logits.to(torch.float32, copy=True)
+                    if bitmask is not None:
+                        lp.apply_token_bitmask_inplace(candidates, bitmask)
+                    allowed = candidates > float("-inf")  # NaN fails the comparison too
+                    has = allowed.any(-1)
+                    ok_ids = torch.where(has, (got >= 0) & (got < vocab), got == -1)
+                    picked = allowed.gather(1, got.clamp(0, vocab - 1).unsqueeze(1)).squeeze(1)
+                    expect(bool(ok_ids.all()) and bool((picked | ~has).all()), f"{name}: illegal token")
+                    if mode in EXACT_MODES:
+                        expect(torch.equal(got, want), f"{name}: differs from the CPU")
+                    agree += int((got == want).sum())
+                    total += rows
+            # The fused bitmask equals masking then sampling, on the same device.
+            x = on(logits, device)
+            fused = lp.sample(x, seed=5, offset=1, bitmask=mask.to(device))
+            masked = lp.sample(lp.apply_token_bitmask(x.clone(), mask.to(device)), seed=5, offset=1)
+            expect(torch.equal(fused, masked), f"fused bitmask B={rows} V={vocab} {dtype}")
+
+    # Per-row parameters as device tensors, with the odd values a request may carry.
+    rows, vocab = 8, 5000
+    logits = torch.randn(rows, vocab, generator=g)
+    per_row = {
+        "temperature": torch.tensor([0.0, 1.0, 0.5, float("nan"), 2.0, 1.0, 1.0, 0.8]),
+        "top_k": torch.tensor([0, 1, 10, 0, 5000, 7, 0, 3], dtype=torch.int64),
+        "top_p": torch.tensor([1.0, 0.9, 0.5, 1.0, 0.0, 1.0, 0.95, 0.7]),
+        "min_p": torch.tensor([0.0, 0.0, 0.1, 0.0, 0.0, 1.0, 0.02, 0.05]),
+        "seed": torch.arange(rows, dtype=torch.int64) * 11,
+        "offset": torch.arange(rows, dtype=torch.int64) + 100,
+    }
+    got = lp.sample(on(logits, device), **{k: v.to(device) for k, v in per_row.items()}).cpu()
+    want = lp.sample(logits, **per_row)
+    expect(bool(((got >= 0) & (got < vocab)).all()), "per-row parameters: illegal token")
+    agree += int((got == want).sum())
+    total += rows
+    return agree, total
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("sanitizer_cases: no CUDA GPU visible", flush=True)
+        return 2
+    lp = get_local_kernel(ROOT / "build")
+    g = torch.Generator().manual_seed(0)
+    bitmask_cases(lp, args.device, g)
+    print("sanitizer_cases: bitmask cases done", flush=True)
+    if hasattr(lp, "sample"):
+        agree, total = sampler_cases(lp, args.device, g)
+        rate = agree / total
+        print(f"sanitizer_cases: sampler cases done; {args.device} and CPU tokens agree on "
+              f"{agree}/{total} rows ({100 * rate:.2f}%)", flush=True)
+        # Only near-ties may differ (rounding); a broken draw or cutoff disagrees far more.
+        expect(rate >= 0.95, f"{args.device}/CPU token agreement {100 * rate:.2f}% < 95%")
+    else:
+        print("sanitizer_cases: sample is not in this build: sampler cases skipped", flush=True)
+    if args.device == "cuda":
+        torch.cuda.synchronize()
+    print(f"sanitizer_cases: {len(FAILURES)} failures", flush=True)
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
