@@ -122,8 +122,10 @@ bool has_internal_overlap(const Tensor& t) {
 }
 
 // Whether two tensors are views of one allocation (at::Tensor::is_alias_of): their storages
-// start at the same address. Storages without bytes hold no memory to share.
+// start at the same address. Storages without bytes hold no memory to share, and neither do
+// empty tensors (whose data pointer may be null, which says nothing about their storage).
 bool shares_storage(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
   const auto storage_start = [](const Tensor& t) {
     int64_t bytes = 0;
     STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_storage_size(t.get(), &bytes));
