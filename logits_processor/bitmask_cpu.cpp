@@ -1,6 +1,7 @@
 // CPU grammar masking: rows (and chunks of long rows) in parallel; each 16-byte group of
 // a 32-column word is a branch-free select through a table of lane masks, which the
 // compiler turns into SSE2 and/or/andnot (checked with -fopt-info-vec).
+#include <algorithm>
 #include <cstring>
 
 #include "bitmask.h"
@@ -39,12 +40,23 @@ void select_word(Bits* out, const Bits* src, uint32_t bits, Bits fill) {
   }
 }
 
+// Whether the words covering columns [begin, end) allow every token: one vectorised AND,
+// so that in place a chunk the grammar leaves open costs a read of its bitmask only.
+bool allows_all(const BitmaskParams& p, const int32_t* bitmask_row, int64_t begin, int64_t end) {
+  const int64_t full_words_end = std::min(end, p.vocab_size) / 32;
+  uint32_t all = 0xffffffffu;
+  for (int64_t w = begin / 32; w < full_words_end; ++w) all &= static_cast<uint32_t>(bitmask_row[w]);
+  if (32 * full_words_end < end) all &= bitmask_word(p, bitmask_row, full_words_end);
+  return all == 0xffffffffu;
+}
+
 template <typename Bits>
 void mask_chunk(const BitmaskParams& p, int64_t row, int64_t begin, int64_t end) {
   Bits* out = static_cast<Bits*>(p.out) + row * p.out_row_stride;
   const Bits* src = p.in ? static_cast<const Bits*>(p.in) + row * p.in_row_stride : out;
   const int32_t* bitmask_row = p.bitmask + row * p.bitmask_row_stride;
   const Bits fill = static_cast<Bits>(p.fill_bits);
+  if (!p.in && allows_all(p, bitmask_row, begin, end)) return;
   for (int64_t first = begin; first < end; first += 32) {
     const uint32_t bits = bitmask_word(p, bitmask_row, first / 32);
     const int64_t n = end - first < 32 ? end - first : 32;
