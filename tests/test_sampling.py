@@ -89,6 +89,16 @@ def test_heterogeneous_rows_with_bitmask(lp, dtype):
         assert (freq - expected[r]).abs().max() < 0.006, r  # sigma <= 1.6e-3 at 100k draws
 
 
+def random_row_params(rows, g):
+    """Per-row temperature, top_k, top_p and min_p, each filter often active."""
+    return dict(
+        temperature=torch.rand(rows, generator=g) * 1.5 + 0.05,
+        top_k=torch.randint(0, 60, (rows,), generator=g),
+        top_p=torch.rand(rows, generator=g),
+        min_p=torch.rand(rows, generator=g) * 0.3,
+    )
+
+
 def _assert_in_kept_set(tokens, logits, slack=1e-4, **kwargs):
     loose = sampling_reference(logits, slack=slack, **kwargs) > 0
     for b, t in enumerate(tokens.tolist()):
@@ -107,12 +117,7 @@ def test_token_always_in_reference_kept_set(lp_variant, dtype, vocab):
     logits = (torch.randn(rows, vocab, generator=g) * 3).to(dtype)
     logits[::7, : vocab // 2] = logits[::7, :1]  # ties at every cutoff
     bitmask = random_bitmask(rows, vocab, g, "words")
-    params = dict(
-        temperature=torch.rand(rows, generator=g) * 1.5 + 0.05,
-        top_k=torch.randint(0, 60, (rows,), generator=g),
-        top_p=torch.rand(rows, generator=g),
-        min_p=torch.rand(rows, generator=g) * 0.3,
-    )
+    params = random_row_params(rows, g)
     for seed in range(3):
         tokens = lp_variant.sample(logits, seed=seed, offset=seed, bitmask=bitmask, **params)
         _assert_in_kept_set(tokens, logits, bitmask=bitmask, **params)
@@ -282,14 +287,9 @@ def test_cuda_agrees_with_cpu(lp, dtype, vocab, rows):
     logits = (torch.randn(rows, vocab, generator=g) * 3).to(dtype)
     logits[::9, ::5] = float("nan")
     bitmask = random_bitmask(rows, vocab, g, "words")
-    params = dict(
-        temperature=torch.rand(rows, generator=g) * 1.5 + 0.05,
-        top_k=torch.randint(0, 100, (rows,), generator=g),
-        top_p=torch.rand(rows, generator=g),
-        min_p=torch.rand(rows, generator=g) * 0.2,
-        seed=torch.randint(0, 2**62, (rows,), generator=g),
-        offset=torch.randint(0, 2**40, (rows,), generator=g),
-    )
+    params = random_row_params(rows, g)
+    params["seed"] = torch.randint(0, 2**62, (rows,), generator=g)
+    params["offset"] = torch.randint(0, 2**40, (rows,), generator=g)
     params["temperature"][::4] = 0.0  # greedy rows
     params["top_k"][1::4], params["top_p"][1::4], params["min_p"][1::4] = 0, 1.0, 0.0  # unfiltered rows
     cpu = lp.sample(logits, bitmask=bitmask, **params)
