@@ -213,7 +213,10 @@ def main() -> int:
         steps["build"]["tail"] = build.tail()
 
     junit = work / "junit.xml"
-    tests_cmd = [PY, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+    # The cross-version stable-ABI test builds a torch 2.13 environment from a package index,
+    # which the offline device machine lacks; CI runs it on every submission.
+    tests_cmd = [PY, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                 "--deselect", "tests/test_stable_abi.py::test_cpu_variant_runs_unchanged_under_torch_2_13"]
     # Tests and sanitizers share the cores: two torch threads each instead of one per core
     # for every process (oversubscribed, they would all crawl).
     threads = {"OMP_NUM_THREADS": "2"} if gpu else {}

@@ -16,6 +16,8 @@
 #   the working tree may take): flashinfer.sampling imports without nvidia-cudnn-frontend and
 #   nvidia-cutlass-dsl (checked here), and JIT-compiles its sampling kernels with nvcc at first
 #   use (certify.py starts that early, in the background).
+# - jsonschema and its dependencies (attrs is in the image): tests/test_demo.py validates the
+#   demo's JSON outputs with it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +34,10 @@ WHEELS=(
   typing-inspection==0.4.5
   typing-extensions==4.16.0
   flashinfer-python==0.6.1
+  jsonschema==4.25.1
+  jsonschema-specifications==2025.9.1
+  referencing==0.37.0
+  rpds-py==2026.9.1
 )
 
 # One version of each package: two would stop the whole install there.
