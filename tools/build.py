@@ -219,6 +219,9 @@ def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) ->
     variant_dir = out_root / variant_name(backend, stable)
     so_path = variant_dir / f"{ops_name}.abi3.so"
     if so_path.exists():
+        # The hash covers the compiled sources only: refresh the Python package, which may have
+        # changed without them.
+        shutil.copytree(PACKAGE, variant_dir, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
         print(f"[build] {variant_dir.relative_to(ROOT)} is up to date ({ops_name})")
         remove_other_variants(out_root, backend, variant_dir)
         return variant_dir
