@@ -1,4 +1,13 @@
-"""Tests load the package through the Hub loader from build/ (run `make build` first)."""
+"""Tests load the package through the Hub loader from build/ (run `make build` first).
+
+Rules for every test here, old and new:
+- Copy before the op. On the CPU `t.to("cpu")` (so `t.to(device)` with device "cpu") is t
+  itself, not a copy: an in-place op then overwrites the test's "original", and comparing
+  with it compares the op's output with itself. Hand the op `t.to(device, copy=True)` or
+  `t.clone()`, and compute what it must return (the reference, XGrammar) from an untouched copy.
+- Compare with an independent reference on fresh random inputs. A check such as
+  `torch.equal(x, x.clone())` cannot fail: keep a copy from before the op instead.
+"""
 
 import os
 from pathlib import Path
