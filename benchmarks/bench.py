@@ -513,7 +513,7 @@ def main() -> int:
     if args.device == "cuda" and not has_gpu:
         parser.error("--device cuda: no CUDA GPU is visible")
     devices = {"cpu": ["cpu"], "cuda": ["cuda"], "all": ["cpu"] + (["cuda"] if has_gpu else [])}[args.device]
-    lp = get_local_kernel(os.environ.get("LP_BUILD_DIR", ROOT / "build"))
+    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")))
     sampler_available = hasattr(lp, "sample")
     torch.manual_seed(0)
 
