@@ -21,7 +21,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT_DIR="${1:-certification}"
-PY312="${PY312:-$(command -v python3.12 || echo /root/.pyenv/versions/3.12.1/bin/python3.12)}"
+# CPython 3.12: $PY312, else python3.12 if it runs (a pyenv shim may not), else pyenv's.
+PY312="${PY312:-}"
+for candidate in python3.12 "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12; do
+  if [ -z "$PY312" ] && "$candidate" --version > /dev/null 2>&1; then PY312=$candidate; fi
+done
+[ -n "$PY312" ] || { echo "[dryrun] no CPython 3.12 found: set PY312" >&2; exit 1; }
 ENV_DIR="${LP_DRYRUN_ENV:-${XDG_CACHE_HOME:-$HOME/.cache}/logits-processor/dryrun-py3.12-torch2.11.0}"
 IMAGE_PACKAGES=(torch==2.11.0 numpy pytest pytest-xdist hypothesis huggingface-hub transformers
                 pyyaml packaging tqdm tabulate)
