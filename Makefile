@@ -27,7 +27,7 @@ test: build
 demo: build
 	$(PY) examples/demo.py
 
-bench: build
+bench: build emulation-build
 	$(PY) benchmarks/bench.py
 
 clean:
@@ -38,8 +38,14 @@ clean:
 emulation-build: $(STAMP)
 	$(PY) tools/build_emulation.py
 
+# The CUDA tests on fibers (both thread orders), under ThreadSanitizer and ASan + UBSan, and the
+# mutation check, each part timed (tests/cuda_emulation/check.py).
 emulate: build emulation-build
-	LP_EMULATION=fibers $(PY) -m pytest -q -m emulation tests
+	$(PY) tests/cuda_emulation/check.py
+
+# Global-memory bytes per row of each CUDA path, in passes over the row: `<path> <passes> B=<b>`.
+traffic: emulation-build
+	$(PY) tests/cuda_emulation/traffic.py
 
 # GPU certification (scripts/certify.sh): no .venv prerequisite, since the GPU machine has no
 # internet to create one; its python3 and the wheels carried in .whl/ are used there.

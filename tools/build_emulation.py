@@ -141,7 +141,9 @@ def build_emulation(flavors: list[str], out_root: Path = OUT,
         ninja_file(cxx, flags, ops, flavors, out_root, replacements, with_shared_rules=out_root == OUT))
     jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
     print(f"[emulation] {', '.join(flavors)} into {out_root.relative_to(ROOT)}", flush=True)
-    subprocess.run(["ninja", "-C", str(out_root), "-j", jobs, "--quiet"], check=True)
+    # The venv's ninja (requirements-dev.txt), as torch's extension builds use, else PATH's.
+    ninja = shutil.which("ninja", path=str(Path(sys.executable).parent)) or "ninja"
+    subprocess.run([ninja, "-C", str(out_root), "-j", jobs, "--quiet"], check=True)
     stable = build.stable_abi(cfg, "cuda")
     variants = {}
     for flavor in flavors:
