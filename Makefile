@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: build test demo bench clean sanitize certify artifact certify-dryrun
+.PHONY: build test demo bench clean sanitize certify artifact certify-dryrun emulation-build emulate traffic
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,19 +17,35 @@ $(STAMP): requirements-dev.txt
 build: $(STAMP)
 	$(PY) tools/build.py
 
-# Every test through the loader, then the CPU tests again under ASan + UBSan (sanitize).
+# Every test through the loader, then the CPU tests again under ASan + UBSan (sanitize), then
+# the CUDA kernels in the CUDA emulation (emulate).
 test: build
-	$(PY) -m pytest tests
+	$(PY) -m pytest -m "not emulation" tests
 	$(MAKE) sanitize
+	$(MAKE) emulate
 
 demo: build
 	$(PY) examples/demo.py
 
-bench: build
+bench: build emulation-build
 	$(PY) benchmarks/bench.py
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-emulation
+
+# The CUDA emulation (tests/cuda_emulation/): the .cu kernels built by the host compiler and
+# run on CPU threads, through the binding's CUDA path, against the CPU variant of build/.
+emulation-build: $(STAMP)
+	$(PY) tools/build_emulation.py
+
+# The CUDA tests on fibers (both thread orders), under ThreadSanitizer and ASan + UBSan, and the
+# mutation check, each part timed (tests/cuda_emulation/check.py).
+emulate: build emulation-build
+	$(PY) tests/cuda_emulation/check.py
+
+# Global-memory bytes per row of each CUDA path, in passes over the row: `<path> <passes> B=<b>`.
+traffic: emulation-build
+	$(PY) tests/cuda_emulation/traffic.py
 
 # GPU certification (scripts/certify.sh): no .venv prerequisite, since the GPU machine has no
 # internet to create one; its python3 and the wheels carried in .whl/ are used there.

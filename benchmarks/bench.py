@@ -490,6 +490,20 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def log_emulated_traffic() -> None:
+    """The CUDA kernels' global-memory traffic in passes over the row, as `make traffic`
+    prints it (counted by the CUDA emulation, tests/cuda_emulation/traffic.py)."""
+    sys.path.insert(0, str(ROOT / "tests" / "cuda_emulation"))
+    from emulation import BUILD, Emulation
+    from traffic import lines
+
+    if not BUILD.is_dir():
+        log(f"bench: CUDA global-memory traffic: no CUDA emulation build in {BUILD} (make emulation-build)")
+        return
+    log("bench: CUDA global-memory traffic per row, in passes over the row (CUDA emulation, H200 grid):")
+    for line in lines(Emulation()):
+        log(line)
+
 # --- main ---------------------------------------------------------------------------------
 
 def main() -> int:
@@ -555,6 +569,7 @@ def main() -> int:
     for name, reason in SKIPPED_PEERS.items():
         log(f"bench: peer {name} skipped: {reason}")
     log(markdown(report))
+    log_emulated_traffic()
     if args.json:
         log(f"bench: results written to {args.json}")
     return 0
