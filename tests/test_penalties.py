@@ -173,6 +173,19 @@ def test_penalty_state_from_tokens_equals_reference(lp):
         assert torch.equal(state.prompt_mask, expected_mask) and torch.equal(state.output_counts, expected_counts)
 
 
+def test_empty_shapes(lp):
+    """No rows, no columns, no ids: nothing to do, and no error."""
+    state = lp.penalty_state_from_tokens(torch.tensor([[3, 40, -1]]), torch.empty(1, 0, dtype=torch.int64), 50)
+    present = torch.zeros(1, 50, dtype=torch.bool)
+    present[0, [3, 40]] = True
+    assert torch.equal(state.prompt_mask, pack_bitmask(present))
+    assert not state.output_counts.any()
+    lp.update_output_counts_(state.output_counts, torch.empty(1, 0, dtype=torch.int64))
+    assert not state.output_counts.any()
+    assert lp.apply_penalties_(torch.empty(0, 50), state.prompt_mask[:0], state.output_counts[:0], 2.0).shape == (0, 50)
+    assert lp.apply_penalties_(torch.empty(1, 0), state.prompt_mask[:, :0], state.output_counts[:, :0], 2.0).shape == (1, 0)
+
+
 def test_decode_loop_equals_reference_loop(lp):
     """50 steps of apply + sample + update on device-style state (the calls a CUDA graph would
     capture), against a loop that rebuilds the state from token lists every step and applies

@@ -666,6 +666,8 @@ void update_output_counts(const Tensor& output_counts, const Tensor& token_ids,
   run_count_tokens(p, output_counts);
 }
 
+// Marks and counts the ids into prompt_mask and output_counts, which the Python wrapper
+// allocates zeroed.
 void penalty_state_from_tokens(const Tensor& prompt_token_ids, const Tensor& output_token_ids,
                                const Tensor& prompt_mask, const Tensor& output_counts) {
   CHECK_ARG(output_counts.scalar_type() == ScalarType::Int, "output_counts must be int32, got ",
