@@ -13,6 +13,7 @@ import itertools
 import pytest
 import torch
 
+from conftest import requires_cuda
 from harness import bits, random_logits
 from reference import pack_bitmask, penalties_reference, penalty_state_reference, random_bitmask, unpack_bitmask
 
@@ -289,3 +290,78 @@ def test_emulated_cuda_state_helpers_equal_cpu(emulation, lp_cpu):
     emulation.lp.update_output_counts_(state.output_counts, ids, rows=rows)
     lp_cpu.update_output_counts_(expected.output_counts, ids, rows=rows)
     assert torch.equal(state.output_counts, expected.output_counts)
+
+
+# --- CUDA only ---------------------------------------------------------------------------------
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_equals_cpu_and_guards_device_values(lp, dtype):
+    """On the GPU, bit for bit the CPU's result (NaN as NaN); device tensors are not checked on the host, so
+    the kernel's rules apply: a row mapped outside the state is left unchanged, a NaN or
+    non-positive repetition penalty counts as 1, a NaN frequency or presence penalty as 0, bias
+    ids out of range are skipped."""
+    g = torch.Generator().manual_seed(18)
+    logits, prompt_mask, counts, kwargs = penalty_case(6, 40000, dtype, (True, True, True, True), True, True, g)
+    expected = lp.apply_penalties_(logits.clone(), prompt_mask, counts, **kwargs)
+    cuda = {k: v.cuda() for k, v in kwargs.items()}
+    got = lp.apply_penalties_(logits.cuda(), prompt_mask.cuda(), counts.cuda(), **cuda)
+    assert_same_logits(got.cpu(), expected)  # (a GPU's NaNs need not keep their payload)
+
+    cuda["rows"][2] = 99  # outside the 9 state rows
+    for name, value in [("repetition_penalty", float("nan")), ("frequency_penalty", float("nan"))]:
+        cuda[name][3] = value
+    cuda["repetition_penalty"][4] = -2.0
+    cuda["logit_bias_ids"][5, 3] = 40000
+    host = {k: v.cpu() for k, v in cuda.items()}
+    host["repetition_penalty"][[3, 4]] = 1.0
+    host["frequency_penalty"][3] = 0.0
+    host["logit_bias_ids"][5, 3] = -1
+    host["rows"][2] = 0
+    expected = lp.apply_penalties_(logits.clone(), prompt_mask, counts, **host)
+    expected[2] = logits[2]
+    got = lp.apply_penalties_(logits.cuda(), prompt_mask.cuda(), counts.cuda(), **cuda)
+    assert_same_logits(got.cpu(), expected)
+
+
+@requires_cuda
+def test_cuda_graph_decode_step_with_penalties(lp):
+    """apply + sample + update captured in one CUDA graph and replayed: each replay equals the
+    same calls made eagerly on the CPU, and the counts advance on the device."""
+    g = torch.Generator().manual_seed(19)
+    slots, vocab, batch = 8, 5000, 4
+    prompts = torch.randint(-1, vocab, (slots, 50), generator=g)
+    state_cpu = lp.penalty_state_from_tokens(prompts, torch.full((slots, 1), -1), vocab)
+    state = lp.PenaltyState(*(t.cuda() for t in state_cpu))
+    rows = torch.tensor([6, 1, 3, 0])
+    penalties = dict(repetition_penalty=torch.full((batch,), 1.3), frequency_penalty=torch.full((batch,), 0.4),
+                     presence_penalty=torch.full((batch,), 0.2), **random_bias(batch, vocab, g))
+    seeds = torch.arange(batch)
+    logits = torch.randn(3, batch, vocab, generator=g)
+    work = torch.empty(batch, vocab, device="cuda")
+    offset = torch.zeros(batch, dtype=torch.int64, device="cuda")
+    out = torch.empty(batch, dtype=torch.int64, device="cuda")
+    cuda = {k: v.cuda() for k, v in penalties.items()}
+    rows_cuda, seeds_cuda = rows.cuda(), seeds.cuda()
+
+    def step():
+        lp.apply_penalties_(work, *state, rows=rows_cuda, **cuda)
+        lp.sample(work, temperature=0.9, top_p=0.95, seed=seeds_cuda, offset=offset, out=out)
+        lp.update_output_counts_(state.output_counts, out, rows=rows_cuda)
+
+    work.copy_(logits[0].cuda())
+    step()  # warm-up, outside the graph: undo its count update
+    state.output_counts.copy_(state_cpu.output_counts.cuda())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    state.output_counts.copy_(state_cpu.output_counts.cuda())  # capture does not run the work
+    for step_index in range(3):
+        work.copy_(logits[step_index].cuda())
+        offset.fill_(step_index)
+        graph.replay()
+        x = lp.apply_penalties_(logits[step_index].clone(), *state_cpu, rows=rows, **penalties)
+        expected = lp.sample(x, temperature=0.9, top_p=0.95, seed=seeds, offset=step_index)
+        lp.update_output_counts_(state_cpu.output_counts, expected, rows=rows)
+        assert torch.equal(out.cpu(), expected), step_index
+    assert torch.equal(state.output_counts.cpu(), state_cpu.output_counts)
