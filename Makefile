@@ -74,7 +74,7 @@ ASAN_ENV = LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-f
 
 sanitize: $(STAMP)
 	$(ASAN_ENV) LP_SANITIZE=1 $(PY) tools/build.py
-	$(ASAN_ENV) LP_BUILD_DIR=build-asan $(PY) -m pytest tests/test_bitmask.py tests/test_sampling.py \
+	$(ASAN_ENV) LP_BUILD_DIR=build-asan $(PY) -m pytest tests/test_bitmask.py tests/test_sampling.py tests/test_penalties.py \
 		tests/test_properties_bitmask.py tests/test_properties_sampling.py tests/test_bad_input.py \
 		tests/test_scale.py
 

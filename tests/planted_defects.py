@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Callable
 
 import pytest
+import torch
 
 ENV = "LP_PLANT_DEFECT"
 
@@ -33,6 +34,28 @@ def _rerun_with(**changed) -> Callable:
         return op
 
     return make
+
+
+def _in_place_with(**changed) -> Callable:
+    """An in-place op run as called on a copy of what it writes (so bad input is still rejected
+    and nothing is written twice), then for real with `changed` arguments: each a value or a
+    function of the call's arguments."""
+
+    def make(real):
+        names = [a.name for a in real.default._schema.arguments]
+
+        def op(*args):
+            call = dict(zip(names, args))
+            real(**(call | {names[0]: call[names[0]].clone()}))
+            real(**(call | {k: v(call) if callable(v) else v for k, v in changed.items()}))
+
+        return op
+
+    return make
+
+
+def _flipped_rows(call):
+    return None if call["rows"] is None else call["rows"].flip(0)
 
 
 def _copy_only(real):
@@ -57,6 +80,15 @@ DEFECTS: dict[str, tuple[str, Callable]] = {
     "sample-ignores-top_p": ("sample", _rerun_with(top_p=None, top_p_value=1.0)),
     "sample-ignores-min_p": ("sample", _rerun_with(min_p=None, min_p_value=0.0)),
     "sample-ignores-bitmask": ("sample", _rerun_with(bitmask=None)),
+    "penalties-ignore-bias": ("apply_penalties_", _in_place_with(logit_bias_ids=None, logit_bias_values=None)),
+    "penalties-ignore-frequency": ("apply_penalties_",
+                                   _in_place_with(frequency_penalty=None, frequency_penalty_value=0.0)),
+    "penalties-ignore-prompt": ("apply_penalties_",
+                                _in_place_with(prompt_mask=lambda call: torch.zeros_like(call["prompt_mask"]))),
+    "penalties-mix-up-rows": ("apply_penalties_", _in_place_with(rows=_flipped_rows)),
+    "counts-mix-up-rows": ("update_output_counts_", _in_place_with(rows=_flipped_rows)),
+    "counts-first-token-only": ("update_output_counts_",
+                                _in_place_with(token_ids=lambda call: call["token_ids"].view(call["token_ids"].shape[0], -1)[:, :1])),
 }
 
 
@@ -77,7 +109,7 @@ def plant(kernel: ModuleType, defect: str) -> None:
         return
     name, make = DEFECTS[defect]
     ops = _OpsWithDefect(kernel._ops.ops, name, make(getattr(kernel._ops.ops, name)))
-    for caller in (kernel._bitmask, kernel._sampling):
+    for caller in (kernel._bitmask, kernel._sampling, kernel._penalties):
         caller.ops = ops
     kernel.planted_defect = defect
 

@@ -23,6 +23,8 @@ TEST_FILE = {
     "apply_token_bitmask_inplace": "tests/test_bitmask.py",
     "apply_packed_bitmask": "tests/test_bitmask.py",
     "sample": "tests/test_sampling.py",
+    "apply_penalties_": "tests/test_penalties.py",
+    "update_output_counts_": "tests/test_penalties.py",
 }
 
 

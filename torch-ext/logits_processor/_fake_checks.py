@@ -12,8 +12,10 @@ from typing import Optional
 import torch
 
 
-def check_devices(logits: torch.Tensor, host_ok: tuple[str, ...] = (), **tensors: Optional[torch.Tensor]) -> None:
-    """Every tensor on the logits' device; those named in `host_ok` may also be on the CPU.
+def check_devices(logits: torch.Tensor, host_ok: tuple[str, ...] = (), anchor: str = "logits",
+                  **tensors: Optional[torch.Tensor]) -> None:
+    """Every tensor on the device of `logits` (the op's argument named `anchor`); those named in
+    `host_ok` may also be on the CPU.
 
     The message blames the meta tensor: meta logits among real tensors are the wrong argument,
     not the real tensors that do not match them."""
@@ -21,5 +23,5 @@ def check_devices(logits: torch.Tensor, host_ok: tuple[str, ...] = (), **tensors
         if t is None or t.device == logits.device or (name in host_ok and t.device.type == "cpu"):
             continue
         if logits.device.type == "meta":
-            raise RuntimeError(f"logits must not be a meta tensor when {name} is on {t.device}")
-        raise RuntimeError(f"{name} must be on the logits' device ({logits.device}), got {t.device}")
+            raise RuntimeError(f"{anchor} must not be a meta tensor when {name} is on {t.device}")
+        raise RuntimeError(f"{name} must be on the {anchor}' device ({logits.device}), got {t.device}")
