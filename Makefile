@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: build test demo bench clean sanitize certify emulation-build emulate traffic
+.PHONY: build test demo bench clean sanitize certify artifact certify-dryrun emulation-build emulate traffic
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,16 @@ traffic: emulation-build
 # internet to create one; its python3 and the wheels carried in .whl/ are used there.
 certify:
 	scripts/certify.sh
+
+# The artifact that certification certifies: build/'s stable-ABI variants (all architectures)
+# copied into .artifact/ (ignored by git; sent with the device tool's carry beside .whl/).
+artifact: build
+	$(PY) tools/pack_artifact.py
+
+# The certification's dry run in a copy of the GPU machine's software (scripts/certify_dryrun.sh;
+# not in CI: it downloads torch 2.11 once). Needs `make artifact` first.
+certify-dryrun:
+	scripts/certify_dryrun.sh
 
 # The CPU variant built with AddressSanitizer + UBSan into build-asan/, and the CPU reliability
 # tests run against it; any report aborts the run. The ASan runtime must come first in the

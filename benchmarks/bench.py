@@ -16,7 +16,8 @@ where it exceeds the kernel's time, as it does for a caller. Each case first che
 outputs agree (bitmask: every implementation equal to masked_fill's result; sampler: every
 token of ours and of the reference in the reference's kept set) and says so.
 
-  python benchmarks/bench.py [--quick] [--device cpu|cuda|all] [--json PATH]
+  python benchmarks/bench.py [--quick] [--device cpu|cuda|all] [--json PATH] [--without PEER]
+  (LP_BUILD_DIR: another build than build/, e.g. .artifact/ in the certification)
   python benchmarks/bench.py --prewarm   # only compile/load the GPU peers (certify.py)
 """
 
@@ -29,6 +30,7 @@ import json
 import math
 import platform
 import statistics
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -208,7 +210,9 @@ SKIPPED_PEERS: dict[str, str] = {}
 
 
 def load_module(name: str, module: str):
-    """Import a peer lazily; on failure record why and return None."""
+    """Import a peer lazily; on failure record why and return None (also for one left out)."""
+    if name in SKIPPED_PEERS:
+        return None
     try:
         return importlib.import_module(module)
     except Exception as error:
@@ -509,7 +513,11 @@ def main() -> int:
                         help="'all' (default): the CPU, and the GPU when there is one")
     parser.add_argument("--json", type=Path, help="write every result to this file")
     parser.add_argument("--prewarm", action="store_true", help="only load/compile the GPU peers, then exit")
+    parser.add_argument("--without", action="append", default=[], metavar="PEER",
+                        help="leave a peer out (e.g. flashinfer, xgrammar-cuda); repeatable")
     args = parser.parse_args()
+    for peer in args.without:
+        SKIPPED_PEERS[peer] = "left out (--without)"
 
     from kernels import get_local_kernel
 
@@ -519,7 +527,7 @@ def main() -> int:
     if args.device == "cuda" and not has_gpu:
         parser.error("--device cuda: no CUDA GPU is visible")
     devices = {"cpu": ["cpu"], "cuda": ["cuda"], "all": ["cpu"] + (["cuda"] if has_gpu else [])}[args.device]
-    lp = get_local_kernel(ROOT / "build")
+    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")))
     sampler_available = hasattr(lp, "sample")
     torch.manual_seed(0)
 

@@ -128,7 +128,7 @@ bool shares_storage(const Tensor& a, const Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0) return false;
   const auto storage_start = [](const Tensor& t) {
     int64_t bytes = 0;
-    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_storage_size(t.get(), &bytes));
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_storage_size(t.get(), &bytes));
     return bytes == 0 ? nullptr
                       : static_cast<const char*>(t.data_ptr()) -
                             t.storage_offset() * static_cast<int64_t>(t.element_size());
@@ -190,7 +190,7 @@ class CudaLaunchContext {
  public:
   explicit CudaLaunchContext(const Tensor& t) : guard_(t.get_device_index()) {
     void* stream = nullptr;
-    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
     stream_ = static_cast<cudaStream_t>(stream);
   }
   cudaStream_t stream() const { return stream_; }
