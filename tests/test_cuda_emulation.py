@@ -209,3 +209,22 @@ def test_gpu_without_kernels_gets_a_clear_error(emulation):
     assert str(info.value) == ("logits-processor has no kernels for compute capability 7.5 "
                                "(CUDA emulation (132 SMs) (cuda:1)); supported: " + ", ".join(archs))
     emulation.lp.sample(torch.randn(2, 10), seed=1)  # device 0 still works
+
+
+# --- the traffic counter behind `make traffic` ---------------------------------------------
+
+@pytest.mark.skipif(SANITIZED, reason="only the fibers build counts global-memory traffic")
+def test_traffic_counts_exactly_the_global_bytes(emulation):
+    """Greedy reads each logit once and writes one id per row; split over blocks, each chunk
+    also publishes its winner, counts its arrival (an atomic: read and write) and the last
+    chunk reads every winner. Nothing else (stacks, shared memory, parameters) counts."""
+    rows, vocab = 4, 50000
+    logits = torch.randn(rows, vocab)
+    for sms, splits in [(1, 1), (132, 7)]:  # 132 SMs, 4 rows: ceil(50000 / 8192) = 7 chunks
+        with emulation.gpu(sms) as lp:
+            emulation.reset_traffic()
+            lp.sample(logits, temperature=0.0)
+            read, written = emulation.traffic()
+        scratch_read = 0 if splits == 1 else rows * splits * (4 + 8)
+        scratch_written = 0 if splits == 1 else rows * splits * (8 + 4)
+        assert (read, written) == (4 * rows * vocab + scratch_read, 8 * rows + scratch_written), sms

@@ -155,12 +155,6 @@ T max(T a, T b) {
   return a > b ? a : b;
 }
 
-template <typename T>
-  requires std::is_arithmetic_v<T>
-T min(T a, T b) {
-  return a < b ? a : b;
-}
-
 // --- CUB block primitives: CUB's documented contract and no more -----------------------------
 
 namespace cuda_emulation {

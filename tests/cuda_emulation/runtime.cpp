@@ -1,7 +1,6 @@
 // TEST INFRASTRUCTURE: the CUDA emulation's runtime (see cuda_emulation.h): the emulated
 // device, and the schedulers that run a grid's blocks, one block at a time in a shuffled
 // order, its threads as fibers (forward or reversed order) or as OS threads.
-#include <dlfcn.h>
 #include <link.h>
 #include <sys/mman.h>
 
@@ -9,7 +8,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
-#include <numeric>
 #include <random>
 #include <stdexcept>
 #include <string>
