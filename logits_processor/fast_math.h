@@ -67,29 +67,54 @@ LP_HOST_DEVICE float lp_exp_nonpositive(float x_in) {
   return in_range ? result : 0.0f;
 }
 
-// ln x for a positive normal float x.
-LP_HOST_DEVICE float lp_log(float x) {
-  const uint32_t bits = float_bits(x);
-  int e = static_cast<int>((bits >> 23) & 0xffu) - 126;
-  float m = bits_float((bits & 0x007fffffu) | 0x3f000000u);  // x = m * 2^e, m in [0.5, 1)
-  const bool below_sqrt_half = m < 0.707106781186547524f;  // selects, not branches: see exp
-  e = below_sqrt_half ? e - 1 : e;
-  m = below_sqrt_half ? lp_add(lp_add(m, m), -1.0f) : lp_add(m, -1.0f);
-  const float z = lp_mul(m, m);
+// ln(1 + f) + fe ln 2 for f in [sqrt(1/2) - 1, sqrt(2) - 1]: Cephes' polynomial, the core
+// of lp_log and lp_log_complement.
+LP_HOST_DEVICE float lp_log_reduced(float f, float fe) {
+  const float z = lp_mul(f, f);
   float y = 7.0376836292e-2f;
-  y = lp_add(lp_mul(y, m), -1.1514610310e-1f);
-  y = lp_add(lp_mul(y, m), 1.1676998740e-1f);
-  y = lp_add(lp_mul(y, m), -1.2420140846e-1f);
-  y = lp_add(lp_mul(y, m), 1.4249322787e-1f);
-  y = lp_add(lp_mul(y, m), -1.6668057665e-1f);
-  y = lp_add(lp_mul(y, m), 2.0000714765e-1f);
-  y = lp_add(lp_mul(y, m), -2.4999993993e-1f);
-  y = lp_add(lp_mul(y, m), 3.3333331174e-1f);
-  y = lp_mul(y, lp_mul(m, z));
-  const float fe = static_cast<float>(e);
+  y = lp_add(lp_mul(y, f), -1.1514610310e-1f);
+  y = lp_add(lp_mul(y, f), 1.1676998740e-1f);
+  y = lp_add(lp_mul(y, f), -1.2420140846e-1f);
+  y = lp_add(lp_mul(y, f), 1.4249322787e-1f);
+  y = lp_add(lp_mul(y, f), -1.6668057665e-1f);
+  y = lp_add(lp_mul(y, f), 2.0000714765e-1f);
+  y = lp_add(lp_mul(y, f), -2.4999993993e-1f);
+  y = lp_add(lp_mul(y, f), 3.3333331174e-1f);
+  y = lp_mul(y, lp_mul(f, z));
   y = lp_add(y, lp_mul(fe, -2.12194440e-4f));
   y = lp_add(y, lp_mul(z, -0.5f));
-  return lp_add(lp_add(m, y), lp_mul(fe, 0.693359375f));
+  return lp_add(lp_add(f, y), lp_mul(fe, 0.693359375f));
+}
+
+struct LogArgument {
+  float f;   // x = (1 + f) 2^e with f in [sqrt(1/2) - 1, sqrt(2) - 1]
+  float fe;  // e
+};
+
+// The range reduction of ln x for a positive normal float x. Selects, not branches: see exp.
+LP_HOST_DEVICE LogArgument lp_log_argument(float x) {
+  const uint32_t bits = float_bits(x);
+  int e = static_cast<int>((bits >> 23) & 0xffu) - 126;
+  const float m = bits_float((bits & 0x007fffffu) | 0x3f000000u);  // x = m * 2^e, m in [0.5, 1)
+  const bool below_sqrt_half = m < 0.707106781186547524f;
+  e = below_sqrt_half ? e - 1 : e;
+  return {below_sqrt_half ? lp_add(lp_add(m, m), -1.0f) : lp_add(m, -1.0f), static_cast<float>(e)};
+}
+
+// ln x for a positive normal float x.
+LP_HOST_DEVICE float lp_log(float x) {
+  const LogArgument a = lp_log_argument(x);
+  return lp_log_reduced(a.f, a.fe);
+}
+
+// ln(1 - w) for w in (0, 1), given w and u = 1 - w each rounded to float from their exact
+// values: as w -> 0 it keeps w's full relative precision, which u = 1 - w rounded to float
+// (never closer to 1 than 2^-24) has lost. For w < 1 - sqrt(1/2), u's own reduction would be
+// f = u - 1, e = 0: f = -w is the same argument, exact.
+LP_HOST_DEVICE float lp_log_complement(float w, float u) {
+  const LogArgument a = lp_log_argument(u);
+  const bool near_one = w < 0.292893218813452476f;
+  return lp_log_reduced(near_one ? -w : a.f, near_one ? 0.0f : a.fe);
 }
 
 }  // namespace logits_processor

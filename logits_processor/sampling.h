@@ -12,7 +12,7 @@
 // {s_i >= max(t_k, t_minp, t_p)} (ties at the cutoff all kept, the maximum always kept), and
 // the token is argmax over it of s_i + G_i (lowest index on ties), G_i = -ln(-ln U_i) with
 // U_i from Philox keyed by the seed and counted by (i, stream, offset): a draw in
-// proportion to e^(s_i). Scores are compared through order-preserving integer keys.
+// proportion to e^(s_i), exact for tokens up to about 40 nats below the top (gumbel_noise). Scores are compared through order-preserving integer keys.
 #pragma once
 
 #include "common.h"
@@ -156,10 +156,42 @@ LP_HOST_DEVICE Philox4 noise_bits(const RowParams& r, int64_t group) {
   return philox4x32_10(counter, r.key0, r.key1);
 }
 
-// s + G with G = -ln(-ln U) a Gumbel variate from 32 random bits.
-LP_HOST_DEVICE float perturbed_score(float s, uint32_t bits) {
-  return lp_add(s, -lp_log(-lp_log(uniform_open01(bits))));
+// The Gumbel noise G = -ln(-ln U). Token i's uniform is U = (k + 1/2) 2^-32 from its word k,
+// computed through its complement w = 1 - U, so that -ln U = -ln(1 - w) keeps full precision
+// as U -> 1, where the large G that let a far-below token win come from. The top cell
+// (k = 2^32 - 1, U in [1 - 2^-32, 1), probability 2^-32) is refined by 32 more bits,
+// w = (j + 1/2) 2^-64, from a second Philox call (counter word 0 with its top bit set, which
+// no group reaches as V < 2^31) made only then: the common path stays one word per token.
+// G is then exact (to float rounding and the cells' resolution) up to about 44 (= -ln 2^-64).
+constexpr uint32_t kTopCell = 0xffffffffu;
+
+LP_HOST_DEVICE float gumbel_from_complement(float w, float u) {
+  return -lp_log(-lp_log_complement(w, u));
 }
+
+// G for a word below the top cell (the top cell's value here is that of its midpoint).
+LP_HOST_DEVICE float gumbel_noise(uint32_t k) {
+  return gumbel_from_complement(cell_midpoint(~k, 2.3283064365386963e-10f),  // 2^-32
+                                cell_midpoint(k, 2.3283064365386963e-10f));
+}
+
+// G for the top cell from its refining word j (U rounds to 1 there; only w is read).
+LP_HOST_DEVICE float gumbel_noise_top_cell(uint32_t j) {
+  return gumbel_from_complement(cell_midpoint(j, 5.42101086242752217e-20f), 1.0f);  // 2^-64
+}
+
+LP_HOST_DEVICE uint32_t top_cell_bits(const RowParams& r, int64_t token) {
+  const Philox4 counter = {{static_cast<uint32_t>(token >> 2) | 0x80000000u, r.stream,
+                            r.offset_lo, r.offset_hi}};
+  return philox4x32_10(counter, r.key0, r.key1).v[token & 3];
+}
+
+// Token i's G from its word k of noise_bits.
+LP_HOST_DEVICE float token_gumbel(const RowParams& r, int64_t token, uint32_t k) {
+  return k == kTopCell ? gumbel_noise_top_cell(top_cell_bits(r, token)) : gumbel_noise(k);
+}
+
+LP_HOST_DEVICE float perturbed_score(float s, float gumbel) { return lp_add(s, gumbel); }
 
 // (key, index) packed so that the larger value wins and, on equal keys, the lower index.
 LP_HOST_DEVICE uint64_t pack_argmax(uint32_t key, int64_t index) {

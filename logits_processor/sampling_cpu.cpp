@@ -7,6 +7,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include "sampling.h"
 
 namespace logits_processor {
@@ -14,6 +18,36 @@ namespace {
 
 constexpr int kCoarseShift = 21;  // 2048 bins on the top 11 bits of a score key
 constexpr int kCoarseBins = 1 << (32 - kCoarseShift);
+
+// IEEE subnormals within its scope, the calling thread's mode restored after. The caller may
+// have set flush-to-zero and denormals-are-zero (torch.set_flush_denormal(True) sets both):
+// they would change scores, keys and comparisons that involve subnormals, and with them
+// tokens that the GPU, which does not flush in this code, would not change.
+class IeeeSubnormals {
+ public:
+  IeeeSubnormals() { set(saved_ & ~kFlushBits); }
+  ~IeeeSubnormals() { set(saved_); }
+  IeeeSubnormals(const IeeeSubnormals&) = delete;
+  IeeeSubnormals& operator=(const IeeeSubnormals&) = delete;
+
+ private:
+#if defined(__x86_64__) || defined(__i386__)
+  static constexpr unsigned kFlushBits = 0x8040u;  // MXCSR: FTZ (bit 15), DAZ (bit 6)
+  static void set(unsigned mode) { _mm_setcsr(mode); }
+  const unsigned saved_ = _mm_getcsr();
+#elif defined(__aarch64__)
+  static constexpr uint64_t kFlushBits = (uint64_t{1} << 24) | (uint64_t{1} << 19);  // FPCR: FZ, FZ16
+  static void set(uint64_t mode) { __asm__ __volatile__("msr fpcr, %0" : : "r"(mode)); }
+  static uint64_t get() {
+    uint64_t mode;
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(mode));
+    return mode;
+  }
+  const uint64_t saved_ = get();
+#else
+#error "IeeeSubnormals: add this architecture's flush-to-zero control"
+#endif
+};
 
 struct Candidate {
   uint32_t key;
@@ -47,6 +81,28 @@ CoarseBin coarse_bin(const std::vector<uint64_t>& histogram, uint64_t target) {
 }
 
 int64_t unpack_or_none(uint64_t best) { return best == kNoToken ? -1 : unpack_index(best); }
+
+// perturbed[i] = s_i + G_i for the candidates with s_i >= floor, -inf for the others, with
+// G_i from word k_i below the top cell (the caller refines the top cells, which it counts);
+// returns the largest. Vectorised: a free function on restrict pointers, as gcc gives up
+// on this loop inside RowSampler.
+float perturb(const float* __restrict scores, const uint32_t* __restrict noise, float floor,
+              int64_t vocab, float* __restrict perturbed, int64_t& top_cells) {
+  float best = kNegInf;
+  int64_t top = 0;
+#pragma omp simd reduction(max : best) reduction(+ : top)
+  for (int64_t i = 0; i < vocab; ++i) {
+    // (& rather than &&, and a ternary rather than std::max: either would stop gcc from
+    // vectorising this loop, which then runs 5x slower.)
+    top += noise[i] == kTopCell;
+    const float g = perturbed_score(scores[i], gumbel_noise(noise[i]));
+    const bool kept = (scores[i] >= floor) & (scores[i] > kNegInf);
+    perturbed[i] = kept ? lp_add(g, 0.0f) : kNegInf;
+    best = perturbed[i] > best ? perturbed[i] : best;
+  }
+  top_cells = top;
+  return best;
+}
 
 template <Dtype D>
 class RowSampler {
@@ -113,20 +169,26 @@ class RowSampler {
     }
     const float floor = threshold == kNoKey ? kNegInf : key_score(threshold);
     float* perturbed = scratch_.perturbed.data();
-    float best = kNegInf;
-#pragma omp simd reduction(max : best)
-    for (int64_t i = 0; i < p_.vocab; ++i) {
-      // (& rather than &&, and a ternary rather than std::max: either would stop gcc from
-      // vectorising this loop, which then runs 5x slower.)
-      const float g = perturbed_score(scores_[i], noise[i]);
-      const bool kept = (scores_[i] >= floor) & (scores_[i] > kNegInf);
-      perturbed[i] = kept ? lp_add(g, 0.0f) : kNegInf;
-      best = perturbed[i] > best ? perturbed[i] : best;
-    }
+    int64_t top_cells = 0;  // words that need their refinement (probability 2^-32 each)
+    float best = perturb(scores_, noise, floor, p_.vocab, perturbed, top_cells);
+    if (top_cells > 0) best = refine_top_cells(floor);
     if (best == kNegInf) return -1;
     for (int64_t i = 0; i < p_.vocab; ++i)
       if (perturbed[i] == best) return i;
     return -1;
+  }
+
+  // The rare tokens whose word is the top cell get their refined noise; the new maximum.
+  float refine_top_cells(float floor) {
+    float* perturbed = scratch_.perturbed.data();
+    float best = kNegInf;
+    for (int64_t i = 0; i < p_.vocab; ++i) {
+      const uint32_t k = scratch_.noise[i];
+      if (k == kTopCell && scores_[i] >= floor && scores_[i] > kNegInf)
+        perturbed[i] = lp_add(perturbed_score(scores_[i], token_gumbel(r_, i, k)), 0.0f);
+      best = perturbed[i] > best ? perturbed[i] : best;
+    }
+    return best;
   }
 
   int64_t gumbel_over_kept(uint32_t threshold) const {
@@ -134,7 +196,8 @@ class RowSampler {
     for (const Candidate& c : scratch_.kept) {
       if (c.key < threshold) break;  // kept is sorted by key, descending
       const uint32_t bits = noise_bits(r_, c.index >> 2).v[c.index & 3];
-      best = std::max(best, pack_argmax(score_key(perturbed_score(key_score(c.key), bits)), c.index));
+      const float g = perturbed_score(key_score(c.key), token_gumbel(r_, c.index, bits));
+      best = std::max(best, pack_argmax(score_key(g), c.index));
     }
     return unpack_or_none(best);
   }
@@ -223,6 +286,7 @@ class RowSampler {
 void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for) {
   dispatch_dtype(params.dtype, [&]<Dtype D>() {
     parallel_for(0, params.rows, 1, [&](int64_t begin, int64_t end) {
+      const IeeeSubnormals mode;
       Scratch scratch(params.vocab);
       for (int64_t row = begin; row < end; ++row)
         params.out[row] = RowSampler<D>(params, row, scratch).sample();

@@ -117,7 +117,7 @@ struct Row {
         const float s = score(x, r.temperature);
         if (score_key(s) < threshold) continue;
         if (!drawn) bits = noise_bits(r, group), drawn = true;
-        best = max(best, pack_argmax(score_key(perturbed_score(s, bits.v[j])), i));
+        best = max(best, pack_argmax(score_key(perturbed_score(s, token_gumbel(r, i, bits.v[j]))), i));
       }
     }
     return block_max(best, sh);
