@@ -34,6 +34,39 @@ LP_HOST_DEVICE float lp_add(float a, float b) {
 #endif
 }
 
+LP_HOST_DEVICE double lp_dadd(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+LP_HOST_DEVICE double lp_dmul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+LP_HOST_DEVICE double lp_ddiv(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// double to float, rounded to nearest on both (the CPU code runs in round-to-nearest).
+LP_HOST_DEVICE float lp_double_to_float(double x) {
+#if defined(__CUDA_ARCH__)
+  return __double2float_rn(x);
+#else
+  return static_cast<float>(x);
+#endif
+}
+
 LP_HOST_DEVICE uint32_t float_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof(u));
@@ -115,6 +148,27 @@ LP_HOST_DEVICE float lp_log_complement(float w, float u) {
   const LogArgument a = lp_log_argument(u);
   const bool near_one = w < 0.292893218813452476f;
   return lp_log_reduced(near_one ? -w : a.f, near_one ? 0.0f : a.fe);
+}
+
+// ln x for a positive normal double, to a few ulp: x = m 2^k with m in [sqrt(1/2), sqrt(2)),
+// ln m = 2 atanh(t) with t = (m - 1) / (m + 1), |t| < 0.172, by its series to t^27 (the
+// next term is below 2^-60 of the sum). Every operation is a correctly rounded IEEE double
+// operation in a fixed order, so both devices get the same bits.
+LP_HOST_DEVICE double lp_log_double(double x) {
+  uint64_t bits;
+  memcpy(&bits, &x, sizeof(bits));
+  int k = static_cast<int>((bits >> 52) & 0x7ffu) - 1023;
+  const uint64_t mantissa_bits = (bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull;
+  double m;
+  memcpy(&m, &mantissa_bits, sizeof(m));  // x = m 2^k, m in [1, 2)
+  const bool above_sqrt_two = m > 1.4142135623730951;
+  m = above_sqrt_two ? lp_dmul(m, 0.5) : m;
+  k = above_sqrt_two ? k + 1 : k;
+  const double t = lp_ddiv(lp_dadd(m, -1.0), lp_dadd(m, 1.0));
+  const double t2 = lp_dmul(t, t);
+  double y = 1.0 / 27.0;
+  for (int j = 12; j >= 0; --j) y = lp_dadd(lp_dmul(y, t2), 1.0 / (2 * j + 1));
+  return lp_dadd(lp_dmul(static_cast<double>(k), 0.6931471805599453), lp_dmul(lp_dmul(2.0, t), y));
 }
 
 }  // namespace logits_processor

@@ -26,6 +26,18 @@
 
 namespace logits_processor {
 
+// What the log-probability ops add to a sampling call (see "Log-probabilities" below).
+struct LogprobsParams {
+  bool enabled;
+  bool raw;  // log_softmax of the logits as given, else of the distribution sampled from
+  // token_logprobs: the given tokens, one per row (no draw); else null.
+  const int64_t* given_tokens;
+  int64_t num_logprobs;     // the top-N columns after column 0
+  float* logprobs;          // [rows, 1 + num_logprobs] contiguous (token_logprobs: [rows])
+  int64_t* token_ids;       // [rows, 1 + num_logprobs] contiguous, or null (token_logprobs)
+  int64_t* ranks;           // [rows], or null (token_logprobs)
+};
+
 struct SamplingParams {
   const void* logits;
   Dtype dtype;
@@ -50,7 +62,8 @@ struct SamplingParams {
   const int32_t* bitmask;  // optional, XGrammar's layout; columns past its width are allowed
   int64_t bitmask_row_stride;
   int64_t bitmask_width;  // in words
-  int64_t* out;
+  int64_t* out;  // the tokens drawn (null for token_logprobs, which draws none)
+  LogprobsParams logprobs;
 };
 
 // Fixed point of the masses: 2^32 keeps Z below 2^63 for any V < 2^31; top_p * Z is one
@@ -203,6 +216,51 @@ LP_HOST_DEVICE int64_t unpack_index(uint64_t packed) {
 }
 
 constexpr uint64_t kNoToken = 0;  // pack_argmax never yields 0 for a candidate
+
+// --- Log-probabilities ---------------------------------------------------------------------
+// A row's distribution: its scores s_i, s_max and a threshold key t; the support is the
+// candidates with key >= t, p_i = e^(s_i - s_max) / Z over it. "processed": the scores and
+// threshold of the draw (greedy rows: temperature 1, filters and bitmask applied, so the
+// argmax they return is in the support); "raw": the logits at temperature 1, no bitmask,
+// no filter (t = kNoKey). Then
+//   logprob_i = (s_i - s_max) - ln Z,
+// in double, rounded once to float. Z is a fixed-point integer sum, so it does not depend on
+// the order of the terms (batch-invariant, and the same on both devices): each term
+// e = e^(s - s_max) in (0, 1] is split as high = floor(2^30 e) and low = floor(2^30 (2^30 e
+// - high)), each summed in a uint64 (V < 2^31: no overflow), Z = (H + L 2^-30) 2^-30; a
+// term loses less than 2^-60 of the row maximum's. The top-p masses (2^32 fixed point) are
+// unchanged: a different, coarser sum.
+constexpr float kFineScale = 1073741824.0f;  // 2^30
+
+struct FineMass {
+  uint64_t high;
+  uint64_t low;
+};
+
+// The two 2^30 fixed-point digits of e^(s - s_max); int32 conversions (truncating, the
+// values are below 2^31) so the CPU loop vectorises.
+LP_HOST_DEVICE FineMass fine_mass(float s, float s_max) {
+  const float scaled = lp_mul(lp_exp_nonpositive(lp_add(s, -s_max)), kFineScale);  // exact
+  const int32_t high = static_cast<int32_t>(scaled);
+  const float rest = lp_add(scaled, -static_cast<float>(high));  // exact: [0, 1)
+  return {static_cast<uint64_t>(high), static_cast<uint64_t>(static_cast<int32_t>(lp_mul(rest, kFineScale)))};
+}
+
+// ln Z from the summed digits (Z includes the row maximum's term, so H >= 2^30).
+LP_HOST_DEVICE double log_normaliser(FineMass sum) {
+  const double units = lp_dadd(static_cast<double>(sum.high),
+                               lp_dmul(static_cast<double>(sum.low), 9.313225746154785e-10));  // 2^-30
+  return lp_dadd(lp_log_double(units), -20.79441541679836);  // -30 ln 2
+}
+
+LP_HOST_DEVICE float token_logprob(float s, float s_max, double log_z) {
+  return lp_double_to_float(lp_dadd(lp_dadd(static_cast<double>(s), -static_cast<double>(s_max)), -log_z));
+}
+
+// Top-N order: the larger score first, the lower index on ties, as packed by pack_argmax.
+// Columns past the support hold id -1 and -inf; a row with nothing allowed has token -1,
+// every logprob -inf, every id -1 and rank 0.
+constexpr int64_t kNoRank = 0;
 
 void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for);
 

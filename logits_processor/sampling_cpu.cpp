@@ -19,24 +19,26 @@ namespace {
 constexpr int kCoarseShift = 21;  // 2048 bins on the top 11 bits of a score key
 constexpr int kCoarseBins = 1 << (32 - kCoarseShift);
 
-// IEEE subnormals within its scope, the calling thread's mode restored after. The caller may
-// have set flush-to-zero and denormals-are-zero (torch.set_flush_denormal(True) sets both):
-// they would change scores, keys and comparisons that involve subnormals, and with them
-// tokens that the GPU, which does not flush in this code, would not change.
-class IeeeSubnormals {
+// IEEE subnormals and round-to-nearest within its scope, the calling thread's mode restored
+// after. The caller may have set flush-to-zero and denormals-are-zero
+// (torch.set_flush_denormal(True) sets both), or another rounding mode: they would change
+// scores, keys and comparisons that involve subnormals, or the rounding of log-probabilities,
+// and with them results that the GPU, which does neither in this code, would not change.
+class IeeeFloatMode {
  public:
-  IeeeSubnormals() { set(saved_ & ~kFlushBits); }
-  ~IeeeSubnormals() { set(saved_); }
-  IeeeSubnormals(const IeeeSubnormals&) = delete;
-  IeeeSubnormals& operator=(const IeeeSubnormals&) = delete;
+  IeeeFloatMode() { set(saved_ & ~kFlushBits); }
+  ~IeeeFloatMode() { set(saved_); }
+  IeeeFloatMode(const IeeeFloatMode&) = delete;
+  IeeeFloatMode& operator=(const IeeeFloatMode&) = delete;
 
  private:
 #if defined(__x86_64__) || defined(__i386__)
-  static constexpr unsigned kFlushBits = 0x8040u;  // MXCSR: FTZ (bit 15), DAZ (bit 6)
+  static constexpr unsigned kFlushBits = 0xe040u;  // MXCSR: FTZ (15), rounding (13-14), DAZ (6)
   static void set(unsigned mode) { _mm_setcsr(mode); }
   const unsigned saved_ = _mm_getcsr();
 #elif defined(__aarch64__)
-  static constexpr uint64_t kFlushBits = (uint64_t{1} << 24) | (uint64_t{1} << 19);  // FPCR: FZ, FZ16
+  // FPCR: rounding (22-23), FZ (24), FZ16 (19)
+  static constexpr uint64_t kFlushBits = (uint64_t{3} << 22) | (uint64_t{1} << 24) | (uint64_t{1} << 19);
   static void set(uint64_t mode) { __asm__ __volatile__("msr fpcr, %0" : : "r"(mode)); }
   static uint64_t get() {
     uint64_t mode;
@@ -45,7 +47,7 @@ class IeeeSubnormals {
   }
   const uint64_t saved_ = get();
 #else
-#error "IeeeSubnormals: add this architecture's flush-to-zero control"
+#error "IeeeFloatMode: add this architecture's flush-to-zero control"
 #endif
 };
 
@@ -63,6 +65,7 @@ struct Scratch {
   std::vector<uint32_t> noise;
   std::vector<float> perturbed;
   std::vector<Candidate> kept;
+  std::vector<Candidate> top;  // the top-N log-probabilities' tokens
   std::vector<uint64_t> histogram = std::vector<uint64_t>(kCoarseBins);
 };
 
@@ -78,6 +81,11 @@ CoarseBin coarse_bin(const std::vector<uint64_t>& histogram, uint64_t target) {
     total += histogram[bin];
   }
   return {-1, total};
+}
+
+// Top-N order: the larger key first, the lower index on ties.
+bool ranks_before(const Candidate& a, const Candidate& b) {
+  return a.key != b.key ? a.key > b.key : a.index < b.index;
 }
 
 int64_t unpack_or_none(uint64_t best) { return best == kNoToken ? -1 : unpack_index(best); }
@@ -104,15 +112,101 @@ float perturb(const float* __restrict scores, const uint32_t* __restrict noise, 
   return best;
 }
 
+// The sum of fine_mass over the candidates with score >= floor.
+FineMass fine_mass_sum(const float* __restrict scores, int64_t vocab, float floor, float s_max) {
+  uint64_t high = 0, low = 0;
+#pragma omp simd reduction(+ : high, low)
+  for (int64_t i = 0; i < vocab; ++i) {
+    const FineMass m = fine_mass(scores[i], s_max);
+    const bool kept = (scores[i] >= floor) & (scores[i] > kNegInf);
+    high += kept ? m.high : 0;
+    low += kept ? m.low : 0;
+  }
+  return {high, low};
+}
+
+int64_t count_above(const float* __restrict scores, int64_t vocab, float s) {
+  int64_t count = 0;
+#pragma omp simd reduction(+ : count)
+  for (int64_t i = 0; i < vocab; ++i) count += scores[i] > s;
+  return count;
+}
+
+// Which scores a row's buffer holds: the draw's (greedy: the logits themselves, for the
+// argmax; sampling: x / T), or temperature 1 with the bitmask (a greedy row's processed
+// distribution) or without it (raw).
+enum class Scores { Greedy, Sampling, Unit, Raw };
+
+// The kept set {key >= threshold}; `gathered`: every kept candidate is in Scratch::kept.
+struct Cutoff {
+  uint32_t threshold;
+  bool gathered;
+};
+
 template <Dtype D>
 class RowSampler {
  public:
   RowSampler(const SamplingParams& p, int64_t row, Scratch& scratch)
-      : p_(p), r_(row_params(p, row)), scratch_(scratch), scores_(scratch.scores.data()) {
-    load_scores(row_logits(p, row), row_bitmask(p, row));
+      : p_(p), row_(row), r_(row_params(p, row)), scratch_(scratch), scores_(scratch.scores.data()) {}
+
+  // The token `sample` returns.
+  int64_t sample() {
+    load_scores(r_.greedy ? Scores::Greedy : Scores::Sampling);
+    if (!scan()) return -1;
+    if (r_.greedy) return first_index_of(s_max_);
+    cutoff_ = cutoff();
+    return cutoff_.gathered ? gumbel_over_kept(cutoff_.threshold) : gumbel_over_row(cutoff_.threshold);
   }
 
-  int64_t sample() {
+  // token_logprobs: the given token's log-probability.
+  float given_token_logprob() {
+    if (!distribution(false)) return kNegInf;
+    return logprob_of(p_.logprobs.given_tokens[row_], log_z());
+  }
+
+  // sample_with_logprobs: the token, its log-probability and rank, and the top-N.
+  void sample_with_logprobs() {
+    const LogprobsParams& out = p_.logprobs;
+    const int64_t columns = 1 + out.num_logprobs;
+    float* logprobs = out.logprobs + row_ * columns;
+    int64_t* ids = out.token_ids + row_ * columns;
+    const int64_t token = sample();
+    p_.out[row_] = token;
+    std::fill(logprobs, logprobs + columns, kNegInf);
+    std::fill(ids, ids + columns, int64_t{-1});
+    out.ranks[row_] = kNoRank;
+    if (token < 0 || !distribution(true)) return;
+    const double log_z = this->log_z();
+    logprobs[0] = logprob_of(token, log_z);
+    ids[0] = token;
+    out.ranks[row_] = 1 + count_above(scores_, p_.vocab, scores_[token]);
+    const int64_t n = top_tokens(out.num_logprobs);
+    for (int64_t j = 0; j < n; ++j) {
+      const uint32_t index = scratch_.top[j].index;
+      logprobs[1 + j] = token_logprob(scores_[index], s_max_, log_z);
+      ids[1 + j] = index;
+    }
+  }
+
+ private:
+  // Loads the scores of the row's log-probability distribution and its cutoff; false if it
+  // has no candidate. `drawn`: sample() ran, and its scores and cutoff are that
+  // distribution's unless the row is greedy or the mode raw.
+  bool distribution(bool drawn) {
+    if (p_.logprobs.raw) {
+      load_scores(Scores::Raw);
+      cutoff_ = {kNoKey, false};
+      return scan();
+    }
+    if (drawn && !r_.greedy) return true;
+    load_scores(r_.greedy ? Scores::Unit : Scores::Sampling);
+    if (!scan()) return false;
+    cutoff_ = cutoff();
+    return true;
+  }
+
+  // s_max and the candidate count of the loaded scores; false if there is no candidate.
+  bool scan() {
     float s_max = kNegInf;
     int64_t candidates = 0;
 #pragma omp simd reduction(max : s_max) reduction(+ : candidates)
@@ -120,29 +214,69 @@ class RowSampler {
       s_max = scores_[i] > s_max ? scores_[i] : s_max;  // (std::max would not vectorise)
       candidates += scores_[i] > kNegInf;
     }
-    if (candidates == 0) return -1;
-    if (r_.greedy) return first_index_of(s_max);
     s_max_ = s_max;
-    const uint32_t lower = min_p_key(s_max, r_.min_p);
-    const bool top_k = r_.top_k > 0 && r_.top_k < candidates;
-    const bool top_p = r_.top_p < 1.0f;
-    if (!top_k && !top_p) return gumbel_over_row(lower);
-    return top_k ? sample_top_k(lower, top_p) : sample_top_p(lower);
+    candidates_ = candidates;
+    return candidates > 0;
   }
 
- private:
-  // Scores, or the logits themselves when greedy (argmax of x, +inf included); -inf for a
-  // token that is not a candidate.
-  void load_scores(const void* logits, const int32_t* bitmask) {
-    const bool greedy = r_.greedy;
-    const float temperature = r_.temperature;
+  Cutoff cutoff() {
+    const uint32_t lower = min_p_key(s_max_, r_.min_p);
+    const bool top_k = r_.top_k > 0 && r_.top_k < candidates_;
+    const bool top_p = r_.top_p < 1.0f;
+    if (!top_k && !top_p) return {lower, false};
+    return top_k ? cutoff_with_top_k(lower, top_p) : cutoff_with_top_p_alone(lower);
+  }
+
+  float floor_score() const { return cutoff_.threshold == kNoKey ? kNegInf : key_score(cutoff_.threshold); }
+
+  double log_z() const { return log_normaliser(fine_mass_sum(scores_, p_.vocab, floor_score(), s_max_)); }
+
+  // -inf for a token outside the kept set (or outside [0, V)).
+  float logprob_of(int64_t token, double log_z) const {
+    if (token < 0 || token >= p_.vocab || !(scores_[token] > kNegInf) || !(scores_[token] >= floor_score()))
+      return kNegInf;
+    return token_logprob(scores_[token], s_max_, log_z);
+  }
+
+  // The n most likely kept candidates into Scratch::top, in top-N order; their count.
+  int64_t top_tokens(int64_t n) {
+    auto& top = scratch_.top;
+    top.clear();
+    if (n <= 0) return 0;
+    if (cutoff_.gathered) {  // Scratch::kept is already in top-N order
+      for (const Candidate& c : scratch_.kept) {
+        if (c.key < cutoff_.threshold || static_cast<int64_t>(top.size()) == n) break;
+        top.push_back(c);
+      }
+      return static_cast<int64_t>(top.size());
+    }
+    const float floor = floor_score();
+    float worst = kNegInf;  // the n-th best score so far, once there are n
+    for (int64_t i = 0; i < p_.vocab; ++i) {
+      const float s = scores_[i];
+      // An equal score later in the row has a higher index: it ranks after.
+      if (!(s > kNegInf) || !(s >= floor) || (static_cast<int64_t>(top.size()) == n && !(s > worst))) continue;
+      const Candidate c{score_key(s), static_cast<uint32_t>(i)};
+      top.insert(std::upper_bound(top.begin(), top.end(), c, ranks_before), c);
+      if (static_cast<int64_t>(top.size()) > n) top.pop_back();
+      if (static_cast<int64_t>(top.size()) == n) worst = key_score(top.back().key);
+    }
+    return static_cast<int64_t>(top.size());
+  }
+
+  // Scores for `mode`; -inf for a token that is not a candidate.
+  void load_scores(Scores mode) {
+    const void* logits = row_logits(p_, row_);
+    const bool greedy = mode == Scores::Greedy;
+    const float temperature = mode == Scores::Sampling ? r_.temperature : 1.0f;
 #pragma omp simd
     for (int64_t i = 0; i < p_.vocab; ++i) {
       const float x = load_logit<D>(logits, i);
       const float s = greedy ? x : score(x, temperature);
       scores_[i] = x > kNegInf ? s : kNegInf;  // NaN fails the compare
     }
-    if (!bitmask) return;
+    const int32_t* bitmask = row_bitmask(p_, row_);
+    if (!bitmask || mode == Scores::Raw) return;
     const int64_t words = std::min(p_.bitmask_width, (p_.vocab + 31) / 32);
     for (int64_t w = 0; w < words; ++w) {
       const uint32_t bits = static_cast<uint32_t>(bitmask[w]);
@@ -202,7 +336,7 @@ class RowSampler {
     return unpack_or_none(best);
   }
 
-  // Collects the candidates with key in [bound, below), sorted by key, descending.
+  // Collects the candidates with key in [bound, below), in top-N order.
   void gather(uint32_t bound, uint64_t below = uint64_t{1} << 32) {
     scratch_.kept.clear();
     for (int64_t i = 0; i < p_.vocab; ++i) {
@@ -210,8 +344,7 @@ class RowSampler {
       const uint32_t key = score_key(scores_[i]);
       if (key >= bound && key < below) scratch_.kept.push_back({key, static_cast<uint32_t>(i)});
     }
-    std::sort(scratch_.kept.begin(), scratch_.kept.end(),
-              [](const Candidate& a, const Candidate& b) { return a.key > b.key; });
+    std::sort(scratch_.kept.begin(), scratch_.kept.end(), ranks_before);
   }
 
   // The top-p cutoff among the gathered candidates at or above `threshold`, or `threshold`
@@ -240,7 +373,7 @@ class RowSampler {
 
   // Top-k (and top-p within it): the kept set is small, so all candidates from the k-th
   // largest's coarse bin up are gathered and the draw runs over them.
-  int64_t sample_top_k(uint32_t lower, bool top_p) {
+  Cutoff cutoff_with_top_k(uint32_t lower, bool top_p) {
     auto& histogram = scratch_.histogram;
     std::fill(histogram.begin(), histogram.end(), 0);
     for (int64_t i = 0; i < p_.vocab; ++i) {
@@ -253,12 +386,12 @@ class RowSampler {
     uint32_t threshold = lower;
     if (coarse.bin >= 0) threshold = std::max(threshold, scratch_.kept[r_.top_k - 1].key);
     if (top_p) threshold = std::max(threshold, top_p_cutoff(threshold, top_p_target(r_.top_p, masses())));
-    return gumbel_over_kept(threshold);
+    return {threshold, true};
   }
 
   // Top-p alone: the kept set can be most of the row, so only the coarse bin holding the
   // cutoff is gathered, and the draw runs over the row.
-  int64_t sample_top_p(uint32_t lower) {
+  Cutoff cutoff_with_top_p_alone(uint32_t lower) {
     const uint64_t target = top_p_target(r_.top_p, masses());
     auto& histogram = scratch_.histogram;
     std::fill(histogram.begin(), histogram.end(), 0);
@@ -268,17 +401,20 @@ class RowSampler {
         histogram[key >> kCoarseShift] += static_cast<uint64_t>(scratch_.scaled_mass[i]);
     }
     const CoarseBin coarse = coarse_bin(histogram, target);
-    if (coarse.bin < 0) return gumbel_over_row(lower);  // the min-p cutoff is the binding one
+    if (coarse.bin < 0) return {lower, false};  // the min-p cutoff is the binding one
     const uint64_t bin_start = static_cast<uint64_t>(coarse.bin) << kCoarseShift;
     gather(std::max<uint64_t>(lower, bin_start), bin_start + (uint64_t{1} << kCoarseShift));
-    return gumbel_over_row(std::max(lower, top_p_cutoff(lower, target, coarse.above)));
+    return {std::max(lower, top_p_cutoff(lower, target, coarse.above)), false};
   }
 
   const SamplingParams& p_;
+  const int64_t row_;
   const RowParams r_;
   Scratch& scratch_;
   float* scores_;
   float s_max_ = 0.0f;
+  int64_t candidates_ = 0;
+  Cutoff cutoff_ = {kNoKey, false};
 };
 
 }  // namespace
@@ -286,10 +422,17 @@ class RowSampler {
 void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for) {
   dispatch_dtype(params.dtype, [&]<Dtype D>() {
     parallel_for(0, params.rows, 1, [&](int64_t begin, int64_t end) {
-      const IeeeSubnormals mode;
+      const IeeeFloatMode mode;
       Scratch scratch(params.vocab);
-      for (int64_t row = begin; row < end; ++row)
-        params.out[row] = RowSampler<D>(params, row, scratch).sample();
+      for (int64_t row = begin; row < end; ++row) {
+        RowSampler<D> sampler(params, row, scratch);
+        if (!params.logprobs.enabled)
+          params.out[row] = sampler.sample();
+        else if (params.logprobs.given_tokens)
+          params.logprobs.logprobs[row] = sampler.given_token_logprob();
+        else
+          sampler.sample_with_logprobs();
+      }
     });
   });
 }

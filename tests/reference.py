@@ -103,3 +103,27 @@ def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, b
         probs = torch.where(keep, p, torch.zeros_like(p))
         out[b] = probs / probs.sum()
     return out
+
+
+def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, mode="processed", slack=0.0):
+    """float32 [B, V]: the scores of the distribution `sample_with_logprobs` reports, -inf outside its support.
+
+    "raw": the logits (NaN as -inf, +inf as the largest float), no temperature, filter or
+    bitmask. "processed": the float32 scores x / T over `sampling_reference`'s kept set
+    (greedy rows at T = 1, with the filters and the bitmask).
+    """
+    x = logits.detach().cpu().float()
+    rows = x.shape[0]
+    big = torch.finfo(torch.float32).max
+    if mode == "raw":
+        return torch.where(x > float("-inf"), x.clamp(max=big), torch.tensor(float("-inf")))
+    temps = torch.tensor([float(_row_value(temperature, b)) for b in range(rows)])
+    temps = torch.where(temps > 0, temps, 1.0)  # greedy rows: T = 1 (NaN fails the compare)
+    kept = sampling_reference(logits, temps, top_k, top_p, min_p, bitmask=bitmask, slack=slack) > 0
+    s = torch.clamp(x.clamp(max=big) / temps[:, None], -big, big)
+    return torch.where(kept, s, torch.tensor(float("-inf")))
+
+
+def logprobs_reference(logits, **kwargs):
+    """float64 [B, V]: log_softmax of `support_scores` in float64."""
+    return torch.log_softmax(support_scores(logits, **kwargs).double(), dim=-1)

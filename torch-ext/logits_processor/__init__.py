@@ -9,9 +9,10 @@ from ._bitmask import (
     get_bitmask_shape,
     reset_token_bitmask,
 )
-from ._sampling import sample
+from ._sampling import SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
 
 __all__ = [
+    "SampleWithLogprobs",
     "allocate_token_bitmask",
     "apply_packed_bitmask",
     "apply_token_bitmask",
@@ -20,4 +21,6 @@ __all__ = [
     "get_bitmask_shape",
     "reset_token_bitmask",
     "sample",
+    "sample_with_logprobs",
+    "token_logprobs",
 ]
