@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: build test demo bench clean sanitize certify
+.PHONY: build test demo bench clean sanitize certify emulation-build emulate traffic
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,10 +17,12 @@ $(STAMP): requirements-dev.txt
 build: $(STAMP)
 	$(PY) tools/build.py
 
-# Every test through the loader, then the CPU tests again under ASan + UBSan (sanitize).
+# Every test through the loader, then the CPU tests again under ASan + UBSan (sanitize), then
+# the CUDA kernels in the CUDA emulation (emulate).
 test: build
-	$(PY) -m pytest tests
+	$(PY) -m pytest -m "not emulation" tests
 	$(MAKE) sanitize
+	$(MAKE) emulate
 
 demo: build
 	$(PY) examples/demo.py
@@ -29,7 +31,15 @@ bench: build
 	$(PY) benchmarks/bench.py
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-emulation
+
+# The CUDA emulation (tests/cuda_emulation/): the .cu kernels built by the host compiler and
+# run on CPU threads, through the binding's CUDA path, against the CPU variant of build/.
+emulation-build: $(STAMP)
+	$(PY) tools/build_emulation.py
+
+emulate: build emulation-build
+	LP_EMULATION=fibers $(PY) -m pytest -q -m emulation tests
 
 # GPU certification (scripts/certify.sh): no .venv prerequisite, since the GPU machine has no
 # internet to create one; its python3 and the wheels carried in .whl/ are used there.

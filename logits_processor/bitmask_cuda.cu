@@ -67,8 +67,8 @@ void launch(const BitmaskParams& p, cudaStream_t stream) {
   const int64_t groups_per_row = (bitmask_columns(p) + kLanes - 1) / kLanes;
   const int64_t total = p.num_work_rows * groups_per_row;
   if (total == 0) return;
-  apply_bitmask_kernel<Bits><<<grid_size(total, kThreads, 16), kThreads, 0, stream>>>(
-      p, groups_per_row);
+  launch_kernel("bitmask", apply_bitmask_kernel<Bits>, grid_size(total, kThreads, 16), kThreads,
+                stream, p, groups_per_row);
 }
 
 }  // namespace

@@ -270,7 +270,7 @@ void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long lon
   const int64_t limit = resident_block_limit(8);
   const unsigned int blocks = static_cast<unsigned int>(work < limit ? work : limit);
   dispatch_dtype(params.dtype, [&]<Dtype D>() {
-    sample_kernel<D><<<blocks, kThreads, 0, stream>>>(params, split);
+    launch_kernel("sample", sample_kernel<D>, blocks, kThreads, stream, params, split);
   });
 }
 

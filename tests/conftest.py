@@ -1,6 +1,7 @@
 """Tests load the package through the Hub loader from build/ (run `make build` first)."""
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,35 @@ def lp_variant(request):
 
 def devices():
     return ["cpu", "cuda"] if HAS_CUDA else ["cpu"]
+
+
+@pytest.fixture(scope="session")
+def emulation():
+    """The CUDA emulation build (tests/cuda_emulation/emulation.py): its ops run the CUDA path
+    of the binding and the CUDA kernels, emulated, on CPU tensors. Without the build, the
+    tests using it skip, unless LP_EMULATION says which build to test (as `make emulate` does)."""
+    from cuda_emulation.emulation import BUILD, Emulation
+
+    if not BUILD.is_dir() and "LP_EMULATION" not in os.environ:
+        pytest.skip(f"no CUDA emulation build in {BUILD} (make emulate)")
+    return Emulation()
+
+
+@dataclass
+class CudaTarget:
+    """Where a CUDA test runs the CUDA kernels: a GPU, or the emulation on CPU tensors."""
+
+    lp: object
+    device: str
+
+
+def cuda_targets():
+    """The GPU where there is one, and always the emulation (marked `emulation`)."""
+    return (["gpu"] if HAS_CUDA else []) + [pytest.param("emulated", marks=pytest.mark.emulation)]
+
+
+@pytest.fixture(scope="session", params=cuda_targets())
+def cuda_target(request, lp):
+    if request.param == "gpu":
+        return CudaTarget(lp, "cuda")
+    return CudaTarget(request.getfixturevalue("emulation").lp, "cpu")

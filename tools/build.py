@@ -152,6 +152,12 @@ def gencode_flags(archs: list[str]) -> list[str]:
     return flags
 
 
+def supported_archs_flag(archs: list[str]) -> str:
+    """The capabilities a CUDA build carries, for the kernels' error on any other GPU
+    (logits_processor/cuda_utils.cuh). '/'-separated: nvcc splits -D values at commas."""
+    return f"-DLP_SUPPORTED_ARCHS={'/'.join(archs)}"
+
+
 def sources(config: dict, backend: str) -> list[Path]:
     files = [ROOT / f for f in config["torch"]["src"]]
     for section in config["kernel"].values():
@@ -203,7 +209,7 @@ def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) ->
     cflags = CXX_FLAGS + [define] + abi_flags + section_flags(config, backend, "cxx-flags")
     ldflags = ["-Wl,--as-needed"] if stable else []
     archs = cuda_archs(config) if backend == "cuda" else []
-    cuda_flags = (CUDA_FLAGS + [define] + abi_flags + gencode_flags(archs)
+    cuda_flags = (CUDA_FLAGS + [define] + abi_flags + gencode_flags(archs) + [supported_archs_flag(archs)]
                   + section_flags(config, backend, "cuda-flags"))
     if sanitize:
         cflags = [f for f in cflags if f != "-O3"] + [
@@ -239,11 +245,23 @@ def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) ->
     )
     if stable and "libtorch_python.so" in linked_libraries(Path(built)):
         raise SystemExit(f"[build] {built} links libtorch_python: not a stable-ABI build")
+    write_variant(config, variant_dir, Path(built), ops_name,
+                  {"type": backend, "archs": archs} if backend == "cuda" else {"type": "cpu"},
+                  strip=not sanitize)
+    remove_other_variants(out_root, backend, variant_dir)
+    return variant_dir
+
+
+def write_variant(config: dict, variant_dir: Path, built: Path, ops_name: str, backend: dict,
+                  strip: bool) -> None:
+    """variant_dir as the loader reads it: the Python package, `<ops>.abi3.so` (built),
+    _ops.py and metadata.json (`backend` is its backend entry)."""
     if variant_dir.exists():
         shutil.rmtree(variant_dir)
     shutil.copytree(PACKAGE, variant_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    so_path = variant_dir / f"{ops_name}.abi3.so"
     shutil.copy2(built, so_path)
-    if not sanitize:
+    if strip:
         subprocess.run(["strip", "--strip-debug", str(so_path)], check=True)
     (variant_dir / "_ops.py").write_text(OPS_PY.format(ops=ops_name))
     metadata = {
@@ -252,12 +270,10 @@ def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) ->
         "version": config["general"]["version"],
         "license": config["general"]["license"],
         "python-depends": [],
-        "backend": {"type": backend, "archs": archs} if backend == "cuda" else {"type": "cpu"},
+        "backend": backend,
     }
     (variant_dir / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
     print(f"[build] wrote {variant_dir.relative_to(ROOT)} ({ops_name})", flush=True)
-    remove_other_variants(out_root, backend, variant_dir)
-    return variant_dir
 
 
 def main() -> None:

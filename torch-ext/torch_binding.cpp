@@ -6,7 +6,7 @@
 // anything newer fails to compile, and the .so loads into every torch from 2.10 on.
 
 // The CUDA entries of torch's C shim (the current stream) are declared only under USE_CUDA.
-#if defined(CUDA_KERNEL) && !defined(USE_CUDA)
+#if defined(CUDA_KERNEL) && !defined(LP_CUDA_EMULATION) && !defined(USE_CUDA)
 #define USE_CUDA
 #endif
 
@@ -172,22 +172,44 @@ lp::Dtype kernel_dtype(ScalarType dtype) {
   return lp::Dtype::Float32;
 }
 
+#if defined(LP_CUDA_EMULATION)
+// The CUDA emulation build (tests/cuda_emulation/) runs the CUDA kernels, emulated, on CPU
+// tensors: everything from validation to the launch is this file's CUDA path.
+bool uses_cuda_kernels(const Tensor&) { return true; }
+
+struct CudaLaunchContext {
+  explicit CudaLaunchContext(const Tensor&) {}
+  cudaStream_t stream() const { return nullptr; }
+};
+#else
+bool uses_cuda_kernels(const Tensor& t) { return !t.is_cpu(); }
+
 #if defined(CUDA_KERNEL)
-cudaStream_t current_cuda_stream(const Tensor& t) {
-  void* stream = nullptr;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
-  return static_cast<cudaStream_t>(stream);
-}
+// The tensor's GPU made current, and its current stream, for a launch.
+class CudaLaunchContext {
+ public:
+  explicit CudaLaunchContext(const Tensor& t) : guard_(t.get_device_index()) {
+    void* stream = nullptr;
+    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
+    stream_ = static_cast<cudaStream_t>(stream);
+  }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  torch::stable::accelerator::DeviceGuard guard_;
+  cudaStream_t stream_;
+};
+#endif
 #endif
 
 void run_bitmask(const lp::BitmaskParams& params, const Tensor& logits) {
-  if (logits.is_cpu()) {
+  if (!uses_cuda_kernels(logits)) {
     lp::apply_bitmask_cpu(params, run_parallel_for);
     return;
   }
 #if defined(CUDA_KERNEL)
-  const torch::stable::accelerator::DeviceGuard guard(logits.get_device_index());
-  lp::apply_bitmask_cuda(params, current_cuda_stream(logits));
+  const CudaLaunchContext context(logits);
+  lp::apply_bitmask_cuda(params, context.stream());
 #endif
 }
 
@@ -417,14 +439,14 @@ bool raw_logprobs(const std::string& logprobs_mode) {
 }
 
 void run_sampling(const lp::SamplingParams& p, const Tensor& logits) {
-  if (logits.is_cpu()) {
+  if (!uses_cuda_kernels(logits)) {
     lp::sample_cpu(p, run_parallel_for);
     return;
   }
 #if defined(CUDA_KERNEL)
   CHECK_ARG(!p.logprobs.enabled, "logits: sample_with_logprobs and token_logprobs take CPU tensors "
             "only in this version (the CUDA kernel is not written yet)");
-  const torch::stable::accelerator::DeviceGuard guard(logits.get_device_index());
+  const CudaLaunchContext context(logits);
   // Scratch for small batches comes from PyTorch's caching allocator: capture-safe.
   const int64_t splits = lp::sample_cuda_splits(p.rows, p.vocab);
   std::optional<Tensor> partials, arrivals;
@@ -436,7 +458,7 @@ void run_sampling(const lp::SamplingParams& p, const Tensor& logits) {
       p, splits,
       partials ? reinterpret_cast<unsigned long long*>(partials->mutable_data_ptr<int64_t>()) : nullptr,
       arrivals ? reinterpret_cast<unsigned int*>(arrivals->mutable_data_ptr<int32_t>()) : nullptr,
-      current_cuda_stream(logits));
+      context.stream());
 #endif
 }
 
@@ -523,7 +545,7 @@ STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CPU, ops) {
   ops.impl("token_logprobs", TORCH_BOX(&token_logprobs));
 }
 
-#if defined(CUDA_KERNEL)
+#if defined(CUDA_KERNEL) && !defined(LP_CUDA_EMULATION)
 STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
   ops.impl("apply_token_bitmask_inplace", TORCH_BOX(&apply_token_bitmask_inplace));
   ops.impl("apply_packed_bitmask", TORCH_BOX(&apply_packed_bitmask));

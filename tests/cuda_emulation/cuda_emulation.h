@@ -1,0 +1,243 @@
+// TEST INFRASTRUCTURE, NOT PRODUCT CODE: the part of CUDA that logits_processor/*.cu uses,
+// implemented on CPU threads, so that the host compiler can build the .cu files unchanged and
+// the tests can run every kernel without a GPU (tools/build_emulation.py, `make emulate`).
+//
+// The execution model: a launch runs its blocks one at a time, in a shuffled order; a block's
+// threads run either as fibers on one OS thread, switching only at __syncthreads (forward or
+// reversed thread order: an order can hide a missing barrier, two rarely both do), or as one
+// OS thread each, for ThreadSanitizer and AddressSanitizer (runtime.cpp). __syncthreads is a
+// real barrier of the block; a thread that returns while others wait at a barrier (or that
+// reaches a barrier after another returned) fails the launch. `__shared__` variables are
+// statics, which is exact since one block runs at a time. CUB's block primitives keep CUB's
+// documented contract and no more: a reduction's result is valid in thread 0 only (the others
+// get a poison value), and a collective ends without a barrier, so a caller that reuses its
+// temporary storage without one reads the wrong data here.
+//
+// What the emulation cannot show: the GPU's arithmetic and code generation (kernels are built
+// without __CUDA_ARCH__, so device-only branches are not compiled: keep them arithmetic-
+// identical to the host branch), races between blocks (blocks never overlap), the memory model
+// of fences, warp-level behaviour, timing.
+//
+// Adding a kernel or a .cu file:
+//   - launch it through logits_processor::launch_kernel (cuda_utils.cuh), never <<<...>>>;
+//   - use static __shared__ memory only (no `extern __shared__`), and CUDA features this header
+//     implements; add what is missing here (a device function, an atomic, a CUB primitive with
+//     CUB's documented contract and no more), and a stub under include/ for a new CUDA header;
+//   - list the .cu file in EMULATED_KERNELS in tools/build_emulation.py, and have its entry
+//     points declared under `#if defined(CUDA_KERNEL) || defined(__CUDACC__)` as sampling.h
+//     does; torch_binding.cpp then reaches it on CPU tensors in the emulation build exactly as
+//     on CUDA tensors in the CUDA build;
+//   - test it against the CPU implementation through tests/cuda_emulation/emulation.py.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#if defined(__CUDACC__) || defined(__CUDA_ARCH__)
+#error "cuda_emulation.h is for the host compiler only"
+#endif
+
+// --- qualifiers ------------------------------------------------------------------------------
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static  // one block runs at a time: a static is that block's shared memory
+
+// --- vector types, launch configuration, runtime API -----------------------------------------
+
+struct uint3 {
+  unsigned int x, y, z;
+};
+
+struct dim3 {
+  unsigned int x, y, z;
+  constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+struct alignas(16) uint4 {
+  unsigned int x, y, z, w;
+};
+
+inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned int w) {
+  return uint4{x, y, z, w};
+}
+
+using cudaStream_t = struct CUstream_st*;
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDeviceFunction = 98,
+  cudaErrorNoKernelImageForDevice = 209,
+  cudaErrorLaunchOutOfResources = 701,
+};
+
+enum cudaDeviceAttr {
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
+  cudaDevAttrComputeCapabilityMinor = 76,
+};
+
+struct cudaDeviceProp {
+  char name[256];
+};
+
+struct cudaFuncAttributes {
+  int maxThreadsPerBlock;
+};
+
+// The emulated device (runtime.cpp): its SM count, compute capability and launch failures
+// are set by the tests (emulation.py).
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* properties, int device);
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* kernel);
+cudaError_t cudaGetLastError();
+const char* cudaGetErrorString(cudaError_t error);
+
+// --- built-in variables and device functions -------------------------------------------------
+
+inline thread_local uint3 threadIdx;  // set by the scheduler before a thread (fiber) runs
+inline uint3 blockIdx;
+inline dim3 blockDim;
+inline dim3 gridDim;
+
+namespace cuda_emulation {
+
+void syncthreads();
+
+// Stops the launch with this message (a CUDA contract broken by the kernel code).
+[[noreturn]] void contract_violation(const char* message);
+
+// What a thread gets where CUDA leaves a result undefined.
+template <typename T>
+T poison() {
+  static_assert(std::is_trivially_copyable_v<T>);
+  T value;
+  std::memset(&value, 0xa5, sizeof(value));
+  return value;
+}
+
+inline unsigned int block_threads() { return blockDim.x * blockDim.y * blockDim.z; }
+
+inline unsigned int thread_rank() {
+  return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+}
+
+}  // namespace cuda_emulation
+
+inline void __syncthreads() { cuda_emulation::syncthreads(); }
+
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+template <typename T>
+T atomicAdd(T* address, std::type_identity_t<T> value) {
+  return std::atomic_ref<T>(*address).fetch_add(value);
+}
+
+// CUDA's max for two values of one integer or floating type (CUDA also converts mixed types;
+// the kernels here never mix them, and a mixed call fails to compile, which is the safer side).
+template <typename T>
+  requires std::is_arithmetic_v<T>
+T max(T a, T b) {
+  return a > b ? a : b;
+}
+
+template <typename T>
+  requires std::is_arithmetic_v<T>
+T min(T a, T b) {
+  return a < b ? a : b;
+}
+
+// --- CUB block primitives: CUB's documented contract and no more -----------------------------
+
+namespace cuda_emulation {
+
+// A block-wide collective over one item per thread, staged in its temporary storage.
+template <typename T, int kBlockThreads>
+class BlockCollective {
+ public:
+  struct TempStorage {
+    T item[kBlockThreads];
+  };
+
+  explicit BlockCollective(TempStorage& storage) : storage_(storage) {
+    if (block_threads() != kBlockThreads)
+      contract_violation("a cub block primitive used with another block size than its own");
+  }
+
+ protected:
+  TempStorage& storage_;
+};
+
+}  // namespace cuda_emulation
+
+namespace cub {
+
+template <typename T, int kBlockThreads>
+class BlockReduce : public cuda_emulation::BlockCollective<T, kBlockThreads> {
+ public:
+  using cuda_emulation::BlockCollective<T, kBlockThreads>::BlockCollective;
+
+  // The result is valid in thread 0 only.
+  template <typename Op>
+  T Reduce(T input, Op op) {
+    auto& item = this->storage_.item;
+    item[cuda_emulation::thread_rank()] = input;
+    __syncthreads();
+    if (cuda_emulation::thread_rank() != 0) return cuda_emulation::poison<T>();
+    T result = item[0];
+    for (int i = 1; i < kBlockThreads; ++i) result = op(result, item[i]);
+    return result;
+  }
+
+  T Sum(T input) {
+    return Reduce(input, [](const T& a, const T& b) { return a + b; });
+  }
+};
+
+template <typename T, int kBlockThreads>
+class BlockScan : public cuda_emulation::BlockCollective<T, kBlockThreads> {
+ public:
+  using cuda_emulation::BlockCollective<T, kBlockThreads>::BlockCollective;
+
+  void InclusiveSum(T input, T& output) {
+    auto& item = this->storage_.item;
+    const unsigned int rank = cuda_emulation::thread_rank();
+    item[rank] = input;
+    __syncthreads();
+    T sum = item[0];
+    for (unsigned int i = 1; i <= rank; ++i) sum = sum + item[i];
+    output = sum;
+  }
+};
+
+}  // namespace cub
+
+// --- launches --------------------------------------------------------------------------------
+
+namespace cuda_emulation {
+
+// Runs thread_main(closure) once per thread of every block (runtime.cpp), the closure's bytes
+// copied first to the launch's parameter space, as CUDA copies kernel arguments.
+void run_grid(dim3 grid, dim3 block, void (*thread_main)(const void*), const void* closure,
+              std::size_t size, std::size_t alignment);
+
+// kernel<<<grid, block, 0, stream>>>(args...), as logits_processor::launch_kernel spells it.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t, const Args&... args) {
+  const auto closure = [kernel, ... params = static_cast<Params>(args)] { kernel(params...); };
+  using Closure = decltype(closure);
+  static_assert(std::is_trivially_copyable_v<Closure>,
+                "kernel parameters must be trivially copyable: CUDA copies them to the device");
+  run_grid(grid, block, [](const void* c) { (*static_cast<const Closure*>(c))(); }, &closure,
+           sizeof(Closure), alignof(Closure));
+}
+
+}  // namespace cuda_emulation

@@ -1,0 +1,86 @@
+"""TEST INFRASTRUCTURE: a CUDA emulation build (tools/build_emulation.py) from Python.
+
+The emulated package has the same Python API as any variant; its ops run torch_binding.cpp's
+CUDA path on CPU tensors, with the kernels emulated (cuda_emulation.h). The controls here
+set the emulated device and read what the emulation observed, through ctypes on the loaded
+.so (exported by tests/cuda_emulation/runtime.cpp and traffic.cpp).
+
+Environment:
+  LP_EMULATION           the flavor to load: fibers (default), tsan or asan
+  LP_EMULATION_SCHEDULE  a block's threads as fibers in forward (default) or reversed order,
+                         or as OS threads ("threads", the only schedule of tsan and asan)
+  LP_EMULATION_BUILD     the flavor's directory (default build-emulation/<flavor>); the
+                         mutation check points it at a mutant
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+from kernels import get_local_kernel
+
+ROOT = Path(__file__).resolve().parents[2]
+FLAVOR = os.environ.get("LP_EMULATION", "fibers")
+BUILD = Path(os.environ.get("LP_EMULATION_BUILD", ROOT / "build-emulation" / FLAVOR))
+SCHEDULES = {"forward": 0, "reversed": 1, "threads": 2}
+SCHEDULE = os.environ.get("LP_EMULATION_SCHEDULE", "forward" if FLAVOR == "fibers" else "threads")
+H200_SMS = 132
+
+# cudaError_t values the tests inject (cuda_emulation.h)
+LAUNCH_OUT_OF_RESOURCES = 701
+
+
+class Emulation:
+    def __init__(self, build: Path = BUILD):
+        if not build.is_dir():
+            raise RuntimeError(f"no CUDA emulation build in {build}: run `make emulate` "
+                               "(or tools/build_emulation.py) first")
+        self.lp = get_local_kernel(build, backend="cpu")
+        so = next(Path(self.lp._ops.__file__).parent.glob("*.abi3.so"))
+        self._lib = ctypes.CDLL(str(so))
+        self._lib.lp_emulation_launches.restype = ctypes.c_uint64
+        self._lib.lp_emulation_configure.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64]
+        self.configure()
+
+    def configure(self, sms: int = H200_SMS, schedule: str = SCHEDULE, seed: int = 0) -> None:
+        """The emulated GPU's SM count (which shapes grids and row splits), how a block's
+        threads run, and the seed of the block order."""
+        if self._lib.lp_emulation_configure(sms, SCHEDULES[schedule], seed) != 0:
+            raise ValueError(f"this emulation build cannot run sms={sms}, schedule={schedule!r}")
+
+    @contextmanager
+    def gpu(self, sms: int, seed: int = 0):
+        """Runs the body on an emulated GPU with `sms` SMs, then restores the H200."""
+        self.configure(sms=sms, seed=seed)
+        try:
+            yield self.lp
+        finally:
+            self.configure()
+
+    def launches(self) -> int:
+        """Kernel launches so far (that ran: injected failures do not count)."""
+        return self._lib.lp_emulation_launches()
+
+    def fail_next_launch(self, cuda_error: int) -> None:
+        self._lib.lp_emulation_fail_next_launch(cuda_error)
+
+    @contextmanager
+    def device(self, index: int, capability: tuple[int, int], has_kernels: bool):
+        """Runs the body on another emulated device, then restores device 0 (an sm90)."""
+        self._lib.lp_emulation_set_device(index, *capability, int(has_kernels))
+        try:
+            yield self.lp
+        finally:
+            self._lib.lp_emulation_set_device(0, 9, 0, 1)
+
+    def traffic(self) -> tuple[int, int]:
+        """(bytes read, bytes written) in global memory since the last reset (fibers only)."""
+        read, written = ctypes.c_uint64(), ctypes.c_uint64()
+        self._lib.lp_emulation_traffic(ctypes.byref(read), ctypes.byref(written))
+        return read.value, written.value
+
+    def reset_traffic(self) -> None:
+        self._lib.lp_emulation_reset_traffic()

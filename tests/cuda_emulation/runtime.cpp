@@ -1,0 +1,490 @@
+// TEST INFRASTRUCTURE: the CUDA emulation's runtime (see cuda_emulation.h): the emulated
+// device, and the schedulers that run a grid's blocks, one block at a time in a shuffled
+// order, its threads as fibers (forward or reversed order) or as OS threads.
+#include <dlfcn.h>
+#include <link.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda_emulation.h"
+#include "runtime.h"
+
+namespace cuda_emulation {
+namespace {
+
+enum class Schedule { kFibersForward = 0, kFibersReversed = 1, kThreads = 2 };
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+// The sanitizers would need fiber annotations to follow stack switches: threads only.
+constexpr bool kFibersAvailable = false;
+#else
+constexpr bool kFibersAvailable = true;
+#endif
+
+struct Device {
+  int index = 0;
+  int sms = 132;  // an H200
+  int major = 9;
+  int minor = 0;
+  bool has_kernels = true;
+};
+
+struct Config {
+  Device device;
+  Schedule schedule = kFibersAvailable ? Schedule::kFibersForward : Schedule::kThreads;
+  uint64_t seed = 0;
+  cudaError_t fail_next_launch = cudaSuccess;
+};
+
+Config config;
+uint64_t launches = 0;
+thread_local cudaError_t last_error = cudaSuccess;
+std::mutex launch_mutex;  // one emulated GPU with one stream: launches never overlap
+
+// The launch's kernel arguments, as CUDA's parameter space (4 KiB, as before Volta).
+alignas(64) char parameter_space[4096];
+
+struct Kernel {
+  void (*thread_main)(const void*);
+  const void* closure;
+};
+
+std::string block_name(uint3 b) {
+  return "block (" + std::to_string(b.x) + ", " + std::to_string(b.y) + ", " + std::to_string(b.z) + ")";
+}
+
+uint3 unflatten(unsigned int index, dim3 extent) {
+  return uint3{index % extent.x, (index / extent.x) % extent.y, index / (extent.x * extent.y)};
+}
+
+// --- fibers: a block's threads on this OS thread, switched at barriers ---------------------
+
+// lp_fiber_switch saves the callee-saved registers, MXCSR and the x87 control word on the
+// current stack, stores its pointer in *save, and resumes the stack `load` (x86-64 SysV).
+// lp_fiber_start is where a new fiber first resumes: it calls r12(rbx).
+extern "C" void lp_fiber_switch(void** save, void* load);
+extern "C" void lp_fiber_start();
+asm(R"(
+  .text
+  .globl lp_fiber_switch
+  .hidden lp_fiber_switch
+  .type lp_fiber_switch, @function
+lp_fiber_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $16, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $16, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size lp_fiber_switch, .-lp_fiber_switch
+  .globl lp_fiber_start
+  .hidden lp_fiber_start
+  .type lp_fiber_start, @function
+lp_fiber_start:
+  movq %rbx, %rdi
+  callq *%r12
+  ud2
+  .size lp_fiber_start, .-lp_fiber_start
+)");
+
+enum class FiberState { kReady, kAtBarrier, kReturned, kFailed };
+
+struct Fiber {
+  void* sp;
+  unsigned int rank;
+  FiberState state;
+  unsigned int barriers;
+};
+
+constexpr std::size_t kFiberStack = 256 * 1024;  // generous: the sanitizer-free build only
+constexpr std::size_t kGuard = 4096;             // an overflow faults on this page
+
+struct FiberPool {
+  char* stacks = nullptr;
+  std::size_t count = 0;
+  std::vector<Fiber> fibers;
+  void* scheduler_sp = nullptr;
+  Fiber* current = nullptr;
+  Kernel kernel{};
+  std::string error;  // set by a fiber that broke a CUDA contract
+
+  void reserve(std::size_t n) {
+    if (n <= count) return;
+    if (stacks) munmap(stacks, count * kFiberStack);
+    void* memory = mmap(nullptr, n * kFiberStack, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (memory == MAP_FAILED) throw std::runtime_error("CUDA emulation: no memory for fiber stacks");
+    stacks = static_cast<char*>(memory);
+    count = n;
+    for (std::size_t i = 0; i < n; ++i) mprotect(stacks + i * kFiberStack, kGuard, PROT_NONE);
+    fibers.resize(n);
+  }
+};
+
+FiberPool pool;
+
+[[noreturn]] void fiber_main(Fiber* fiber) {
+  pool.kernel.thread_main(pool.kernel.closure);
+  fiber->state = FiberState::kReturned;
+  lp_fiber_switch(&fiber->sp, pool.scheduler_sp);
+  __builtin_unreachable();
+}
+
+void prepare_fiber(Fiber& fiber, unsigned int rank) {
+  // The frame lp_fiber_switch pops: MXCSR and control word, r15, r14, r13, r12, rbx, rbp, and
+  // the return address; lp_fiber_start then runs on a 16-byte aligned stack.
+  char* top = pool.stacks + (rank + 1) * kFiberStack;
+  uint64_t* frame = reinterpret_cast<uint64_t*>(top - 16 - 72);
+  uint32_t mxcsr;
+  uint16_t control;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(control));
+  frame[0] = mxcsr | static_cast<uint64_t>(control) << 32;
+  frame[1] = 0;                                           // padding
+  frame[2] = frame[3] = frame[4] = 0;                     // r15, r14, r13
+  frame[5] = reinterpret_cast<uint64_t>(&fiber_main);     // r12: the function
+  frame[6] = reinterpret_cast<uint64_t>(&fiber);          // rbx: its argument
+  frame[7] = 0;                                           // rbp
+  frame[8] = reinterpret_cast<uint64_t>(&lp_fiber_start);  // return address
+  fiber = Fiber{frame, rank, FiberState::kReady, 0};
+}
+
+void fibers_syncthreads() {
+  Fiber* fiber = pool.current;
+  fiber->state = FiberState::kAtBarrier;
+  ++fiber->barriers;
+  lp_fiber_switch(&fiber->sp, pool.scheduler_sp);
+}
+
+void run_block_fibers(unsigned int threads, bool reversed) {
+  for (unsigned int rank = 0; rank < threads; ++rank) prepare_fiber(pool.fibers[rank], rank);
+  for (;;) {
+    for (unsigned int k = 0; k < threads; ++k) {
+      Fiber& fiber = pool.fibers[reversed ? threads - 1 - k : k];
+      if (fiber.state == FiberState::kReturned) continue;
+      fiber.state = FiberState::kReady;
+      pool.current = &fiber;
+      threadIdx = unflatten(fiber.rank, blockDim);
+      lp_fiber_switch(&pool.scheduler_sp, fiber.sp);
+      if (fiber.state == FiberState::kFailed) throw std::runtime_error(std::move(pool.error));
+    }
+    const Fiber* returned = nullptr;
+    const Fiber* waiting = nullptr;
+    for (unsigned int rank = 0; rank < threads; ++rank) {
+      const Fiber& fiber = pool.fibers[rank];
+      (fiber.state == FiberState::kReturned ? returned : waiting) = &fiber;
+    }
+    if (!waiting) return;
+    if (returned)
+      throw std::runtime_error(
+          "CUDA emulation: " + block_name(blockIdx) + ": thread " + std::to_string(returned->rank) +
+          " returned while thread " + std::to_string(waiting->rank) + " waits at its __syncthreads() #" +
+          std::to_string(waiting->barriers) + " (every thread of a block must reach each barrier)");
+  }
+}
+
+// --- threads: one OS thread per CUDA thread, for the sanitizers ----------------------------
+
+struct Abort {};  // unwinds a thread's kernel code once the launch has failed
+
+struct ThreadBlock {
+  std::mutex mutex;
+  std::condition_variable changed;
+  unsigned int threads = 0;
+  unsigned int arrived = 0;   // at the current barrier
+  unsigned int returned = 0;  // from the kernel, in the current block
+  uint64_t barrier_generation = 0;
+  std::size_t block = 0;  // position in the launch's block order
+  std::string error;
+
+  void fail(std::string message) {
+    if (error.empty()) error = std::move(message);
+    changed.notify_all();
+  }
+};
+
+ThreadBlock* thread_block = nullptr;
+
+void threads_syncthreads() {
+  ThreadBlock& b = *thread_block;
+  std::unique_lock lock(b.mutex);
+  if (b.returned > 0)
+    b.fail("CUDA emulation: " + block_name(blockIdx) + ": a thread reached __syncthreads() after " +
+           std::to_string(b.returned) + " returned (every thread of a block must reach each barrier)");
+  if (!b.error.empty()) throw Abort{};
+  if (++b.arrived == b.threads) {
+    b.arrived = 0;
+    ++b.barrier_generation;
+    b.changed.notify_all();
+    return;
+  }
+  const uint64_t generation = b.barrier_generation;
+  b.changed.wait(lock, [&] { return b.barrier_generation != generation || !b.error.empty(); });
+  if (b.barrier_generation == generation) throw Abort{};
+}
+
+void run_grid_threads(const std::vector<uint3>& order, unsigned int threads, const Kernel& kernel) {
+  ThreadBlock b;
+  b.threads = threads;
+  thread_block = &b;
+  blockIdx = order[0];
+  const auto worker = [&](unsigned int rank) {
+    for (std::size_t position = 0; position < order.size(); ++position) {
+      threadIdx = unflatten(rank, blockDim);
+      try {
+        kernel.thread_main(kernel.closure);
+      } catch (const Abort&) {
+        return;
+      }
+      std::unique_lock lock(b.mutex);
+      if (b.arrived > 0)
+        b.fail("CUDA emulation: " + block_name(blockIdx) + ": thread " + std::to_string(rank) +
+               " returned while " + std::to_string(b.arrived) +
+               " threads wait at __syncthreads() (every thread of a block must reach each barrier)");
+      if (!b.error.empty()) return;
+      if (++b.returned == threads) {  // the block is done: start the next one
+        b.returned = 0;
+        ++b.block;
+        if (b.block < order.size()) blockIdx = order[b.block];
+        b.changed.notify_all();
+        continue;
+      }
+      b.changed.wait(lock, [&] { return b.block != position || !b.error.empty(); });
+      if (!b.error.empty()) return;
+    }
+  };
+  std::vector<std::thread> pool_threads;
+  pool_threads.reserve(threads);
+  for (unsigned int rank = 0; rank < threads; ++rank) pool_threads.emplace_back(worker, rank);
+  for (std::thread& t : pool_threads) t.join();
+  thread_block = nullptr;
+  if (!b.error.empty()) throw std::runtime_error(b.error);
+}
+
+bool valid_configuration(dim3 grid, dim3 block) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  return grid.x >= 1 && grid.y >= 1 && grid.z >= 1 && grid.x < (1u << 31) && grid.y <= 65535 &&
+         grid.z <= 65535 && threads >= 1 && threads <= 1024 && block.x <= 1024 && block.y <= 1024 &&
+         block.z <= 64;
+}
+
+// The address range of the loaded object (this emulation build) holding `address`.
+struct ImageRange {
+  uintptr_t begin = 0;
+  uintptr_t end = 0;
+};
+
+ImageRange image_of(const void* address) {
+  ImageRange range;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* data) {
+        auto* r = static_cast<ImageRange*>(data);
+        uintptr_t begin = UINTPTR_MAX, end = 0;
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD) continue;
+          begin = std::min<uintptr_t>(begin, info->dlpi_addr + ph.p_vaddr);
+          end = std::max<uintptr_t>(end, info->dlpi_addr + ph.p_vaddr + ph.p_memsz);
+        }
+        if (r->begin >= begin && r->begin < end) {
+          *r = ImageRange{begin, end};
+          return 1;
+        }
+        return 0;
+      },
+      &(range = ImageRange{reinterpret_cast<uintptr_t>(address), 0}));
+  return range;
+}
+
+}  // namespace
+
+// --- the memory a launch's threads may touch outside global memory (runtime.h) --------------
+
+bool counting_global_accesses = false;
+
+bool is_private_memory(uintptr_t address) {
+  static const ImageRange image = image_of(&parameter_space);
+  const uintptr_t stacks = reinterpret_cast<uintptr_t>(pool.stacks);
+  const uintptr_t thread_index = reinterpret_cast<uintptr_t>(&threadIdx);
+  return (address - stacks < pool.count * kFiberStack) || (address - image.begin < image.end - image.begin) ||
+         (address - thread_index < sizeof(threadIdx));
+}
+
+void syncthreads() {
+  if (thread_block) {
+    threads_syncthreads();
+  } else {
+    fibers_syncthreads();
+  }
+}
+
+void contract_violation(const char* message) {
+  if (thread_block) {
+    {
+      std::lock_guard lock(thread_block->mutex);
+      thread_block->fail(std::string("CUDA emulation: ") + message);
+    }
+    throw Abort{};
+  }
+  // A fiber cannot unwind into the scheduler: it stops, and the scheduler raises.
+  pool.error = std::string("CUDA emulation: ") + message;
+  pool.current->state = FiberState::kFailed;
+  lp_fiber_switch(&pool.current->sp, pool.scheduler_sp);
+  __builtin_unreachable();
+}
+
+void run_grid(dim3 grid, dim3 block, void (*thread_main)(const void*), const void* closure,
+              std::size_t size, std::size_t alignment) {
+  std::lock_guard lock(launch_mutex);
+  if (config.fail_next_launch != cudaSuccess) {
+    last_error = config.fail_next_launch;
+    config.fail_next_launch = cudaSuccess;
+    return;
+  }
+  if (!valid_configuration(grid, block)) {
+    last_error = cudaErrorInvalidConfiguration;
+    return;
+  }
+  if (size > sizeof(parameter_space) || alignment > 64)
+    throw std::runtime_error("CUDA emulation: kernel parameters exceed the 4 KiB parameter space");
+  std::memcpy(parameter_space, closure, size);
+  const Kernel kernel{thread_main, parameter_space};
+  ++launches;
+  gridDim = grid;
+  blockDim = block;
+  const unsigned int blocks = grid.x * grid.y * grid.z;
+  const unsigned int threads = block.x * block.y * block.z;
+  std::vector<uint3> order(blocks);
+  for (unsigned int i = 0; i < blocks; ++i) order[i] = unflatten(i, grid);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(config.seed + launches));
+  if (config.schedule == Schedule::kThreads) {
+    run_grid_threads(order, threads, kernel);
+    return;
+  }
+  pool.reserve(threads);
+  pool.kernel = kernel;
+  counting_global_accesses = true;
+  try {
+    for (const uint3& b : order) {
+      blockIdx = b;
+      run_block_fibers(threads, config.schedule == Schedule::kFibersReversed);
+    }
+  } catch (...) {
+    counting_global_accesses = false;
+    throw;
+  }
+  counting_global_accesses = false;
+}
+
+}  // namespace cuda_emulation
+
+// --- the emulated device's runtime API ---------------------------------------------------------
+
+using cuda_emulation::config;
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = config.device.index;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
+  switch (attribute) {
+    case cudaDevAttrMultiProcessorCount: *value = config.device.sms; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = config.device.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = config.device.minor; break;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* properties, int) {
+  std::snprintf(properties->name, sizeof(properties->name), "CUDA emulation (%d SMs)",
+                config.device.sms);
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void*) {
+  if (!config.device.has_kernels) return cuda_emulation::last_error = cudaErrorNoKernelImageForDevice;
+  attributes->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError() {
+  const cudaError_t error = cuda_emulation::last_error;
+  cuda_emulation::last_error = cudaSuccess;
+  return error;
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDeviceFunction: return "invalid device function";
+    case cudaErrorNoKernelImageForDevice: return "no kernel image is available for execution on the device";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+  }
+  return "unrecognized error code";
+}
+
+// --- controls for the tests (tests/cuda_emulation/emulation.py, through ctypes) ---------------
+
+extern "C" {
+
+// schedule: 0 fibers in forward thread order, 1 reversed, 2 one OS thread per CUDA thread.
+// Returns 0, or -1 for a schedule this build cannot run (fibers under a sanitizer).
+int lp_emulation_configure(int sms, int schedule, uint64_t seed) {
+  using cuda_emulation::Schedule;
+  if (schedule < 0 || schedule > 2 || sms < 1) return -1;
+  if (schedule != static_cast<int>(Schedule::kThreads) && !cuda_emulation::kFibersAvailable) return -1;
+  std::lock_guard lock(cuda_emulation::launch_mutex);
+  config.device.sms = sms;
+  config.schedule = static_cast<Schedule>(schedule);
+  config.seed = seed;
+  return 0;
+}
+
+// The current device's index and compute capability, and whether the build has code for it.
+void lp_emulation_set_device(int index, int major, int minor, int has_kernels) {
+  std::lock_guard lock(cuda_emulation::launch_mutex);
+  config.device.index = index;
+  config.device.major = major;
+  config.device.minor = minor;
+  config.device.has_kernels = has_kernels != 0;
+}
+
+// The next launch fails with this error (a cudaError_t) instead of running.
+void lp_emulation_fail_next_launch(int error) {
+  std::lock_guard lock(cuda_emulation::launch_mutex);
+  config.fail_next_launch = static_cast<cudaError_t>(error);
+}
+
+uint64_t lp_emulation_launches() {
+  std::lock_guard lock(cuda_emulation::launch_mutex);
+  return cuda_emulation::launches;
+}
+
+}  // extern "C"

@@ -1,0 +1,207 @@
+"""The CUDA kernels, emulated on the CPU (tests/cuda_emulation/), against the CPU implementation.
+
+Every case runs torch_binding.cpp's CUDA path (validation, grid and split choice, scratch,
+launch) on CPU tensors in the emulation build and compares with the CPU variant: the same
+token ids and the same masked logits, bit for bit, since both run sampling.h's arithmetic
+with the host compiler. The emulated GPU's SM count (1, 8, 132) changes the grids: 1 and 8
+put more rows than blocks, 132 splits rows over blocks in small batches.
+`make emulate` runs this file with fibers in both thread orders, then under ThreadSanitizer
+and AddressSanitizer (one OS thread per CUDA thread, smaller cases).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cuda_emulation.emulation import FLAVOR, LAUNCH_OUT_OF_RESOURCES
+from reference import random_bitmask
+
+pytestmark = pytest.mark.emulation
+
+SANITIZED = FLAVOR != "fibers"  # an OS thread per CUDA thread: slower, so smaller cases
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SMS = [8] if SANITIZED else [1, 8, 132]
+
+# Every path of the sampler; rows of a batch cycle through them.
+PATHS = {
+    "greedy": dict(temperature=0.0),
+    "unfiltered": dict(),
+    "top_k": dict(top_k=7),
+    "top_p": dict(top_p=0.8),
+    "min_p": dict(min_p=0.1),
+    "top_k_top_p": dict(top_k=40, top_p=0.9),
+    "all": dict(top_k=50, top_p=0.9, min_p=0.05),
+}
+
+# (rows, vocab): V > 8192 with few rows is the split path; 256 rows exceed 1 or 8 SMs' blocks.
+SAMPLER_SHAPES = ([(3, 50), (4, 9001)] if SANITIZED else
+                  [(1, 1), (3, 50), (7, 1001), (256, 1000), (40, 32000), (3, 128256), (2, 200003)])
+
+
+def row_params(rows: int, g: torch.Generator) -> dict:
+    """Per-row parameters, row r on path r % 7 with its own temperature, seed and offset."""
+    temperature = torch.rand(rows, generator=g) + 0.3
+    top_k = torch.zeros(rows, dtype=torch.int64)
+    top_p = torch.ones(rows)
+    min_p = torch.zeros(rows)
+    for r in range(rows):
+        path = list(PATHS.values())[r % len(PATHS)]
+        temperature[r] = path.get("temperature", temperature[r])
+        top_k[r] = path.get("top_k", 0)
+        top_p[r] = path.get("top_p", 1.0)
+        min_p[r] = path.get("min_p", 0.0)
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                seed=torch.randint(0, 2**62, (rows,), generator=g),
+                offset=torch.randint(0, 2**40, (rows,), generator=g))
+
+
+def special_logits(rows: int, vocab: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """Random logits with NaN columns, ties, and rows all -inf, all NaN but one, or with +inf."""
+    x = torch.randn(rows, vocab, generator=g) * 3
+    x[::9, ::5] = float("nan")
+    x[1::6, : vocab // 2] = x[1::6, :1]  # ties at every cutoff
+    for r in range(rows):
+        if r % 11 == 3:
+            x[r] = float("-inf")
+        elif r % 11 == 5:
+            x[r] = float("nan")
+            x[r, vocab - 1] = 1.0
+        elif r % 11 == 8:
+            x[r, vocab // 3] = float("inf")
+    return x.to(dtype)
+
+
+def special_bitmask(rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
+    bitmask = random_bitmask(rows, vocab, g, "words")
+    bitmask[4::13] = 0  # fully masked rows
+    return bitmask
+
+
+def assert_launched(emulation, before: int) -> None:
+    assert emulation.launches() > before, "the op did not launch an emulated kernel"
+
+
+@pytest.mark.parametrize("sms", SMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,vocab", SAMPLER_SHAPES)
+def test_sampler_agrees_with_cpu_per_row(emulation, lp_cpu, sms, dtype, rows, vocab):
+    g = torch.Generator().manual_seed(rows * vocab + sms)
+    logits = special_logits(rows, vocab, dtype, g)
+    bitmask = special_bitmask(rows, vocab, g)
+    params = row_params(rows, g)
+    for with_bitmask in [True, False]:
+        extra = dict(bitmask=bitmask) if with_bitmask else {}
+        expected = lp_cpu.sample(logits, **extra, **params)
+        before = emulation.launches()
+        with emulation.gpu(sms) as lp:
+            got = lp.sample(logits, **extra, **params)
+        assert_launched(emulation, before)
+        assert torch.equal(got, expected), (with_bitmask, (got != expected).nonzero().flatten().tolist())
+
+
+@pytest.mark.parametrize("sms", SMS)
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("rows,vocab", [(5, 20000), (64, 3000)] if not SANITIZED else [(2, 9000)])
+def test_sampler_agrees_with_cpu_scalar_parameters(emulation, lp_cpu, sms, path, rows, vocab):
+    """One seed for the batch (each row its own Philox stream) and scalar filters."""
+    g = torch.Generator().manual_seed(vocab + sms)
+    dtype = DTYPES[(rows + sms) % len(DTYPES)]
+    logits = special_logits(rows, vocab, dtype, g)
+    bitmask = special_bitmask(rows, vocab, g)
+    kwargs = dict(PATHS[path], seed=123, offset=7, bitmask=bitmask)
+    with emulation.gpu(sms) as lp:
+        got = lp.sample(logits, **kwargs)
+    assert torch.equal(got, lp_cpu.sample(logits, **kwargs))
+
+
+def test_sampler_narrow_bitmask_and_strided_rows(emulation, lp_cpu):
+    """A bitmask narrower than the vocabulary (the rest allowed) and rows of a padded buffer."""
+    g = torch.Generator().manual_seed(5)
+    buffer = torch.randn(6, 12000, generator=g)
+    logits = buffer[:, 3:10003]
+    bitmask = random_bitmask(6, 4000, g, "mixed")  # 125 words: tokens past 4000 are allowed
+    params = row_params(6, g)
+    with emulation.gpu(132) as lp:
+        got = lp.sample(logits, bitmask=bitmask, **params)
+    assert torch.equal(got, lp_cpu.sample(logits, bitmask=bitmask, **params))
+
+
+# --- bitmask -------------------------------------------------------------------------------
+
+BITMASK_VOCABS = [1, 33, 1027] if SANITIZED else [1, 31, 33, 1000, 1027, 128257]
+# (pad, offset): contiguous rows; rows of a padded buffer at an odd column; at an aligned one.
+LAYOUTS = [(0, 0), (13, 3), (8, 8)]
+ROWS = 5
+
+
+@pytest.mark.parametrize("sms", SMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", BITMASK_VOCABS)
+def test_bitmask_agrees_with_cpu(emulation, lp_cpu, sms, dtype, vocab):
+    """In place (all rows, indices in any order and repeated, a vocab_size short of the width)
+    and out of place, in every layout: the whole buffer, guard bands and padding included,
+    equals the CPU's bit for bit."""
+    g = torch.Generator().manual_seed(vocab + sms)
+    for pad, offset in LAYOUTS:
+        def view(buffer):
+            stride = vocab + pad
+            return buffer[8 : 8 + ROWS * stride].view(ROWS, stride)[:, offset : offset + vocab]
+
+        def buffer():  # 8 spare elements at each end: guard bands the op must not touch
+            return (torch.randn(ROWS * (vocab + pad) + 16, generator=g) * 5).to(dtype)
+
+        for pattern in ["mixed", "words", "zeros", "ones"]:
+            bitmask = random_bitmask(ROWS + 2, vocab, g, pattern)
+            source = view(buffer())
+            calls = {
+                "in place": lambda lp, b: lp.apply_token_bitmask_inplace(view(b), bitmask),
+                "indices": lambda lp, b: lp.apply_token_bitmask_inplace(view(b), bitmask, indices=[4, 0, 2, 2]),
+                "vocab_size": lambda lp, b: lp.apply_token_bitmask_inplace(view(b), bitmask, vocab_size=max(vocab - 5, 1)),
+                "out of place": lambda lp, b: lp.apply_packed_bitmask(source, bitmask, -7.5, out=view(b)),
+            }
+            for name, call in calls.items():
+                ours = buffer()
+                cpu = ours.clone()
+                before = emulation.launches()
+                with emulation.gpu(sms) as lp:
+                    call(lp, ours)
+                call(lp_cpu, cpu)
+                assert_launched(emulation, before)
+                assert same_bits(ours, cpu), (pad, offset, pattern, name)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    as_int = {4: torch.int32, 2: torch.int16}[a.element_size()]
+    return a.dtype == b.dtype and torch.equal(a.view(as_int), b.view(as_int))
+
+
+# --- launch checks -------------------------------------------------------------------------
+
+def test_failed_launch_raises_naming_op_and_gpu(emulation):
+    logits = torch.randn(4, 100)
+    bitmask = torch.zeros(4, 4, dtype=torch.int32)
+    for op, call in [("sample", lambda lp: lp.sample(logits, seed=1)),
+                     ("bitmask", lambda lp: lp.apply_token_bitmask_inplace(logits.clone(), bitmask))]:
+        emulation.fail_next_launch(LAUNCH_OUT_OF_RESOURCES)
+        with pytest.raises(RuntimeError) as info:
+            call(emulation.lp)
+        message = str(info.value)
+        assert f"the {op} kernel failed to launch" in message, message
+        assert "CUDA emulation (132 SMs) (cuda:0)" in message, message
+        assert "too many resources requested for launch" in message, message
+    call(emulation.lp)  # the failure was not sticky
+
+
+def test_gpu_without_kernels_gets_a_clear_error(emulation):
+    import tomllib
+
+    from conftest import ROOT
+
+    archs = tomllib.loads((ROOT / "build.toml").read_text())["kernel"]["logits_processor_cuda"]["cuda-capabilities"]
+    with emulation.device(1, (7, 5), has_kernels=False) as lp:
+        with pytest.raises(RuntimeError) as info:
+            lp.sample(torch.randn(2, 10), seed=1)
+    assert str(info.value) == ("logits-processor has no kernels for compute capability 7.5 "
+                               "(CUDA emulation (132 SMs) (cuda:1)); supported: " + ", ".join(archs))
+    emulation.lp.sample(torch.randn(2, 10), seed=1)  # device 0 still works

@@ -1,0 +1,183 @@
+"""Builds the CUDA emulation (tests/cuda_emulation/): torch_binding.cpp and the .cu kernels
+compiled by the host compiler against the emulation header, with -DLP_CUDA_EMULATION, which
+makes the binding take its CUDA path (validation, launch configuration, scratch, launch) on
+CPU tensors. Each flavor is a CPU variant the loader reads:
+build-emulation/<flavor>/torch-stable-abi210-cpu-x86_64-linux/.
+
+Flavors:
+  fibers  a block's threads as fibers, the fast one; its kernels are compiled with the
+          compiler's ThreadSanitizer instrumentation but linked with tests/cuda_emulation/
+          traffic.cpp instead of the sanitizer, which counts global-memory bytes
+  tsan    one OS thread per CUDA thread; kernels and runtime under ThreadSanitizer
+  asan    one OS thread per CUDA thread; kernels and runtime under AddressSanitizer + UBSan
+The binding and the CPU oracle's sources are compiled once, uninstrumented, for all three.
+
+  python tools/build_emulation.py [FLAVOR ...]        (default: all three)
+  python tools/build_emulation.py --mutant NAME --flavor F SOURCE=REPLACEMENT ...
+      a variant with kernel sources replaced (the mutation check), into
+      build-emulation/mutants/NAME/, reusing everything else of the flavor's build
+
+Environment: MAX_JOBS (parallel compiles), CXX (default c++).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import build  # noqa: E402  (tools/build.py: the variant layout and the build.toml reading)
+from torch.utils import cpp_extension  # noqa: E402
+
+ROOT = build.ROOT
+EMULATION = ROOT / "tests" / "cuda_emulation"
+OUT = ROOT / "build-emulation"
+SHARED_OBJ = OUT / ".obj" / "shared"
+
+# The .cu files the emulation compiles (with -x c++), and the binding and CPU sources it links.
+EMULATED_KERNELS = ["logits_processor/bitmask_cuda.cu", "logits_processor/sampling_cuda.cu"]
+SHARED_SOURCES = ["torch-ext/torch_binding.cpp", "logits_processor/bitmask_cpu.cpp",
+                  "logits_processor/sampling_cpu.cpp"]
+
+SANITIZE_ADDRESS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                    "-fno-omit-frame-pointer"]
+FLAVORS = {
+    # kernels: flags for the kernels; runtime: for the emulation's runtime; link: for the .so
+    "fibers": dict(kernels=["-O2", "-fsanitize=thread", "-Wno-tsan"], runtime=["-O2"], link=[],
+                   extra=["tests/cuda_emulation/traffic.cpp"]),
+    # (-Wno-tsan: ThreadSanitizer ignores __threadfence, which orders writes between blocks,
+    # and blocks never overlap here.)
+    "tsan": dict(kernels=["-O1", "-g", "-fsanitize=thread", "-Wno-tsan"],
+                 runtime=["-O1", "-g", "-fsanitize=thread"],
+                 link=["-fsanitize=thread"], extra=[]),
+    "asan": dict(kernels=["-O1", "-g"] + SANITIZE_ADDRESS, runtime=["-O1", "-g"] + SANITIZE_ADDRESS,
+                 link=["-fsanitize=address,undefined"], extra=[]),
+}
+
+
+def config() -> dict:
+    return tomllib.loads((ROOT / "build.toml").read_text())
+
+
+def ops_name(cfg: dict, flags: list[str]) -> str:
+    """One name for every flavor and mutant: they share the binding's object."""
+    files = build.sources(cfg, "cuda") + sorted(p for p in EMULATION.rglob("*") if p.suffix in (".h", ".cuh", ".cpp"))
+    return f"_logits_processor_emulated_{build.source_hash(files, flags)}"
+
+
+def common_flags(cfg: dict) -> list[str]:
+    stable = build.stable_abi(cfg, "cuda")
+    archs = build.cuda_archs(cfg)
+    return (["-fPIC", "-std=c++20", "-DPy_LIMITED_API=0x03090000", "-DTORCH_API_INCLUDE_EXTENSION_H",
+             "-DCUDA_KERNEL", "-DLP_CUDA_EMULATION", build.supported_archs_flag(archs),
+             "-fno-strict-aliasing"]  # the kernels move logits as uint4, as nvcc allows
+            + (build.stable_abi_flags(stable) if stable else [])
+            + build.section_flags(cfg, "cuda", "cxx-flags")
+            + [f"-I{EMULATION / 'include'}", f"-I{OUT / '.obj' / 'include'}", f"-I{ROOT}",
+               f"-iquote{ROOT / 'logits_processor'}"]  # a replaced kernel still finds its headers
+            + [f"-isystem{p}" for p in cpp_extension.include_paths()]
+            + [f"-isystem{sysconfig.get_paths()['include']}"])
+
+
+def ninja_file(cxx: str, flags: list[str], ops: str, flavors: list[str], out_root: Path,
+               replacements: dict[str, Path], with_shared_rules: bool) -> str:
+    lines = [
+        f"cxx = {cxx}",
+        f"flags = {' '.join(flags)} -DTORCH_EXTENSION_NAME={ops}",
+        "rule compile",
+        "  command = $cxx -MMD -MF $out.d $flags $extra -c $in -o $out",
+        "  depfile = $out.d",
+        "  deps = gcc",
+        "rule link",
+        "  command = $cxx $in -shared -Wl,--as-needed $ldflags -o $out",
+        "",
+    ]
+    shared = [SHARED_OBJ / (Path(s).stem + ".o") for s in SHARED_SOURCES]
+    if with_shared_rules:
+        for source, obj in zip(SHARED_SOURCES, shared):
+            lines += [f"build {obj}: compile {ROOT / source}", "  extra = -O2", ""]
+    torch_lib = Path(cpp_extension.include_paths()[0]).parent / "lib"
+    for flavor in flavors:
+        spec = FLAVORS[flavor]
+        obj_dir = out_root / ".obj" / flavor
+        objects = list(shared)
+        for source in EMULATED_KERNELS + ["tests/cuda_emulation/runtime.cpp"] + spec["extra"]:
+            obj = obj_dir / (Path(source).stem + ".o")
+            path = replacements.get(source, ROOT / source)
+            kind = "runtime" if source.startswith("tests/") else "kernels"
+            language = "-x c++ " if path.suffix == ".cu" else ""
+            lines += [f"build {obj}: compile {path}", f"  extra = {language}{' '.join(spec[kind])}", ""]
+            objects.append(obj)
+        lines += [f"build {obj_dir / (ops + '.so')}: link {' '.join(map(str, objects))}",
+                  f"  ldflags = -L{torch_lib} -lc10 -ltorch_cpu -ltorch {' '.join(spec['link'])}", ""]
+    return "\n".join(lines)
+
+
+def undefined_symbols(so: Path) -> list[str]:
+    out = subprocess.run(["nm", "-D", "--undefined-only", str(so)], check=True, capture_output=True,
+                         text=True).stdout
+    return [line.split()[-1] for line in out.splitlines()]
+
+
+def build_emulation(flavors: list[str], out_root: Path = OUT,
+                    replacements: dict[str, Path] | None = None) -> dict[str, Path]:
+    """Builds the flavors into out_root/<flavor>/<variant>/; returns the variant dirs."""
+    replacements = replacements or {}
+    cfg = config()
+    flags = common_flags(cfg)
+    ops = ops_name(cfg, flags)
+    include = OUT / ".obj" / "include"
+    include.mkdir(parents=True, exist_ok=True)
+    (include / "registration.h").write_text(build.REGISTRATION_H)
+    out_root.mkdir(parents=True, exist_ok=True)
+    cxx = os.environ.get("CXX", "c++")
+    (out_root / "build.ninja").write_text(
+        ninja_file(cxx, flags, ops, flavors, out_root, replacements, with_shared_rules=out_root == OUT))
+    jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+    print(f"[emulation] {', '.join(flavors)} into {out_root.relative_to(ROOT)}", flush=True)
+    subprocess.run(["ninja", "-C", str(out_root), "-j", jobs, "--quiet"], check=True)
+    stable = build.stable_abi(cfg, "cuda")
+    variants = {}
+    for flavor in flavors:
+        so = out_root / ".obj" / flavor / f"{ops}.so"
+        if flavor == "fibers":
+            # Every instrumentation hook the kernels call must come from traffic.cpp, or the
+            # loader would fail (or, worse, find a sanitizer's).
+            missing = [s for s in undefined_symbols(so) if s.startswith("__tsan_")]
+            if missing:
+                raise SystemExit(f"[emulation] traffic.cpp lacks the hooks {', '.join(missing)}")
+        variant_dir = out_root / flavor / build.variant_name("cpu", stable)
+        build.write_variant(cfg, variant_dir, so, ops, {"type": "cpu"}, strip=False)
+        variants[flavor] = variant_dir
+    return variants
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("flavors", nargs="*", help="fibers, tsan, asan (default: all)")
+    parser.add_argument("--mutant", help="build a mutant of --flavor into build-emulation/mutants/NAME")
+    parser.add_argument("--flavor", default="fibers")
+    args = parser.parse_args()
+    if args.mutant:
+        replacements = {}
+        for item in args.flavors:
+            source, replacement = item.split("=", 1)
+            replacements[source] = Path(replacement).resolve()
+        out_root = OUT / "mutants" / args.mutant
+        shutil.rmtree(out_root, ignore_errors=True)
+        build_emulation([args.flavor], out_root, replacements)
+        return
+    unknown = set(args.flavors) - set(FLAVORS)
+    if unknown:
+        raise SystemExit(f"unknown flavors {sorted(unknown)}; known: {list(FLAVORS)}")
+    build_emulation(args.flavors or list(FLAVORS))
+
+
+if __name__ == "__main__":
+    main()
