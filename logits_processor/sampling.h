@@ -220,9 +220,9 @@ constexpr uint64_t kNoToken = 0;  // pack_argmax never yields 0 for a candidate
 // --- Log-probabilities ---------------------------------------------------------------------
 // A row's distribution: its scores s_i, s_max and a threshold key t; the support is the
 // candidates with key >= t, p_i = e^(s_i - s_max) / Z over it. "processed": the scores and
-// threshold of the draw (greedy rows: temperature 1, filters and bitmask applied, so the
-// argmax they return is in the support); "raw": the logits at temperature 1, no bitmask,
-// no filter (t = kNoKey). Then
+// threshold of the draw (greedy rows: the allowed logits at temperature 1, no filter, so the
+// argmax they return is the most likely token); "raw": the logits at temperature 1, no
+// bitmask, no filter (t = kNoKey). Then
 //   logprob_i = (s_i - s_max) - ln Z,
 // in double, rounded once to float. Z is a fixed-point integer sum, so it does not depend on
 // the order of the terms (batch-invariant, and the same on both devices): each term

@@ -134,7 +134,7 @@ int64_t count_above(const float* __restrict scores, int64_t vocab, float s) {
 
 // Which scores a row's buffer holds: the draw's (greedy: the logits themselves, for the
 // argmax; sampling: x / T), or temperature 1 with the bitmask (a greedy row's processed
-// distribution) or without it (raw).
+// distribution, unfiltered) or without it (raw).
 enum class Scores { Greedy, Sampling, Unit, Raw };
 
 // The kept set {key >= threshold}; `gathered`: every kept candidate is in Scratch::kept.
@@ -201,7 +201,7 @@ class RowSampler {
     if (drawn && !r_.greedy) return true;
     load_scores(r_.greedy ? Scores::Unit : Scores::Sampling);
     if (!scan()) return false;
-    cutoff_ = cutoff();
+    cutoff_ = r_.greedy ? Cutoff{kNoKey, false} : cutoff();
     return true;
   }
 

@@ -110,7 +110,7 @@ def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitma
 
     "raw": the logits (NaN as -inf, +inf as the largest float), no temperature, filter or
     bitmask. "processed": the float32 scores x / T over `sampling_reference`'s kept set
-    (greedy rows at T = 1, with the filters and the bitmask).
+    (greedy rows: the allowed logits at T = 1, no filter).
     """
     x = logits.detach().cpu().float()
     rows = x.shape[0]
@@ -118,8 +118,15 @@ def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitma
     if mode == "raw":
         return torch.where(x > float("-inf"), x.clamp(max=big), torch.tensor(float("-inf")))
     temps = torch.tensor([float(_row_value(temperature, b)) for b in range(rows)])
-    temps = torch.where(temps > 0, temps, 1.0)  # greedy rows: T = 1 (NaN fails the compare)
-    kept = sampling_reference(logits, temps, top_k, top_p, min_p, bitmask=bitmask, slack=slack) > 0
+    greedy = ~(temps > 0)  # (NaN too)
+    temps = torch.where(greedy, 1.0, temps)
+
+    def unless_greedy(value, off):
+        value = torch.tensor([float(_row_value(value, b)) for b in range(rows)])
+        return torch.where(greedy, off, value)
+
+    kept = sampling_reference(logits, temps, unless_greedy(top_k, 0).long(), unless_greedy(top_p, 1.0),
+                              unless_greedy(min_p, 0.0), bitmask=bitmask, slack=slack) > 0
     s = torch.clamp(x.clamp(max=big) / temps[:, None], -big, big)
     return torch.where(kept, s, torch.tensor(float("-inf")))
 

@@ -444,11 +444,10 @@ void run_sampling(const lp::SamplingParams& p, const Tensor& logits) {
     return;
   }
 #if defined(CUDA_KERNEL)
-  CHECK_ARG(!p.logprobs.enabled, "logits: sample_with_logprobs and token_logprobs take CPU tensors "
-            "only in this version (the CUDA kernel is not written yet)");
   const CudaLaunchContext context(logits);
-  // Scratch for small batches comes from PyTorch's caching allocator: capture-safe.
-  const int64_t splits = lp::sample_cuda_splits(p.rows, p.vocab);
+  // Scratch for small batches comes from PyTorch's caching allocator: capture-safe. The
+  // log-probability ops take each row whole in one block (never split).
+  const int64_t splits = p.logprobs.enabled ? 1 : lp::sample_cuda_splits(p.rows, p.vocab);
   std::optional<Tensor> partials, arrivals;
   if (splits > 1) {
     partials = torch::stable::new_empty(logits, {p.rows * splits}, ScalarType::Long);

@@ -114,7 +114,8 @@ def sample_with_logprobs(
     All under one distribution, chosen by logprobs_mode:
     - "processed" (default): the distribution sampled from: softmax of logits / T over the kept
       set (bitmask, then top-k, top-p and min-p), -inf outside it. Greedy rows (T <= 0) report
-      it at T = 1 (filters and bitmask applied; the argmax they return is always kept).
+      log_softmax of the allowed logits at T = 1, without the filters (their argmax is the
+      most likely token there).
     - "raw": log_softmax of the logits as given: no temperature, filter or bitmask.
     NaN logits count as -inf and +inf as the largest finite float, as in the draw.
     Columns past the distribution's support hold id -1 and logprob -inf; a row with nothing
