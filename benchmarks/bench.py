@@ -315,11 +315,15 @@ def bitmask_bytes(bitmask: torch.Tensor, vocab: int, element_size: int) -> int:
     return bitmask.numel() * 4 + 32 * int(written.sum()) + 32 * int(partial.sum())
 
 
-def bitmask_case(lp, device: str, batch: int, vocab: int, dtype: str, pattern: str, bandwidth) -> Case:
-    torch_dtype = DTYPES[dtype]
-    element = torch.tensor([], dtype=torch_dtype).element_size()
+def logits_buffers(device: str, batch: int, vocab: int, dtype: str) -> tuple[int, int, list[torch.Tensor]]:
+    """(element size, buffer count, that many random [batch, vocab] logits of the dtype)."""
+    element = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     nbuf = buffer_count(batch * vocab * element, device)
-    logits = [torch.randn(batch, vocab, device=device).to(torch_dtype) for _ in range(nbuf)]
+    return element, nbuf, [torch.randn(batch, vocab, device=device).to(DTYPES[dtype]) for _ in range(nbuf)]
+
+
+def bitmask_case(lp, device: str, batch: int, vocab: int, dtype: str, pattern: str, bandwidth) -> Case:
+    element, nbuf, logits = logits_buffers(device, batch, vocab, dtype)
     masks = [random_bitmask(batch, vocab, pattern, device) for _ in range(nbuf)]
     outs = [torch.empty_like(x) for x in logits]
     impls = [
@@ -352,10 +356,7 @@ def bitmask_case(lp, device: str, batch: int, vocab: int, dtype: str, pattern: s
 
 
 def sampler_case(lp, device: str, batch: int, vocab: int, dtype: str, mode: str, bandwidth) -> Case:
-    torch_dtype = DTYPES[dtype]
-    element = torch.tensor([], dtype=torch_dtype).element_size()
-    nbuf = buffer_count(batch * vocab * element, device)
-    logits = [torch.randn(batch, vocab, device=device).to(torch_dtype) for _ in range(nbuf)]
+    element, nbuf, logits = logits_buffers(device, batch, vocab, dtype)
     params = {"temperature": 1.0, **MODES[mode]}
     out = torch.empty(batch, dtype=torch.int64, device=device)
     generator = torch.Generator(device=device).manual_seed(0)
@@ -386,10 +387,7 @@ def sampler_case(lp, device: str, batch: int, vocab: int, dtype: str, mode: str,
 
 
 def logprobs_case(lp, device: str, batch: int, vocab: int, dtype: str, num_logprobs: int, bandwidth) -> Case:
-    torch_dtype = DTYPES[dtype]
-    element = torch.tensor([], dtype=torch_dtype).element_size()
-    nbuf = buffer_count(batch * vocab * element, device)
-    logits = [torch.randn(batch, vocab, device=device).to(torch_dtype) for _ in range(nbuf)]
+    element, nbuf, logits = logits_buffers(device, batch, vocab, dtype)
     params = {"temperature": 1.0, **MODES[LOGPROBS_MODE]}
     columns = 1 + num_logprobs
     out = lp.SampleWithLogprobs(torch.empty(batch, dtype=torch.int64, device=device),

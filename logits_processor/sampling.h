@@ -253,8 +253,11 @@ LP_HOST_DEVICE double log_normaliser(FineMass sum) {
   return lp_dadd(lp_log_double(units), -20.79441541679836);  // -30 ln 2
 }
 
+// Finite for every token of the support: a value below -FLT_MAX (scores 2 FLT_MAX apart) is
+// clamped to it, as -inf means "outside the support".
 LP_HOST_DEVICE float token_logprob(float s, float s_max, double log_z) {
-  return lp_double_to_float(lp_dadd(lp_dadd(static_cast<double>(s), -static_cast<double>(s_max)), -log_z));
+  const double logprob = lp_dadd(lp_dadd(static_cast<double>(s), -static_cast<double>(s_max)), -log_z);
+  return lp_double_to_float(logprob > -static_cast<double>(kMaxFinite) ? logprob : -static_cast<double>(kMaxFinite));
 }
 
 // Top-N order: the larger score first, the lower index on ties, as packed by pack_argmax.

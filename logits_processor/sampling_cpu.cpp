@@ -125,6 +125,19 @@ FineMass fine_mass_sum(const float* __restrict scores, int64_t vocab, float floo
   return {high, low};
 }
 
+// The largest score >= floor among n, or -inf.
+float kept_max(const float* __restrict scores, int64_t n, float floor) {
+  float best = kNegInf;
+#pragma omp simd reduction(max : best)
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = scores[i] >= floor ? scores[i] : kNegInf;
+    best = s > best ? s : best;
+  }
+  return best;
+}
+
+constexpr int64_t kTopBlock = 256;  // tokens a top-N block skip covers
+
 int64_t count_above(const float* __restrict scores, int64_t vocab, float s) {
   int64_t count = 0;
 #pragma omp simd reduction(+ : count)
@@ -252,14 +265,21 @@ class RowSampler {
     }
     const float floor = floor_score();
     float worst = kNegInf;  // the n-th best score so far, once there are n
-    for (int64_t i = 0; i < p_.vocab; ++i) {
-      const float s = scores_[i];
-      // An equal score later in the row has a higher index: it ranks after.
-      if (!(s > kNegInf) || !(s >= floor) || (static_cast<int64_t>(top.size()) == n && !(s > worst))) continue;
-      const Candidate c{score_key(s), static_cast<uint32_t>(i)};
-      top.insert(std::upper_bound(top.begin(), top.end(), c, ranks_before), c);
-      if (static_cast<int64_t>(top.size()) > n) top.pop_back();
-      if (static_cast<int64_t>(top.size()) == n) worst = key_score(top.back().key);
+    bool full = false;
+    for (int64_t start = 0; start < p_.vocab; start += kTopBlock) {
+      const int64_t end = std::min(start + kTopBlock, p_.vocab);
+      // Most blocks hold nothing above the n-th best so far: a vectorised maximum skips them.
+      // (An equal score later in the row has a higher index: it ranks after.)
+      if (full && !(kept_max(scores_ + start, end - start, floor) > worst)) continue;
+      for (int64_t i = start; i < end; ++i) {
+        const float s = scores_[i];
+        if (!(s > kNegInf) || !(s >= floor) || (full && !(s > worst))) continue;
+        const Candidate c{score_key(s), static_cast<uint32_t>(i)};
+        top.insert(std::upper_bound(top.begin(), top.end(), c, ranks_before), c);
+        if (static_cast<int64_t>(top.size()) > n) top.pop_back();
+        full = static_cast<int64_t>(top.size()) == n;
+        if (full) worst = key_score(top.back().key);
+      }
     }
     return static_cast<int64_t>(top.size());
   }
