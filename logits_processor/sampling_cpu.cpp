@@ -116,6 +116,15 @@ float perturb(const float* __restrict scores, const uint32_t* __restrict noise, 
   return best;
 }
 
+// The noise words of tokens [0, vocab): one Philox call per 4 tokens. (The parameters are a
+// copy: stores through `noise` could otherwise alias them, and reload them every call.)
+void fill_noise(const RowParams r, int64_t vocab, uint32_t* __restrict noise) {
+  for (int64_t group = 0; 4 * group < vocab; ++group) {
+    const Philox4 bits = noise_bits(r, group);
+    std::memcpy(noise + 4 * group, bits.v, sizeof(bits.v));
+  }
+}
+
 struct RowMax {
   float s_max;
   int64_t candidates;
@@ -331,10 +340,7 @@ class RowSampler {
   // noise of every token, then the perturbed scores, then the first index of the largest.
   int64_t gumbel_over_row(uint32_t threshold) {
     uint32_t* noise = scratch_.noise.data();
-    for (int64_t group = 0; 4 * group < p_.vocab; ++group) {
-      const Philox4 bits = noise_bits(r_, group);
-      std::memcpy(noise + 4 * group, bits.v, sizeof(bits.v));
-    }
+    fill_noise(r_, p_.vocab, noise);
     const float floor = threshold == kNoKey ? kNegInf : key_score(threshold);
     float* perturbed = scratch_.perturbed.data();
     int64_t top_cells = 0;  // words that need their refinement (probability 2^-32 each)
