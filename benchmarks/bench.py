@@ -575,6 +575,12 @@ def targets(cases: list[dict], sampler_available: bool) -> list[dict]:
                            op="bitmask", device="cpu", batch=64, vocab=128000, dtype="float32", variant="half")]
     if find(cases, op="penalties") is not None:
         result.append(penalty_target(cases))
+    if find(cases, op="logprobs") is not None:
+        result.append(ratio_target(cases, "CPU sample_with_logprobs: >= 3x faster than the engines' chain "
+                                   "(log_softmax + topk + gather + rank count, then the sort-based sampler; "
+                                   "B=64, V=128256, fp32, N=5)", "torch chain", 3.0,
+                                   op="logprobs", device="cpu", batch=64, vocab=128256, dtype="float32",
+                                   variant=f"N=5 raw, {LOGPROBS_MODE}"))
     if not sampler_available:
         return result + [{"name": "sampler targets", "status": "SKIP", "detail": "not run (not in this build, or --ops)"}]
     result.append(ratio_target(cases, "CPU sampler: >= 5x faster than the sort-based reference "
@@ -583,11 +589,6 @@ def targets(cases: list[dict], sampler_available: bool) -> list[dict]:
                                variant="top-k+top-p"))
     if any(c["device"] == "cuda" for c in cases):
         result += gpu_sampler_targets(cases)
-    result.append(ratio_target(cases, "CPU sample_with_logprobs: >= 3x faster than the engines' chain "
-                               "(log_softmax + topk + gather + rank count, then the sort-based sampler; "
-                               "B=64, V=128256, fp32, N=5)", "torch chain", 3.0,
-                               op="logprobs", device="cpu", batch=64, vocab=128256, dtype="float32",
-                               variant=f"N=5 raw, {LOGPROBS_MODE}"))
     return result
 
 
