@@ -5,9 +5,12 @@ masked_fill (with the unpacking a torch user needs). Sampler, when the build has
 against the sort-based torch chain of torch_reference.py, with the same intersection
 semantics. Penalties, when the build has `apply_penalties_`: apply_penalties_ + sample on
 device-resident state against `sample` alone (no penalties) and against the torch chain
-engines run (padded history -> bincount -> masked ops -> the sort-based sampler). On a GPU it adds XGrammar's CUDA and Triton kernels and FlashInfer's sampling
-(each skipped, with the reason recorded, when it cannot be loaded) and reports % of the
-memory floor: the bytes that must move over a device-to-device copy bandwidth measured in
+engines run (padded history -> bincount -> masked ops -> the sort-based sampler).
+Log-probabilities, when the build has `sample_with_logprobs`: against what engines run for raw
+logprobs (torch log_softmax + topk + gather + a rank count, then the sort-based sampler),
+num_logprobs 0, 1, 5 and 20. On a GPU it adds XGrammar's CUDA and Triton kernels and
+FlashInfer's sampling (each skipped, with the reason recorded, when it cannot be loaded) and
+reports % of the memory floor: the bytes that must move over a device-to-device copy bandwidth measured in
 the same run.
 
 Shared, noisy machines: every case times its implementations interleaved, round after round,
@@ -18,7 +21,7 @@ where it exceeds the kernel's time, as it does for a caller. Each case first che
 outputs agree (bitmask: every implementation equal to masked_fill's result; sampler: every
 token of ours and of the reference in the reference's kept set) and says so.
 
-  python benchmarks/bench.py [--quick] [--device cpu|cuda|all] [--ops bitmask,sampler,penalties]
+  python benchmarks/bench.py [--quick] [--device cpu|cuda|all] [--ops bitmask,sampler,penalties,logprobs]
                              [--json PATH] [--without PEER]
   (LP_BUILD_DIR: another build than build/, e.g. .artifact/ in the certification)
   python benchmarks/bench.py --prewarm   # only compile/load the GPU peers (certify.py)
@@ -42,7 +45,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from torch_reference import kept_probs, penalize, sample_reference, unpack_bitmask
+from torch_reference import kept_probs, penalize, sample_reference, sample_with_logprobs_reference, unpack_bitmask
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = "logits-processor"
@@ -95,6 +98,19 @@ PENALTY_SHAPES = {
 PENALTY_MODE = "top-k+top-p"
 PROMPT_TOKENS, OUTPUT_TOKENS, BIASES = 1024, 256, 8
 SAMPLE_ALONE = f"{OURS} sample alone"
+
+# sample_with_logprobs (raw, the engines' default, with top-k + top-p sampling) against the
+# engines' chain: (batch, vocab, dtype, num_logprobs); the first is the CPU target's case.
+LOGPROBS_MODE = "top-k+top-p"
+LOGPROBS_NUMS = (0, 1, 5, 20)
+LOGPROBS_CASES = {
+    ("cpu", False): [(64, 128256, "float32", n) for n in (5, 0, 1, 20)]
+                    + [(b, 128256, d, n) for b in (256, 64, 1) for d in ("float32", "bfloat16")
+                       for n in LOGPROBS_NUMS if (b, d) != (64, "float32")],
+    ("cpu", True): [(64, 128256, "float32", 5)],
+    ("cuda", False): [(b, 128256, d, n) for b in (256, 64, 1) for d in ("float32", "bfloat16") for n in LOGPROBS_NUMS],
+    ("cuda", True): [(256, 128256, "float32", 5)],
+}
 
 # Seconds of timing per case (after warm-up), and the shortest single measurement the
 # timer resolves well (perf_counter on the CPU, CUDA events on the GPU).
@@ -319,11 +335,15 @@ def bitmask_bytes(bitmask: torch.Tensor, vocab: int, element_size: int) -> int:
     return bitmask.numel() * 4 + 32 * int(written.sum()) + 32 * int(partial.sum())
 
 
-def bitmask_case(lp, device: str, batch: int, vocab: int, dtype: str, pattern: str, bandwidth) -> Case:
-    torch_dtype = DTYPES[dtype]
-    element = torch.tensor([], dtype=torch_dtype).element_size()
+def logits_buffers(device: str, batch: int, vocab: int, dtype: str) -> tuple[int, int, list[torch.Tensor]]:
+    """(element size, buffer count, that many random [batch, vocab] logits of the dtype)."""
+    element = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     nbuf = buffer_count(batch * vocab * element, device)
-    logits = [torch.randn(batch, vocab, device=device).to(torch_dtype) for _ in range(nbuf)]
+    return element, nbuf, [torch.randn(batch, vocab, device=device).to(DTYPES[dtype]) for _ in range(nbuf)]
+
+
+def bitmask_case(lp, device: str, batch: int, vocab: int, dtype: str, pattern: str, bandwidth) -> Case:
+    element, nbuf, logits = logits_buffers(device, batch, vocab, dtype)
     masks = [random_bitmask(batch, vocab, pattern, device) for _ in range(nbuf)]
     outs = [torch.empty_like(x) for x in logits]
     impls = [
@@ -356,10 +376,7 @@ def bitmask_case(lp, device: str, batch: int, vocab: int, dtype: str, pattern: s
 
 
 def sampler_case(lp, device: str, batch: int, vocab: int, dtype: str, mode: str, bandwidth) -> Case:
-    torch_dtype = DTYPES[dtype]
-    element = torch.tensor([], dtype=torch_dtype).element_size()
-    nbuf = buffer_count(batch * vocab * element, device)
-    logits = [torch.randn(batch, vocab, device=device).to(torch_dtype) for _ in range(nbuf)]
+    element, nbuf, logits = logits_buffers(device, batch, vocab, dtype)
     params = {"temperature": 1.0, **MODES[mode]}
     out = torch.empty(batch, dtype=torch.int64, device=device)
     generator = torch.Generator(device=device).manual_seed(0)
@@ -440,6 +457,46 @@ def penalty_case(lp, device: str, batch: int, vocab: int, dtype: str, bandwidth)
                 impls, nbuf, check, floor_s=bytes_ / bandwidth if bandwidth else None)
 
 
+def logprobs_case(lp, device: str, batch: int, vocab: int, dtype: str, num_logprobs: int, bandwidth) -> Case:
+    element, nbuf, logits = logits_buffers(device, batch, vocab, dtype)
+    params = {"temperature": 1.0, **MODES[LOGPROBS_MODE]}
+    columns = 1 + num_logprobs
+    out = lp.SampleWithLogprobs(torch.empty(batch, dtype=torch.int64, device=device),
+                                torch.empty(batch, columns, device=device),
+                                torch.empty(batch, columns, dtype=torch.int64, device=device),
+                                torch.empty(batch, dtype=torch.int64, device=device))
+    generator = torch.Generator(device=device).manual_seed(0)
+    impls = [
+        Impl(OURS, lambda i: lp.sample_with_logprobs(logits[i], **params, seed=1234, offset=i, out=out,
+                                                     num_logprobs=num_logprobs, logprobs_mode="raw")),
+        Impl("torch chain", lambda i: sample_with_logprobs_reference(logits[i], num_logprobs, **params,
+                                                                     generator=generator)),
+    ]
+
+    def check() -> str:
+        """Our tokens in the kept set; our logprobs, top-N values and ranks those of torch's
+        log_softmax (float32: within 1e-4; ties in bf16 may order the top-N ids differently)."""
+        ours = [t.clone() for t in impls[0].run(0)]
+        kept = kept_probs(logits[0], **params) > 0
+        tokens = ours[0]
+        reference = torch.log_softmax(logits[0].float(), dim=-1)
+        problems = []
+        if not bool(kept.gather(1, tokens.clamp(min=0).unsqueeze(1)).all()) or bool((tokens < 0).any()):
+            problems.append("tokens outside the kept set")
+        own = reference.gather(1, tokens.unsqueeze(1))
+        if not torch.allclose(ours[1][:, :1], own, atol=1e-4, rtol=0):
+            problems.append("token logprobs")
+        if not torch.allclose(ours[1][:, 1:], reference.topk(num_logprobs, dim=-1).values, atol=1e-4, rtol=0):
+            problems.append("top-N logprobs")
+        if not torch.equal(ours[3], (reference > own).sum(-1) + 1):
+            problems.append("ranks")
+        return "ok" if not problems else "MISMATCH: " + ", ".join(problems)
+
+    bytes_ = batch * vocab * element + batch * (16 + 12 * columns)  # one read of the logits, the outputs
+    return Case("logprobs", device, batch, vocab, dtype, f"N={num_logprobs} raw, {LOGPROBS_MODE}", bytes_, impls,
+                nbuf, check, floor_s=bytes_ / bandwidth if bandwidth else None)
+
+
 def run_case(case: Case, index: int, total: int) -> dict:
     try:
         case.check_result = case.check()
@@ -518,6 +575,12 @@ def targets(cases: list[dict], sampler_available: bool) -> list[dict]:
                            op="bitmask", device="cpu", batch=64, vocab=128000, dtype="float32", variant="half")]
     if find(cases, op="penalties") is not None:
         result.append(penalty_target(cases))
+    if find(cases, op="logprobs") is not None:
+        result.append(ratio_target(cases, "CPU sample_with_logprobs: >= 3x faster than the engines' chain "
+                                   "(log_softmax + topk + gather + rank count, then the sort-based sampler; "
+                                   "B=64, V=128256, fp32, N=5)", "torch chain", 3.0,
+                                   op="logprobs", device="cpu", batch=64, vocab=128256, dtype="float32",
+                                   variant=f"N=5 raw, {LOGPROBS_MODE}"))
     if not sampler_available:
         return result + [{"name": "sampler targets", "status": "SKIP", "detail": "not run (not in this build, or --ops)"}]
     result.append(ratio_target(cases, "CPU sampler: >= 5x faster than the sort-based reference "
@@ -592,8 +655,8 @@ def main() -> int:
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
                         help="'all' (default): the CPU, and the GPU when there is one")
     parser.add_argument("--json", type=Path, help="write every result to this file")
-    parser.add_argument("--ops", default="bitmask,sampler,penalties",
-                        help="comma-separated subset of bitmask, sampler, penalties (default: all)")
+    parser.add_argument("--ops", default="bitmask,sampler,penalties,logprobs",
+                        help="comma-separated subset of bitmask, sampler, penalties, logprobs (default: all)")
     parser.add_argument("--prewarm", action="store_true", help="only load/compile the GPU peers, then exit")
     parser.add_argument("--without", action="append", default=[], metavar="PEER",
                         help="leave a peer out (e.g. flashinfer, xgrammar-cuda); repeatable")
@@ -612,6 +675,7 @@ def main() -> int:
     lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")))
     sampler_available = hasattr(lp, "sample")
     penalties_available = hasattr(lp, "apply_penalties_")
+    logprobs_available = hasattr(lp, "sample_with_logprobs")
     torch.manual_seed(0)
 
     meta = {"kernel": lp.__name__, "torch": torch.__version__, "python": platform.python_version(),
@@ -631,6 +695,7 @@ def main() -> int:
     ops = set(args.ops.split(","))
     sampler_available &= "sampler" in ops
     penalties_available &= "penalties" in ops
+    logprobs_available &= "logprobs" in ops
     todo = []
     for device in devices:
         for shape in BITMASK_CASES[(device, args.quick)] if "bitmask" in ops else []:
@@ -644,6 +709,10 @@ def main() -> int:
         if penalties_available:
             for shape in PENALTY_SHAPES[(device, args.quick)]:
                 todo.append(functools.partial(penalty_case, lp, device, *shape,
+                                              bandwidth if device == "cuda" else None))
+        if logprobs_available:
+            for shape in LOGPROBS_CASES[(device, args.quick)]:
+                todo.append(functools.partial(logprobs_case, lp, device, *shape,
                                               bandwidth if device == "cuda" else None))
     cases = []
     for i, make in enumerate(todo):

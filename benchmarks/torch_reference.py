@@ -181,3 +181,24 @@ def penalize(
         x.index_put_((rows, logit_bias_ids.clamp(min=0)), torch.where(valid, logit_bias_values, 0.0),
                      accumulate=True)
     return x
+
+
+def sample_with_logprobs_reference(
+    logits: torch.Tensor,
+    num_logprobs: int,
+    temperature: Param = 1.0,
+    top_k: Param = 0,
+    top_p: Param = 1.0,
+    min_p: Param = 0.0,
+    *,
+    generator: Optional[torch.Generator] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What engines run for raw logprobs: a [B, V] log_softmax, topk, gather and a rank count,
+    then the sort-based sampler. (tokens, logprobs [B, 1 + N], ids [B, 1 + N], ranks)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    tokens = sample_reference(logits, temperature, top_k, top_p, min_p, generator=generator)
+    token_logprobs = logprobs.gather(1, tokens.clamp(min=0).unsqueeze(1))
+    ranks = (logprobs > token_logprobs).sum(-1) + 1
+    top = logprobs.topk(num_logprobs, dim=-1)
+    return (tokens, torch.cat([token_logprobs, top.values], 1),
+            torch.cat([tokens.unsqueeze(1), top.indices], 1), ranks)

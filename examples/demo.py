@@ -3,9 +3,10 @@
 One batch mixes requests with different grammars (JSON schemas of several shapes and a
 regex) and one request with no grammar, each with its own sampling settings and seed. Every
 step: the model gives the logits, XGrammar's batch matcher fills the bitmask rows of the
-constrained requests on its threads, the package's `sample(..., bitmask=...)` draws every
-row's token on the logits' device, and the matchers accept the tokens. Each output is then
-checked against its grammar.
+constrained requests on its threads, the package's `sample_with_logprobs(..., bitmask=...)`
+draws every row's token on the logits' device, with its log-probability under the distribution
+it was drawn from, and the matchers accept the tokens. Each output is then checked against its
+grammar, and the first request's tokens are printed with their log-probabilities.
 
     python examples/demo.py                      # offline: tiny random model, CPU or GPU
     python examples/demo.py --model PATH         # any local Hugging Face causal LM directory
@@ -121,6 +122,7 @@ def compile_grammar(compiler: xgr.GrammarCompiler, request: Request) -> Optional
 @dataclass
 class Output:
     tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # each token's, as sampled ("processed")
     text: str = ""
     finished: bool = False  # reached the grammar's end (or a stop token, unconstrained)
 
@@ -218,8 +220,10 @@ def generate(lp, model, tokenizer, info: xgr.TokenizerInfo, requests, max_tokens
 
         # Finished rows are drawn too (static shapes) and their tokens ignored: their bitmask
         # rows still allow the stop token, so they never come back empty (-1).
-        sampled = lp.sample(logits, **params, offset=step, bitmask=device_bitmask)
+        drawn = lp.sample_with_logprobs(logits, **params, offset=step, bitmask=device_bitmask)
+        sampled = drawn.tokens
         tokens = sampled.tolist()
+        logprobs = drawn.logprobs[:, 0].tolist()
         t3 = time.perf_counter()
 
         if on_step is not None:
@@ -230,6 +234,7 @@ def generate(lp, model, tokenizer, info: xgr.TokenizerInfo, requests, max_tokens
             raise RuntimeError(f"step {step}: the grammar rejected the token drawn for rows {bad}")
         for i in rows:
             outputs[i].tokens.append(tokens[i])
+            outputs[i].logprobs.append(logprobs[i])
             if matchers[i] is not None:
                 outputs[i].finished = matchers[i].is_terminated()
             else:
@@ -262,6 +267,16 @@ def settings(r: Request) -> str:
     parts += [f"top_p={r.top_p:g}"] if r.top_p < 1 else []
     parts += [f"min_p={r.min_p:g}"] if r.min_p else []
     return " ".join(parts + [f"seed={r.seed}"])
+
+
+def print_logprobs(tokenizer, request: Request, output: Output, shown: int = 12) -> None:
+    """The request's first tokens with the log-probability each was drawn with, and the total."""
+    print(f"\nlogprobs of {request.name!r} [{settings(request)}], under the distribution each token was drawn from:")
+    for token, logprob in list(zip(output.tokens, output.logprobs))[:shown]:
+        print(f"    {tokenizer.decode([token])!r:>14} {logprob:10.4f}")
+    if len(output.tokens) > shown:
+        print(f"    ... ({len(output.tokens) - shown} more)")
+    print(f"    sequence log-probability {sum(output.logprobs):.4f} over {len(output.tokens)} tokens")
 
 
 def report(requests, outputs, timings, random_model: bool) -> bool:
@@ -326,7 +341,9 @@ def main(argv=None) -> int:
             bar.update()
 
         outputs, timings = generate(lp, model, tokenizer, info, REQUESTS, args.tokens, progress)
-    return 0 if report(REQUESTS, outputs, timings, args.model is None) else 1
+    valid = report(REQUESTS, outputs, timings, args.model is None)
+    print_logprobs(tokenizer, REQUESTS[0], outputs[0])
+    return 0 if valid else 1
 
 
 if __name__ == "__main__":

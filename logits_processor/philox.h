@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common.h"
+#include "fast_math.h"
 
 namespace logits_processor {
 
@@ -30,11 +31,13 @@ LP_HOST_DEVICE Philox4 philox4x32_10(Philox4 counter, uint32_t key0, uint32_t ke
   return counter;
 }
 
-// Uniform in the open interval (0, 1): 23 random bits k give (2k + 1) / 2^24, exact in a
-// float, so neither 0 nor 1 can come out (-log of either would be infinite). (24 bits plus
-// one half would round to 1.0 at the top.) The int32 conversion is one vector instruction.
-LP_HOST_DEVICE float uniform_open01(uint32_t bits) {
-  return static_cast<float>(static_cast<int32_t>(bits >> 9) * 2 + 1) * 5.9604644775390625e-8f;  // 2^-24
+// (k + 1/2) * scale for 32 random bits k and a power of two scale, rounded once to float:
+// the top 24 bits and the rest (low 8 bits and the half) are each exact in a float, so one
+// rounding of their sum. Int32 conversions: one vector instruction each on the CPU.
+LP_HOST_DEVICE float cell_midpoint(uint32_t k, float scale) {
+  const float high = lp_mul(static_cast<float>(static_cast<int32_t>(k >> 8)), lp_mul(scale, 256.0f));
+  const float low = lp_mul(static_cast<float>(static_cast<int32_t>((k & 0xffu) * 2u + 1u)), lp_mul(scale, 0.5f));
+  return lp_add(high, low);
 }
 
 }  // namespace logits_processor

@@ -12,7 +12,7 @@
 // {s_i >= max(t_k, t_minp, t_p)} (ties at the cutoff all kept, the maximum always kept), and
 // the token is argmax over it of s_i + G_i (lowest index on ties), G_i = -ln(-ln U_i) with
 // U_i from Philox keyed by the seed and counted by (i, stream, offset): a draw in
-// proportion to e^(s_i). Scores are compared through order-preserving integer keys.
+// proportion to e^(s_i), exact for tokens up to about 40 nats below the top (gumbel_noise). Scores are compared through order-preserving integer keys.
 #pragma once
 
 #include "common.h"
@@ -25,6 +25,18 @@
 #endif
 
 namespace logits_processor {
+
+// What the log-probability ops add to a sampling call (see "Log-probabilities" below).
+struct LogprobsParams {
+  bool enabled;
+  bool raw;  // log_softmax of the logits as given, else of the distribution sampled from
+  // token_logprobs: the given tokens, one per row (no draw); else null.
+  const int64_t* given_tokens;
+  int64_t num_logprobs;     // the top-N columns after column 0
+  float* logprobs;          // [rows, 1 + num_logprobs] contiguous (token_logprobs: [rows])
+  int64_t* token_ids;       // [rows, 1 + num_logprobs] contiguous, or null (token_logprobs)
+  int64_t* ranks;           // [rows], or null (token_logprobs)
+};
 
 struct SamplingParams {
   const void* logits;
@@ -50,7 +62,8 @@ struct SamplingParams {
   const int32_t* bitmask;  // optional, XGrammar's layout; columns past its width are allowed
   int64_t bitmask_row_stride;
   int64_t bitmask_width;  // in words
-  int64_t* out;
+  int64_t* out;  // the tokens drawn (null for token_logprobs, which draws none)
+  LogprobsParams logprobs;
 };
 
 // Fixed point of the masses: 2^32 keeps Z below 2^63 for any V < 2^31; top_p * Z is one
@@ -156,10 +169,42 @@ LP_HOST_DEVICE Philox4 noise_bits(const RowParams& r, int64_t group) {
   return philox4x32_10(counter, r.key0, r.key1);
 }
 
-// s + G with G = -ln(-ln U) a Gumbel variate from 32 random bits.
-LP_HOST_DEVICE float perturbed_score(float s, uint32_t bits) {
-  return lp_add(s, -lp_log(-lp_log(uniform_open01(bits))));
+// The Gumbel noise G = -ln(-ln U). Token i's uniform is U = (k + 1/2) 2^-32 from its word k,
+// computed through its complement w = 1 - U, so that -ln U = -ln(1 - w) keeps full precision
+// as U -> 1, where the large G that let a far-below token win come from. The top cell
+// (k = 2^32 - 1, U in [1 - 2^-32, 1), probability 2^-32) is refined by 32 more bits,
+// w = (j + 1/2) 2^-64, from a second Philox call (counter word 0 with its top bit set, which
+// no group reaches as V < 2^31) made only then: the common path stays one word per token.
+// G is then exact (to float rounding and the cells' resolution) up to about 44 (= -ln 2^-64).
+constexpr uint32_t kTopCell = 0xffffffffu;
+
+LP_HOST_DEVICE float gumbel_from_complement(float w, float u) {
+  return -lp_log(-lp_log_complement(w, u));
 }
+
+// G for a word below the top cell (the top cell's value here is that of its midpoint).
+LP_HOST_DEVICE float gumbel_noise(uint32_t k) {
+  return gumbel_from_complement(cell_midpoint(~k, 2.3283064365386963e-10f),  // 2^-32
+                                cell_midpoint(k, 2.3283064365386963e-10f));
+}
+
+// G for the top cell from its refining word j (U rounds to 1 there; only w is read).
+LP_HOST_DEVICE float gumbel_noise_top_cell(uint32_t j) {
+  return gumbel_from_complement(cell_midpoint(j, 5.42101086242752217e-20f), 1.0f);  // 2^-64
+}
+
+LP_HOST_DEVICE uint32_t top_cell_bits(const RowParams& r, int64_t token) {
+  const Philox4 counter = {{static_cast<uint32_t>(token >> 2) | 0x80000000u, r.stream,
+                            r.offset_lo, r.offset_hi}};
+  return philox4x32_10(counter, r.key0, r.key1).v[token & 3];
+}
+
+// Token i's G from its word k of noise_bits.
+LP_HOST_DEVICE float token_gumbel(const RowParams& r, int64_t token, uint32_t k) {
+  return k == kTopCell ? gumbel_noise_top_cell(top_cell_bits(r, token)) : gumbel_noise(k);
+}
+
+LP_HOST_DEVICE float perturbed_score(float s, float gumbel) { return lp_add(s, gumbel); }
 
 // (key, index) packed so that the larger value wins and, on equal keys, the lower index.
 LP_HOST_DEVICE uint64_t pack_argmax(uint32_t key, int64_t index) {
@@ -171,6 +216,54 @@ LP_HOST_DEVICE int64_t unpack_index(uint64_t packed) {
 }
 
 constexpr uint64_t kNoToken = 0;  // pack_argmax never yields 0 for a candidate
+
+// --- Log-probabilities ---------------------------------------------------------------------
+// A row's distribution: its scores s_i, s_max and a threshold key t; the support is the
+// candidates with key >= t, p_i = e^(s_i - s_max) / Z over it. "processed": the scores and
+// threshold of the draw (greedy rows: the allowed logits at temperature 1, no filter, so the
+// argmax they return is the most likely token); "raw": the logits at temperature 1, no
+// bitmask, no filter (t = kNoKey). Then
+//   logprob_i = (s_i - s_max) - ln Z,
+// in double, rounded once to float. Z is a fixed-point integer sum, so it does not depend on
+// the order of the terms (batch-invariant, and the same on both devices): each term
+// e = e^(s - s_max) in (0, 1] is split as high = floor(2^30 e) and low = floor(2^30 (2^30 e
+// - high)), each summed in a uint64 (V < 2^31: no overflow), Z = (H + L 2^-30) 2^-30; a
+// term loses less than 2^-60 of the row maximum's. The top-p masses (2^32 fixed point) are
+// unchanged: a different, coarser sum.
+constexpr float kFineScale = 1073741824.0f;  // 2^30
+
+struct FineMass {
+  uint64_t high;
+  uint64_t low;
+};
+
+// The two 2^30 fixed-point digits of e^(s - s_max); int32 conversions (truncating, the
+// values are below 2^31) so the CPU loop vectorises.
+LP_HOST_DEVICE FineMass fine_mass(float s, float s_max) {
+  const float scaled = lp_mul(lp_exp_nonpositive(lp_add(s, -s_max)), kFineScale);  // exact
+  const int32_t high = static_cast<int32_t>(scaled);
+  const float rest = lp_add(scaled, -static_cast<float>(high));  // exact: [0, 1)
+  return {static_cast<uint64_t>(high), static_cast<uint64_t>(static_cast<int32_t>(lp_mul(rest, kFineScale)))};
+}
+
+// ln Z from the summed digits (Z includes the row maximum's term, so H >= 2^30).
+LP_HOST_DEVICE double log_normaliser(FineMass sum) {
+  const double units = lp_dadd(static_cast<double>(sum.high),
+                               lp_dmul(static_cast<double>(sum.low), 9.313225746154785e-10));  // 2^-30
+  return lp_dadd(lp_log_double(units), -20.79441541679836);  // -30 ln 2
+}
+
+// Finite for every token of the support: a value below -FLT_MAX (scores 2 FLT_MAX apart) is
+// clamped to it, as -inf means "outside the support".
+LP_HOST_DEVICE float token_logprob(float s, float s_max, double log_z) {
+  const double logprob = lp_dadd(lp_dadd(static_cast<double>(s), -static_cast<double>(s_max)), -log_z);
+  return lp_double_to_float(logprob > -static_cast<double>(kMaxFinite) ? logprob : -static_cast<double>(kMaxFinite));
+}
+
+// Top-N order: the larger score first, the lower index on ties, as packed by pack_argmax.
+// Columns past the support hold id -1 and -inf; a row with nothing allowed has token -1,
+// every logprob -inf, every id -1 and rank 0.
+constexpr int64_t kNoRank = 0;
 
 void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for);
 

@@ -2,10 +2,16 @@
 // sampling.h); only the way it finds the cutoffs differs. Each row's scores go once into a
 // float buffer (a vectorised loop), every later pass reads that buffer, and the cutoffs
 // come from a coarse 2048-bin histogram of the score keys followed by an exact selection
-// among the few candidates above the coarse bound.
+// among the few candidates above the coarse bound. The log-probability ops then read the
+// same buffer (reloaded at temperature 1 for greedy and raw rows) for ln Z, the rank and
+// the top-N.
 #include <algorithm>
 #include <cstring>
 #include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include "sampling.h"
 
@@ -14,6 +20,38 @@ namespace {
 
 constexpr int kCoarseShift = 21;  // 2048 bins on the top 11 bits of a score key
 constexpr int kCoarseBins = 1 << (32 - kCoarseShift);
+
+// IEEE subnormals and round-to-nearest within its scope, the calling thread's mode restored
+// after. The caller may have set flush-to-zero and denormals-are-zero
+// (torch.set_flush_denormal(True) sets both), or another rounding mode: they would change
+// scores, keys and comparisons that involve subnormals, or the rounding of log-probabilities,
+// and with them results that the GPU, which does neither in this code, would not change.
+class IeeeFloatMode {
+ public:
+  IeeeFloatMode() { set(saved_ & ~kFlushBits); }
+  ~IeeeFloatMode() { set(saved_); }
+  IeeeFloatMode(const IeeeFloatMode&) = delete;
+  IeeeFloatMode& operator=(const IeeeFloatMode&) = delete;
+
+ private:
+#if defined(__x86_64__) || defined(__i386__)
+  static constexpr unsigned kFlushBits = 0xe040u;  // MXCSR: FTZ (15), rounding (13-14), DAZ (6)
+  static void set(unsigned mode) { _mm_setcsr(mode); }
+  const unsigned saved_ = _mm_getcsr();
+#elif defined(__aarch64__)
+  // FPCR: rounding (22-23), FZ (24), FZ16 (19)
+  static constexpr uint64_t kFlushBits = (uint64_t{3} << 22) | (uint64_t{1} << 24) | (uint64_t{1} << 19);
+  static void set(uint64_t mode) { __asm__ __volatile__("msr fpcr, %0" : : "r"(mode)); }
+  static uint64_t get() {
+    uint64_t mode;
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(mode));
+    return mode;
+  }
+  const uint64_t saved_ = get();
+#else
+#error "IeeeFloatMode: add this architecture's flush-to-zero control"
+#endif
+};
 
 struct Candidate {
   uint32_t key;
@@ -29,6 +67,7 @@ struct Scratch {
   std::vector<uint32_t> noise;
   std::vector<float> perturbed;
   std::vector<Candidate> kept;
+  std::vector<Candidate> top;  // the top-N log-probabilities' tokens
   std::vector<uint64_t> histogram = std::vector<uint64_t>(kCoarseBins);
 };
 
@@ -46,47 +85,241 @@ CoarseBin coarse_bin(const std::vector<uint64_t>& histogram, uint64_t target) {
   return {-1, total};
 }
 
+// Top-N order: the larger key first, the lower index on ties.
+bool ranks_before(const Candidate& a, const Candidate& b) {
+  return a.key != b.key ? a.key > b.key : a.index < b.index;
+}
+
 int64_t unpack_or_none(uint64_t best) { return best == kNoToken ? -1 : unpack_index(best); }
+
+// The vectorised loops over a row are free functions on restrict pointers: inside RowSampler
+// gcc falls back to their scalar versions, several times slower.
+
+// perturbed[i] = s_i + G_i for the candidates with s_i >= floor, -inf for the others, with
+// G_i from word k_i below the top cell (the caller refines the top cells, which it counts);
+// returns the largest.
+float perturb(const float* __restrict scores, const uint32_t* __restrict noise, float floor,
+              int64_t vocab, float* __restrict perturbed, int64_t& top_cells) {
+  float best = kNegInf;
+  int64_t top = 0;
+#pragma omp simd reduction(max : best) reduction(+ : top)
+  for (int64_t i = 0; i < vocab; ++i) {
+    // (& rather than &&, and a ternary rather than std::max: either would stop gcc from
+    // vectorising this loop, which then runs 5x slower.)
+    top += noise[i] == kTopCell;
+    const float g = perturbed_score(scores[i], gumbel_noise(noise[i]));
+    const bool kept = (scores[i] >= floor) & (scores[i] > kNegInf);
+    perturbed[i] = kept ? lp_add(g, 0.0f) : kNegInf;
+    best = perturbed[i] > best ? perturbed[i] : best;
+  }
+  top_cells = top;
+  return best;
+}
+
+// The noise words of tokens [0, vocab): one Philox call per 4 tokens. (The parameters are a
+// copy: stores through `noise` could otherwise alias them, and reload them every call.)
+void fill_noise(const RowParams r, int64_t vocab, uint32_t* __restrict noise) {
+  for (int64_t group = 0; 4 * group < vocab; ++group) {
+    const Philox4 bits = noise_bits(r, group);
+    std::memcpy(noise + 4 * group, bits.v, sizeof(bits.v));
+  }
+}
+
+struct RowMax {
+  float s_max;
+  int64_t candidates;
+};
+
+RowMax max_and_count(const float* __restrict scores, int64_t vocab) {
+  float s_max = kNegInf;
+  int64_t candidates = 0;
+#pragma omp simd reduction(max : s_max) reduction(+ : candidates)
+  for (int64_t i = 0; i < vocab; ++i) {
+    s_max = scores[i] > s_max ? scores[i] : s_max;  // (std::max would not vectorise)
+    candidates += scores[i] > kNegInf;
+  }
+  return {s_max, candidates};
+}
+
+// The sum of fine_mass over the candidates with score >= floor.
+FineMass fine_mass_sum(const float* __restrict scores, int64_t vocab, float floor, float s_max) {
+  uint64_t high = 0, low = 0;
+#pragma omp simd reduction(+ : high, low)
+  for (int64_t i = 0; i < vocab; ++i) {
+    const FineMass m = fine_mass(scores[i], s_max);
+    const bool kept = (scores[i] >= floor) & (scores[i] > kNegInf);
+    high += kept ? m.high : 0;
+    low += kept ? m.low : 0;
+  }
+  return {high, low};
+}
+
+// The largest score >= floor among n, or -inf.
+float kept_max(const float* __restrict scores, int64_t n, float floor) {
+  float best = kNegInf;
+#pragma omp simd reduction(max : best)
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = scores[i] >= floor ? scores[i] : kNegInf;
+    best = s > best ? s : best;
+  }
+  return best;
+}
+
+constexpr int64_t kTopBlock = 256;  // tokens a top-N block skip covers
+
+int64_t count_above(const float* __restrict scores, int64_t vocab, float s) {
+  int64_t count = 0;
+#pragma omp simd reduction(+ : count)
+  for (int64_t i = 0; i < vocab; ++i) count += scores[i] > s;
+  return count;
+}
+
+// Which scores a row's buffer holds: the draw's (greedy: the logits themselves, for the
+// argmax; sampling: x / T), or temperature 1 with the bitmask (a greedy row's processed
+// distribution, unfiltered) or without it (raw).
+enum class Scores { Greedy, Sampling, Unit, Raw };
+
+// The kept set {key >= threshold}; `gathered`: every kept candidate is in Scratch::kept.
+struct Cutoff {
+  uint32_t threshold;
+  bool gathered;
+};
 
 template <Dtype D>
 class RowSampler {
  public:
   RowSampler(const SamplingParams& p, int64_t row, Scratch& scratch)
-      : p_(p), r_(row_params(p, row)), scratch_(scratch), scores_(scratch.scores.data()) {
-    load_scores(row_logits(p, row), row_bitmask(p, row));
+      : p_(p), row_(row), r_(row_params(p, row)), scratch_(scratch), scores_(scratch.scores.data()) {}
+
+  // The token `sample` returns.
+  int64_t sample() {
+    load_scores(r_.greedy ? Scores::Greedy : Scores::Sampling);
+    if (!scan()) return -1;
+    if (r_.greedy) return first_index_of(s_max_);
+    cutoff_ = cutoff();
+    return cutoff_.gathered ? gumbel_over_kept(cutoff_.threshold) : gumbel_over_row(cutoff_.threshold);
   }
 
-  int64_t sample() {
-    float s_max = kNegInf;
-    int64_t candidates = 0;
-#pragma omp simd reduction(max : s_max) reduction(+ : candidates)
-    for (int64_t i = 0; i < p_.vocab; ++i) {
-      s_max = scores_[i] > s_max ? scores_[i] : s_max;  // (std::max would not vectorise)
-      candidates += scores_[i] > kNegInf;
+  // token_logprobs: the given token's log-probability.
+  float given_token_logprob() {
+    if (!distribution(false)) return kNegInf;
+    return logprob_of(p_.logprobs.given_tokens[row_], log_z());
+  }
+
+  // sample_with_logprobs: the token, its log-probability and rank, and the top-N.
+  void sample_with_logprobs() {
+    const LogprobsParams& out = p_.logprobs;
+    const int64_t columns = 1 + out.num_logprobs;
+    float* logprobs = out.logprobs + row_ * columns;
+    int64_t* ids = out.token_ids + row_ * columns;
+    const int64_t token = sample();
+    p_.out[row_] = token;
+    std::fill(logprobs, logprobs + columns, kNegInf);
+    std::fill(ids, ids + columns, int64_t{-1});
+    out.ranks[row_] = kNoRank;
+    if (token < 0 || !distribution(true)) return;
+    const double log_z = this->log_z();
+    logprobs[0] = logprob_of(token, log_z);
+    ids[0] = token;
+    out.ranks[row_] = 1 + count_above(scores_, p_.vocab, scores_[token]);
+    const int64_t n = top_tokens(out.num_logprobs);
+    for (int64_t j = 0; j < n; ++j) {
+      const uint32_t index = scratch_.top[j].index;
+      logprobs[1 + j] = token_logprob(scores_[index], s_max_, log_z);
+      ids[1 + j] = index;
     }
-    if (candidates == 0) return -1;
-    if (r_.greedy) return first_index_of(s_max);
-    s_max_ = s_max;
-    const uint32_t lower = min_p_key(s_max, r_.min_p);
-    const bool top_k = r_.top_k > 0 && r_.top_k < candidates;
-    const bool top_p = r_.top_p < 1.0f;
-    if (!top_k && !top_p) return gumbel_over_row(lower);
-    return top_k ? sample_top_k(lower, top_p) : sample_top_p(lower);
   }
 
  private:
-  // Scores, or the logits themselves when greedy (argmax of x, +inf included); -inf for a
-  // token that is not a candidate.
-  void load_scores(const void* logits, const int32_t* bitmask) {
-    const bool greedy = r_.greedy;
-    const float temperature = r_.temperature;
+  // Loads the scores of the row's log-probability distribution and its cutoff; false if it
+  // has no candidate. `drawn`: sample() ran, and its scores and cutoff are that
+  // distribution's unless the row is greedy or the mode raw.
+  bool distribution(bool drawn) {
+    if (p_.logprobs.raw) {
+      load_scores(Scores::Raw);
+      cutoff_ = {kNoKey, false};
+      return scan();
+    }
+    if (drawn && !r_.greedy) return true;
+    load_scores(r_.greedy ? Scores::Unit : Scores::Sampling);
+    if (!scan()) return false;
+    cutoff_ = r_.greedy ? Cutoff{kNoKey, false} : cutoff();
+    return true;
+  }
+
+  // s_max and the candidate count of the loaded scores; false if there is no candidate.
+  bool scan() {
+    const RowMax m = max_and_count(scores_, p_.vocab);
+    s_max_ = m.s_max;
+    candidates_ = m.candidates;
+    return candidates_ > 0;
+  }
+
+  Cutoff cutoff() {
+    const uint32_t lower = min_p_key(s_max_, r_.min_p);
+    const bool top_k = r_.top_k > 0 && r_.top_k < candidates_;
+    const bool top_p = r_.top_p < 1.0f;
+    if (!top_k && !top_p) return {lower, false};
+    return top_k ? cutoff_with_top_k(lower, top_p) : cutoff_with_top_p_alone(lower);
+  }
+
+  float floor_score() const { return cutoff_.threshold == kNoKey ? kNegInf : key_score(cutoff_.threshold); }
+
+  double log_z() const { return log_normaliser(fine_mass_sum(scores_, p_.vocab, floor_score(), s_max_)); }
+
+  // -inf for a token outside the kept set (or outside [0, V)).
+  float logprob_of(int64_t token, double log_z) const {
+    if (token < 0 || token >= p_.vocab || !(scores_[token] > kNegInf) || !(scores_[token] >= floor_score()))
+      return kNegInf;
+    return token_logprob(scores_[token], s_max_, log_z);
+  }
+
+  // The n most likely kept candidates into Scratch::top, in top-N order; their count.
+  int64_t top_tokens(int64_t n) {
+    auto& top = scratch_.top;
+    top.clear();
+    if (n <= 0) return 0;
+    if (cutoff_.gathered) {  // Scratch::kept is already in top-N order
+      for (const Candidate& c : scratch_.kept) {
+        if (c.key < cutoff_.threshold || static_cast<int64_t>(top.size()) == n) break;
+        top.push_back(c);
+      }
+      return static_cast<int64_t>(top.size());
+    }
+    const float floor = floor_score();
+    float worst = kNegInf;  // the n-th best score so far, once there are n
+    bool full = false;
+    for (int64_t start = 0; start < p_.vocab; start += kTopBlock) {
+      const int64_t end = std::min(start + kTopBlock, p_.vocab);
+      // Most blocks hold nothing above the n-th best so far: a vectorised maximum skips them.
+      // (An equal score later in the row has a higher index: it ranks after.)
+      if (full && !(kept_max(scores_ + start, end - start, floor) > worst)) continue;
+      for (int64_t i = start; i < end; ++i) {
+        const float s = scores_[i];
+        if (!(s > kNegInf) || !(s >= floor) || (full && !(s > worst))) continue;
+        const Candidate c{score_key(s), static_cast<uint32_t>(i)};
+        top.insert(std::upper_bound(top.begin(), top.end(), c, ranks_before), c);
+        if (static_cast<int64_t>(top.size()) > n) top.pop_back();
+        full = static_cast<int64_t>(top.size()) == n;
+        if (full) worst = key_score(top.back().key);
+      }
+    }
+    return static_cast<int64_t>(top.size());
+  }
+
+  // Scores for `mode`; -inf for a token that is not a candidate.
+  void load_scores(Scores mode) {
+    const void* logits = row_logits(p_, row_);
+    const bool greedy = mode == Scores::Greedy;
+    const float temperature = mode == Scores::Sampling ? r_.temperature : 1.0f;
 #pragma omp simd
     for (int64_t i = 0; i < p_.vocab; ++i) {
       const float x = load_logit<D>(logits, i);
       const float s = greedy ? x : score(x, temperature);
       scores_[i] = x > kNegInf ? s : kNegInf;  // NaN fails the compare
     }
-    if (!bitmask) return;
+    const int32_t* bitmask = row_bitmask(p_, row_);
+    if (!bitmask || mode == Scores::Raw) return;
     const int64_t words = std::min(p_.bitmask_width, (p_.vocab + 31) / 32);
     for (int64_t w = 0; w < words; ++w) {
       const uint32_t bits = static_cast<uint32_t>(bitmask[w]);
@@ -107,26 +340,29 @@ class RowSampler {
   // noise of every token, then the perturbed scores, then the first index of the largest.
   int64_t gumbel_over_row(uint32_t threshold) {
     uint32_t* noise = scratch_.noise.data();
-    for (int64_t group = 0; 4 * group < p_.vocab; ++group) {
-      const Philox4 bits = noise_bits(r_, group);
-      std::memcpy(noise + 4 * group, bits.v, sizeof(bits.v));
-    }
+    fill_noise(r_, p_.vocab, noise);
     const float floor = threshold == kNoKey ? kNegInf : key_score(threshold);
     float* perturbed = scratch_.perturbed.data();
-    float best = kNegInf;
-#pragma omp simd reduction(max : best)
-    for (int64_t i = 0; i < p_.vocab; ++i) {
-      // (& rather than &&, and a ternary rather than std::max: either would stop gcc from
-      // vectorising this loop, which then runs 5x slower.)
-      const float g = perturbed_score(scores_[i], noise[i]);
-      const bool kept = (scores_[i] >= floor) & (scores_[i] > kNegInf);
-      perturbed[i] = kept ? lp_add(g, 0.0f) : kNegInf;
-      best = perturbed[i] > best ? perturbed[i] : best;
-    }
+    int64_t top_cells = 0;  // words that need their refinement (probability 2^-32 each)
+    float best = perturb(scores_, noise, floor, p_.vocab, perturbed, top_cells);
+    if (top_cells > 0) best = refine_top_cells(floor);
     if (best == kNegInf) return -1;
     for (int64_t i = 0; i < p_.vocab; ++i)
       if (perturbed[i] == best) return i;
     return -1;
+  }
+
+  // The rare tokens whose word is the top cell get their refined noise; the new maximum.
+  float refine_top_cells(float floor) {
+    float* perturbed = scratch_.perturbed.data();
+    float best = kNegInf;
+    for (int64_t i = 0; i < p_.vocab; ++i) {
+      const uint32_t k = scratch_.noise[i];
+      if (k == kTopCell && scores_[i] >= floor && scores_[i] > kNegInf)
+        perturbed[i] = lp_add(perturbed_score(scores_[i], token_gumbel(r_, i, k)), 0.0f);
+      best = perturbed[i] > best ? perturbed[i] : best;
+    }
+    return best;
   }
 
   int64_t gumbel_over_kept(uint32_t threshold) const {
@@ -134,12 +370,13 @@ class RowSampler {
     for (const Candidate& c : scratch_.kept) {
       if (c.key < threshold) break;  // kept is sorted by key, descending
       const uint32_t bits = noise_bits(r_, c.index >> 2).v[c.index & 3];
-      best = std::max(best, pack_argmax(score_key(perturbed_score(key_score(c.key), bits)), c.index));
+      const float g = perturbed_score(key_score(c.key), token_gumbel(r_, c.index, bits));
+      best = std::max(best, pack_argmax(score_key(g), c.index));
     }
     return unpack_or_none(best);
   }
 
-  // Collects the candidates with key in [bound, below), sorted by key, descending.
+  // Collects the candidates with key in [bound, below), in top-N order.
   void gather(uint32_t bound, uint64_t below = uint64_t{1} << 32) {
     scratch_.kept.clear();
     for (int64_t i = 0; i < p_.vocab; ++i) {
@@ -147,8 +384,7 @@ class RowSampler {
       const uint32_t key = score_key(scores_[i]);
       if (key >= bound && key < below) scratch_.kept.push_back({key, static_cast<uint32_t>(i)});
     }
-    std::sort(scratch_.kept.begin(), scratch_.kept.end(),
-              [](const Candidate& a, const Candidate& b) { return a.key > b.key; });
+    std::sort(scratch_.kept.begin(), scratch_.kept.end(), ranks_before);
   }
 
   // The top-p cutoff among the gathered candidates at or above `threshold`, or `threshold`
@@ -177,7 +413,7 @@ class RowSampler {
 
   // Top-k (and top-p within it): the kept set is small, so all candidates from the k-th
   // largest's coarse bin up are gathered and the draw runs over them.
-  int64_t sample_top_k(uint32_t lower, bool top_p) {
+  Cutoff cutoff_with_top_k(uint32_t lower, bool top_p) {
     auto& histogram = scratch_.histogram;
     std::fill(histogram.begin(), histogram.end(), 0);
     for (int64_t i = 0; i < p_.vocab; ++i) {
@@ -190,12 +426,12 @@ class RowSampler {
     uint32_t threshold = lower;
     if (coarse.bin >= 0) threshold = std::max(threshold, scratch_.kept[r_.top_k - 1].key);
     if (top_p) threshold = std::max(threshold, top_p_cutoff(threshold, top_p_target(r_.top_p, masses())));
-    return gumbel_over_kept(threshold);
+    return {threshold, true};
   }
 
   // Top-p alone: the kept set can be most of the row, so only the coarse bin holding the
   // cutoff is gathered, and the draw runs over the row.
-  int64_t sample_top_p(uint32_t lower) {
+  Cutoff cutoff_with_top_p_alone(uint32_t lower) {
     const uint64_t target = top_p_target(r_.top_p, masses());
     auto& histogram = scratch_.histogram;
     std::fill(histogram.begin(), histogram.end(), 0);
@@ -205,17 +441,20 @@ class RowSampler {
         histogram[key >> kCoarseShift] += static_cast<uint64_t>(scratch_.scaled_mass[i]);
     }
     const CoarseBin coarse = coarse_bin(histogram, target);
-    if (coarse.bin < 0) return gumbel_over_row(lower);  // the min-p cutoff is the binding one
+    if (coarse.bin < 0) return {lower, false};  // the min-p cutoff is the binding one
     const uint64_t bin_start = static_cast<uint64_t>(coarse.bin) << kCoarseShift;
     gather(std::max<uint64_t>(lower, bin_start), bin_start + (uint64_t{1} << kCoarseShift));
-    return gumbel_over_row(std::max(lower, top_p_cutoff(lower, target, coarse.above)));
+    return {std::max(lower, top_p_cutoff(lower, target, coarse.above)), false};
   }
 
   const SamplingParams& p_;
+  const int64_t row_;
   const RowParams r_;
   Scratch& scratch_;
   float* scores_;
   float s_max_ = 0.0f;
+  int64_t candidates_ = 0;
+  Cutoff cutoff_ = {kNoKey, false};
 };
 
 }  // namespace
@@ -223,9 +462,17 @@ class RowSampler {
 void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for) {
   dispatch_dtype(params.dtype, [&]<Dtype D>() {
     parallel_for(0, params.rows, 1, [&](int64_t begin, int64_t end) {
+      const IeeeFloatMode mode;
       Scratch scratch(params.vocab);
-      for (int64_t row = begin; row < end; ++row)
-        params.out[row] = RowSampler<D>(params, row, scratch).sample();
+      for (int64_t row = begin; row < end; ++row) {
+        RowSampler<D> sampler(params, row, scratch);
+        if (!params.logprobs.enabled)
+          params.out[row] = sampler.sample();
+        else if (params.logprobs.given_tokens)
+          params.logprobs.logprobs[row] = sampler.given_token_logprob();
+        else
+          sampler.sample_with_logprobs();
+      }
     });
   });
 }

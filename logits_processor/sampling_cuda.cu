@@ -12,6 +12,9 @@
 // a chunk, and the last block to finish a row, counted with an atomic after a fence,
 // combines the chunks' winners. No block ever waits for another. Rows with filters are
 // sampled whole by their chunk-0 block.
+//
+// sample_with_logprobs and token_logprobs run logprobs_kernel: a block per row, the same draw,
+// then one pass over the kept set for ln Z, the rank and the top-N (row_logprobs).
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
@@ -26,6 +29,7 @@ constexpr int kThreads = 256;  // also the radix: thread t owns bin 255 - t when
 constexpr int kRadixBits = 8;
 constexpr int64_t kMinSplitTokens = 8192;  // a chunk smaller than this is not worth a block
 constexpr int64_t kMaxSplits = 64;
+constexpr int kTopChunk = 20;  // top-N tokens found per pass over the row (the fast path: N <= 20)
 
 struct MaxOp {
   __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a > b ? a : b; }
@@ -43,6 +47,7 @@ struct SharedState {
   uint64_t broadcast;
   uint32_t digit;
   uint64_t above;
+  uint64_t top[kTopChunk];  // a chunk of the top-N log-probabilities' tokens, packed
 };
 
 // Block-wide reductions whose result every thread gets.
@@ -71,6 +76,7 @@ struct Row {
   const void* logits;
   const int32_t* bitmask;
   float s_max;
+  uint32_t threshold;  // the kept set's, once `cut` ran
 
   // f(i, s) for each candidate token of this thread's share of the row.
   template <typename F>
@@ -117,7 +123,7 @@ struct Row {
         const float s = score(x, r.temperature);
         if (score_key(s) < threshold) continue;
         if (!drawn) bits = noise_bits(r, group), drawn = true;
-        best = max(best, pack_argmax(score_key(perturbed_score(s, bits.v[j])), i));
+        best = max(best, pack_argmax(score_key(perturbed_score(s, token_gumbel(r, i, bits.v[j]))), i));
       }
     }
     return block_max(best, sh);
@@ -162,6 +168,13 @@ struct Row {
 
   __device__ int64_t sample(SharedState& sh) {
     if (r.greedy) return unpack_or_none(greedy_argmax(sh, 0, p.vocab));
+    if (!cut(sh)) return -1;
+    return unpack_or_none(gumbel_argmax(threshold, sh, 0, p.vocab));
+  }
+
+  // s_max and the kept set's threshold key for this row's filters; false if the row has no
+  // candidate.
+  __device__ bool cut(SharedState& sh) {
     uint64_t max_key = kNoKey, candidates = 0;
     for_each_candidate([&](int64_t, float s) {
       max_key = max(max_key, static_cast<uint64_t>(score_key(s)));
@@ -169,10 +182,10 @@ struct Row {
     });
     max_key = block_max(max_key, sh);
     candidates = block_sum(candidates, sh);
-    if (candidates == 0) return -1;
+    if (candidates == 0) return false;
     s_max = key_score(static_cast<uint32_t>(max_key));
     const uint32_t lower = min_p_key(s_max, r.min_p);
-    uint32_t threshold = lower;
+    threshold = lower;
     if (r.top_k > 0 && static_cast<uint64_t>(r.top_k) < candidates) {
       uint64_t at_or_above = candidates;
       if (lower != kNoKey) {
@@ -195,13 +208,146 @@ struct Row {
       if (block_sum(above_threshold, sh) >= target)
         threshold = radix_select<true>(threshold, target, sh);
     }
-    return unpack_or_none(gumbel_argmax(threshold, sh, 0, p.vocab));
+    return true;
+  }
+
+  // Token i's score if it is in the kept set {key >= threshold}, else -inf (i may be any id).
+  __device__ float kept_score(int64_t i) const {
+    if (i < 0 || i >= p.vocab) return kNegInf;
+    const float x = candidate_logit<D>(p, logits, bitmask, i);
+    if (!(x > kNegInf)) return kNegInf;
+    const float s = score(x, r.temperature);
+    return score_key(s) >= threshold ? s : kNegInf;
+  }
+
+  // The row the log-probabilities are taken under (sampling.h): this one for a processed,
+  // non-greedy row; the allowed logits at temperature 1 without filters for a greedy one; all
+  // logits at temperature 1 for raw. (`cut` then finds its s_max and threshold.)
+  __device__ Row logprob_row(bool raw) const {
+    Row d = *this;
+    if (!raw && !r.greedy) return d;
+    d.r.greedy = false;
+    d.r.temperature = 1.0f;
+    d.r.top_k = 0;
+    d.r.top_p = 1.0f;
+    d.r.min_p = 0.0f;
+    if (raw) d.bitmask = nullptr;
+    return d;
   }
 
   __device__ static int64_t unpack_or_none(uint64_t best) {
     return best == kNoToken ? -1 : unpack_index(best);
   }
 };
+
+// A thread's best packed (key, index) pairs, best first, at most kTopChunk of them.
+struct TopList {
+  uint64_t v[kTopChunk];
+  int size;
+
+  __device__ void offer(uint64_t packed, int n) {
+    if (size == n && packed <= v[n - 1]) return;
+    int j = size < n ? size++ : n - 1;
+    for (; j > 0 && v[j - 1] < packed; --j) v[j] = v[j - 1];
+    v[j] = packed;
+  }
+};
+
+// What one pass over a row's kept set gives a thread: its part of the fine masses and of the
+// count of kept tokens scoring above s_token, and its best n (<= kTopChunk) packed (key,
+// index) pairs below `bound`.
+struct KeptPass {
+  FineMass z;
+  uint64_t above;
+  TopList top;
+};
+
+template <Dtype D>
+__device__ KeptPass kept_pass(const Row<D>& row, float s_token, uint64_t bound, int n) {
+  KeptPass k{{0, 0}, 0, {{}, 0}};
+  row.for_each_candidate([&](int64_t i, float s) {
+    const uint32_t key = score_key(s);
+    if (key < row.threshold) return;
+    const FineMass m = fine_mass(s, row.s_max);
+    k.z.high += m.high;
+    k.z.low += m.low;
+    k.above += s > s_token;
+    const uint64_t packed = pack_argmax(key, i);
+    if (n > 0 && packed < bound) k.top.offer(packed, n);
+  });
+  return k;
+}
+
+// The block's best n of the threads' lists into sh.top, best first; their count. n rounds of
+// a block-wide maximum, each taking one thread's head.
+__device__ int merge_top(const TopList& list, int n, SharedState& sh) {
+  int head = 0;
+  int found = 0;
+  for (; found < n; ++found) {
+    const uint64_t mine = head < list.size ? list.v[head] : kNoToken;
+    const uint64_t best = block_max(mine, sh);
+    if (best == kNoToken) break;  // (the same for every thread)
+    if (mine == best) ++head;     // packed pairs are distinct: one thread's
+    if (threadIdx.x == 0) sh.top[found] = best;
+  }
+  __syncthreads();  // sh.top is complete before anyone reads it
+  return found;
+}
+
+// sample_with_logprobs / token_logprobs for one row, by the whole block: the draw, then one
+// pass for ln Z, the rank and the first kTopChunk of the top-N (N > kTopChunk: one more pass
+// per kTopChunk tokens). Greedy and raw rows first find their distribution's s_max (`cut`).
+template <Dtype D>
+__device__ void row_logprobs(const SamplingParams& p, Row<D>& sampler, int64_t row, SharedState& sh) {
+  const LogprobsParams& out = p.logprobs;
+  if (out.given_tokens) {
+    Row<D> d = sampler.logprob_row(out.raw);
+    float value = kNegInf;
+    if (d.cut(sh)) {
+      const float s = d.kept_score(out.given_tokens[row]);
+      const KeptPass k = kept_pass(d, s, 0, 0);
+      const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
+      if (s > kNegInf) value = token_logprob(s, d.s_max, log_z);
+    }
+    if (threadIdx.x == 0) out.logprobs[row] = value;
+    return;
+  }
+  const int64_t columns = 1 + out.num_logprobs;
+  float* logprobs = out.logprobs + row * columns;
+  int64_t* ids = out.token_ids + row * columns;
+  const int64_t token = sampler.sample(sh);
+  if (threadIdx.x == 0) p.out[row] = token, out.ranks[row] = kNoRank;
+  for (int64_t c = threadIdx.x; c < columns; c += kThreads) logprobs[c] = kNegInf, ids[c] = -1;
+  if (token < 0) return;
+  Row<D> d = sampler.logprob_row(out.raw);
+  if ((out.raw || sampler.r.greedy) && !d.cut(sh)) return;
+  const float s_token = d.kept_score(token);
+  uint64_t bound = ~uint64_t{0};
+  int n = static_cast<int>(out.num_logprobs < kTopChunk ? out.num_logprobs : kTopChunk);
+  const KeptPass k = kept_pass(d, s_token, bound, n);
+  const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
+  const uint64_t above = block_sum(k.above, sh);  // (its barriers order the padding first)
+  if (threadIdx.x == 0) {
+    logprobs[0] = token_logprob(s_token, d.s_max, log_z);
+    ids[0] = token;
+    out.ranks[row] = 1 + static_cast<int64_t>(above);
+  }
+  TopList list = k.top;
+  for (int64_t done = 0; n > 0;) {
+    const int found = merge_top(list, n, sh);
+    if (threadIdx.x < found) {
+      const int64_t index = unpack_index(sh.top[threadIdx.x]);
+      logprobs[1 + done + threadIdx.x] = token_logprob(d.kept_score(index), d.s_max, log_z);
+      ids[1 + done + threadIdx.x] = index;
+    }
+    done += found;
+    if (found < n || done == out.num_logprobs) break;
+    bound = sh.top[n - 1];
+    __syncthreads();  // every thread has read sh.top before the next chunk writes it
+    n = static_cast<int>(out.num_logprobs - done < kTopChunk ? out.num_logprobs - done : kTopChunk);
+    list = kept_pass(d, s_token, bound, n).top;
+  }
+}
 
 // Rows split over `splits` blocks each, chunks of `chunk` tokens (a multiple of 4).
 // Chunk winners go to partials[row * splits + c]; arrivals[row] (zero before the launch)
@@ -232,11 +378,13 @@ __device__ void finish_chunk(const Split& split, int64_t row, int64_t chunk, uin
 
 template <Dtype D>
 __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Split split) {
+  // (sample_with_logprobs and token_logprobs have their own kernel, logprobs_kernel: its
+  // registers would lower this one's occupancy.)
   __shared__ SharedState sh;
   for (int64_t work = blockIdx.x; work < p.rows * split.splits; work += gridDim.x) {
     const int64_t row = work / split.splits;
     const int64_t chunk = work % split.splits;
-    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row), 0.0f};
+    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row), 0.0f, kNoKey};
     if (split.splits == 1 || !sampler.single_pass()) {
       if (chunk != 0) continue;
       const int64_t token = sampler.sample(sh);
@@ -247,6 +395,16 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Spli
     const int64_t end = begin + split.chunk < p.vocab ? begin + split.chunk : p.vocab;
     const uint64_t winner = sampler.single_pass_winner(begin, end, sh);
     if (threadIdx.x == 0) finish_chunk(split, row, chunk, winner, p.out);
+  }
+}
+
+// One block per row, grid-stride.
+template <Dtype D>
+__global__ void __launch_bounds__(kThreads) logprobs_kernel(SamplingParams p) {
+  __shared__ SharedState sh;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row), 0.0f, kNoKey};
+    row_logprobs(p, sampler, row, sh);
   }
 }
 
@@ -270,7 +428,11 @@ void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long lon
   const int64_t limit = resident_block_limit(8);
   const unsigned int blocks = static_cast<unsigned int>(work < limit ? work : limit);
   dispatch_dtype(params.dtype, [&]<Dtype D>() {
-    launch_kernel("sample", sample_kernel<D>, blocks, kThreads, stream, params, split);
+    if (params.logprobs.enabled)
+      launch_kernel(params.logprobs.given_tokens ? "token_logprobs" : "sample_with_logprobs",
+                    logprobs_kernel<D>, blocks, kThreads, stream, params);
+    else
+      launch_kernel("sample", sample_kernel<D>, blocks, kThreads, stream, params, split);
   });
 }
 

@@ -150,3 +150,34 @@ def penalty_state_reference(prompt_token_ids, output_token_ids, vocab):
     for r, ids in enumerate(output_token_ids.cpu()):
         counts[r] = torch.bincount(ids[ids >= 0], minlength=vocab).to(torch.int32)
     return pack_bitmask(present), counts
+
+
+def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, mode="processed", slack=0.0):
+    """float32 [B, V]: the scores of the distribution `sample_with_logprobs` reports, -inf outside its support.
+
+    "raw": the logits (NaN as -inf, +inf as the largest float), no temperature, filter or
+    bitmask. "processed": the float32 scores x / T over `sampling_reference`'s kept set
+    (greedy rows: the allowed logits at T = 1, no filter).
+    """
+    x = logits.detach().cpu().float()
+    rows = x.shape[0]
+    big = torch.finfo(torch.float32).max
+    if mode == "raw":
+        return torch.where(x > float("-inf"), x.clamp(max=big), torch.tensor(float("-inf")))
+    temps = torch.tensor([float(_row_value(temperature, b)) for b in range(rows)])
+    greedy = ~(temps > 0)  # (NaN too)
+    temps = torch.where(greedy, 1.0, temps)
+
+    def unless_greedy(value, off):
+        value = torch.tensor([float(_row_value(value, b)) for b in range(rows)])
+        return torch.where(greedy, off, value)
+
+    kept = sampling_reference(logits, temps, unless_greedy(top_k, 0).long(), unless_greedy(top_p, 1.0),
+                              unless_greedy(min_p, 0.0), bitmask=bitmask, slack=slack) > 0
+    s = torch.clamp(x.clamp(max=big) / temps[:, None], -big, big)
+    return torch.where(kept, s, torch.tensor(float("-inf")))
+
+
+def logprobs_reference(logits, **kwargs):
+    """float64 [B, V]: log_softmax of `support_scores` in float64."""
+    return torch.log_softmax(support_scores(logits, **kwargs).double(), dim=-1)

@@ -200,6 +200,65 @@ def _sampler_cases() -> list[Case]:
     return [Case(*c) for c in cases]
 
 
+def with_logprobs(logits=lambda t: t.logits, **kwargs) -> Callable:
+    return _op("sample_with_logprobs", logits, **kwargs)
+
+
+def token_logprobs(logits=lambda t: t.logits, token_ids=lambda t: t.ids, **kwargs) -> Callable:
+    return _op("token_logprobs", logits, token_ids, **kwargs)
+
+
+def _logprobs_outputs(t, **wrong):
+    """Valid outputs for num_logprobs = 2 in SampleWithLogprobs order, with `wrong` replacing some."""
+    fields = dict(tokens=t.row_i64.clone(), logprobs=torch.empty(B, 3),
+                  logprob_token_ids=torch.empty(B, 3, dtype=torch.int64), ranks=t.row_i64.clone())
+    fields.update({k: v(t) for k, v in wrong.items()})
+    return tuple(fields.values())
+
+
+def _logprobs_cases() -> list[Case]:
+    cases = [
+        # sample_with_logprobs: the sampler's checks are shared; its own arguments
+        ("logprobs-logits-float64", "logits", with_logprobs(logits=lambda t: t.f64)),
+        ("logprobs-top_p-above-1", "top_p", with_logprobs(top_p=1.5)),
+        ("logprobs-seed-rows-float", "seed", with_logprobs(seed=lambda t: t.row_f32)),
+        ("logprobs-bitmask-too-few-rows", "bitmask", with_logprobs(bitmask=lambda t: t.mask[:3])),
+        ("logprobs-num_logprobs-negative", "num_logprobs", with_logprobs(num_logprobs=-1)),
+        ("logprobs-num_logprobs-past-vocab", "num_logprobs", with_logprobs(num_logprobs=V + 1)),
+        ("logprobs-num_logprobs-float", "num_logprobs", with_logprobs(num_logprobs=2.5)),
+        ("logprobs-logprobs_mode-unknown", "logprobs_mode", with_logprobs(logprobs_mode="logits")),
+        ("logprobs-logprobs_mode-int", "logprobs_mode", with_logprobs(logprobs_mode=1)),
+        ("logprobs-out-tokens-int32", "tokens", with_logprobs(
+            num_logprobs=2, out=lambda t: _logprobs_outputs(t, tokens=lambda t: t.row_i64.view(torch.int32)[:B]))),
+        ("logprobs-out-logprobs-wrong-columns", "logprobs", with_logprobs(
+            num_logprobs=2, out=lambda t: _logprobs_outputs(t, logprobs=lambda t: t.out[:, :4]))),
+        ("logprobs-out-logprobs-float16", "logprobs", with_logprobs(
+            num_logprobs=2, out=lambda t: _logprobs_outputs(t, logprobs=lambda t: t.half[:, :3]))),
+        ("logprobs-out-ids-float", "logprob_token_ids", with_logprobs(
+            num_logprobs=2, out=lambda t: _logprobs_outputs(t, logprob_token_ids=lambda t: t.out[:, :3]))),
+        ("logprobs-out-ids-strided", "logprob_token_ids", with_logprobs(
+            num_logprobs=2, out=lambda t: _logprobs_outputs(
+                t, logprob_token_ids=lambda t: torch.empty(B, 6, dtype=torch.int64)[:, ::2]))),
+        ("logprobs-out-ranks-wrong-length", "ranks", with_logprobs(
+            num_logprobs=2, out=lambda t: _logprobs_outputs(t, ranks=lambda t: t.ids2))),
+        ("logprobs-out-ranks-meta-device", "ranks", with_logprobs(
+            num_logprobs=2, out=lambda t: _logprobs_outputs(t, ranks=lambda t: t.row_i64.to("meta")))),
+        # token_logprobs
+        ("token_logprobs-logits-3d", "logits", token_logprobs(logits=lambda t: t.logits.view(2, 2, V))),
+        ("token_logprobs-token_ids-wrong-length", "token_ids", token_logprobs(token_ids=lambda t: t.ids2)),
+        ("token_logprobs-token_ids-float", "token_ids", token_logprobs(token_ids=lambda t: t.row_f32)),
+        ("token_logprobs-token_ids-2d", "token_ids", token_logprobs(token_ids=lambda t: t.row_i64.view(2, 2))),
+        ("token_logprobs-token_ids-list", "token_ids", token_logprobs(token_ids=[1, 2, 3, 4])),
+        ("token_logprobs-token_ids-meta-device", "token_ids", token_logprobs(token_ids=lambda t: t.ids.to("meta"))),
+        ("token_logprobs-temperature-nan", "temperature", token_logprobs(temperature=float("nan"))),
+        ("token_logprobs-top_k-rows-float", "top_k", token_logprobs(top_k=lambda t: t.row_f32)),
+        ("token_logprobs-logprobs_mode-unknown", "logprobs_mode", token_logprobs(logprobs_mode="")),
+        ("token_logprobs-out-int64", "out", token_logprobs(out=lambda t: t.row_i64)),
+        ("token_logprobs-out-wrong-length", "out", token_logprobs(out=lambda t: t.big[:, 0])),
+    ]
+    return [Case(*c) for c in cases]
+
+
 def _penalty_cases() -> list[Case]:
     nan = float("nan")
     bias = dict(logit_bias_ids=lambda t: t.bias_ids, logit_bias_values=lambda t: t.bias_values)
@@ -290,7 +349,7 @@ def _penalty_cases() -> list[Case]:
     return [Case(*c) for c in cases]
 
 
-CASES = {c.id: c for c in _bitmask_cases() + _sampler_cases() + _penalty_cases()}
+CASES = {c.id: c for c in _bitmask_cases() + _sampler_cases() + _penalty_cases() + _logprobs_cases()}
 # Not part of the matrix: checks that the harness turns a crash into that case's failure.
 PROBES = {"crash-probe": Case("crash-probe", "-", lambda lp, t: os.abort())}
 

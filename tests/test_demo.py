@@ -70,6 +70,8 @@ def test_demo_loop_draws_only_allowed_tokens_and_valid_outputs(lp, offline_pair,
     # The grammars really did constrain each row (so the bitmask check above had teeth).
     assert all(n > 0 for n in masked_out.values()), masked_out
     for r, o in zip(demo.REQUESTS, outputs):
+        # Each token's log-probability under the distribution it was drawn from: finite, <= 0.
+        assert len(o.logprobs) == len(o.tokens) and all(-1e4 < x <= 0 for x in o.logprobs), (r.name, o.logprobs)
         if r.constrained:
             assert o.finished, f"{r.name}: no end of grammar within {MAX_TOKENS} tokens"
             assert r.check(o.text) is None, (r.name, o.text, r.check(o.text))
@@ -90,6 +92,7 @@ def test_demo_main_prints_outputs_and_summary(capsys, tmp_path, offline_pair, mo
     for r in demo.REQUESTS:
         assert f"- {r.name} [" in printed
     assert "all constrained outputs valid" in printed
+    assert f"logprobs of {demo.REQUESTS[0].name!r}" in printed and "sequence log-probability" in printed
     assert re.search(r"\d+ tokens/s", printed) and "mask+sample (logits-processor)" in printed
     assert ("The model has random weights" in printed) != model_dir
 

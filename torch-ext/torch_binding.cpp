@@ -352,13 +352,23 @@ void apply_packed_bitmask(const Tensor& logits, const Tensor& bitmask, double fi
   run_bitmask(p, logits);
 }
 
-void sample(const Tensor& logits, const std::optional<Tensor>& temperature,
-            double temperature_value, const std::optional<Tensor>& top_k, int64_t top_k_value,
-            const std::optional<Tensor>& top_p, double top_p_value,
-            const std::optional<Tensor>& min_p, double min_p_value,
-            const std::optional<Tensor>& seed, int64_t seed_value,
-            const std::optional<Tensor>& offset, int64_t offset_value,
-            const std::optional<Tensor>& bitmask, const Tensor& out) {
+namespace {
+
+// A sampler call's parameters, validated, with the per-row tensors converted to the kernel's
+// dtypes (held here for the duration of the call).
+struct SamplingCall {
+  lp::SamplingParams params{};
+  std::optional<Tensor> temperature, top_k, top_p, min_p, seed, offset;
+};
+
+// Validation shared by the sampler ops: everything but their outputs.
+SamplingCall sampling_call(const Tensor& logits, const std::optional<Tensor>& temperature,
+                           double temperature_value, const std::optional<Tensor>& top_k,
+                           int64_t top_k_value, const std::optional<Tensor>& top_p,
+                           double top_p_value, const std::optional<Tensor>& min_p,
+                           double min_p_value, const std::optional<Tensor>& seed,
+                           int64_t seed_value, const std::optional<Tensor>& offset,
+                           int64_t offset_value, const std::optional<Tensor>& bitmask) {
   check_logits_dtype(logits, "logits");
   check_device_supported(logits, "logits");
   CHECK_ARG(logits.dim() == 2, "logits must be 2-D [batch, vocab], got ", logits.dim(), "-D");
@@ -369,24 +379,19 @@ void sample(const Tensor& logits, const std::optional<Tensor>& temperature,
             top_p_value);
   CHECK_ARG(min_p_value <= 1.0, "min_p must be at most 1 (0 or less disables it), got ",
             min_p_value);
-  CHECK_ARG(out.scalar_type() == ScalarType::Long, "out must be int64, got ", out.scalar_type());
-  CHECK_ARG(out.device() == logits.device(), "out must be on the logits' device (",
-            device_name(logits.device()), "), got ", device_name(out.device()));
-  CHECK_ARG(out.dim() == 1 && out.size(0) == lv.rows && out.is_contiguous(),
-            "out must be a contiguous 1-D tensor of length ", lv.rows, ", got shape ",
-            shape_name(out.sizes()));
 
+  SamplingCall call;
   const auto param = [&](const std::optional<Tensor>& t, const char* name, ScalarType dtype) {
     return t.has_value() ? std::optional(row_parameter(*t, logits, name, dtype)) : std::nullopt;
   };
-  const std::optional<Tensor> temperature_t = param(temperature, "temperature", ScalarType::Float);
-  const std::optional<Tensor> top_k_t = param(top_k, "top_k", ScalarType::Long);
-  const std::optional<Tensor> top_p_t = param(top_p, "top_p", ScalarType::Float);
-  const std::optional<Tensor> min_p_t = param(min_p, "min_p", ScalarType::Float);
-  const std::optional<Tensor> seed_t = param(seed, "seed", ScalarType::Long);
-  const std::optional<Tensor> offset_t = param(offset, "offset", ScalarType::Long);
+  call.temperature = param(temperature, "temperature", ScalarType::Float);
+  call.top_k = param(top_k, "top_k", ScalarType::Long);
+  call.top_p = param(top_p, "top_p", ScalarType::Float);
+  call.min_p = param(min_p, "min_p", ScalarType::Float);
+  call.seed = param(seed, "seed", ScalarType::Long);
+  call.offset = param(offset, "offset", ScalarType::Long);
 
-  lp::SamplingParams p{};
+  lp::SamplingParams& p = call.params;
   if (bitmask.has_value()) {
     const Tensor& m = *bitmask;
     CHECK_ARG(m.scalar_type() == ScalarType::Int, "bitmask must be int32, got ", m.scalar_type());
@@ -404,31 +409,62 @@ void sample(const Tensor& logits, const std::optional<Tensor>& temperature,
   p.rows = lv.rows;
   p.vocab = lv.width;
   p.row_stride = lv.row_stride;
-  p.temperature = optional_data<float>(temperature_t);
+  p.temperature = optional_data<float>(call.temperature);
   p.temperature_value = static_cast<float>(temperature_value);
-  p.top_k = optional_data<int64_t>(top_k_t);
+  p.top_k = optional_data<int64_t>(call.top_k);
   p.top_k_value = top_k_value;
-  p.top_p = optional_data<float>(top_p_t);
+  p.top_p = optional_data<float>(call.top_p);
   p.top_p_value = static_cast<float>(top_p_value);
-  p.min_p = optional_data<float>(min_p_t);
+  p.min_p = optional_data<float>(call.min_p);
   p.min_p_value = static_cast<float>(min_p_value);
-  p.seed = optional_data<int64_t>(seed_t);
+  p.seed = optional_data<int64_t>(call.seed);
   p.seed_value = seed_value;
-  p.offset = optional_data<int64_t>(offset_t);
+  p.offset = optional_data<int64_t>(call.offset);
   p.offset_value = offset_value;
-  p.out = out.mutable_data_ptr<int64_t>();
+  return call;
+}
+
+// An output of the sampler ops: dtype, device, and contiguous of shape [rows] (columns < 0)
+// or [rows, columns].
+void check_output(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype,
+                  int64_t columns = -1) {
+  CHECK_ARG(t.scalar_type() == dtype, name, " must be ",
+            dtype == ScalarType::Long ? "int64" : "float32", ", got ", t.scalar_type());
+  CHECK_ARG(t.device() == logits.device(), name, " must be on the logits' device (",
+            device_name(logits.device()), "), got ", device_name(t.device()));
+  const int64_t rows = logits.size(0);
+  if (columns < 0) {
+    CHECK_ARG(t.dim() == 1 && t.size(0) == rows && t.is_contiguous(), name,
+              " must be a contiguous 1-D tensor of length ", rows, ", got shape ",
+              shape_name(t.sizes()));
+  } else {
+    CHECK_ARG(t.dim() == 2 && t.size(0) == rows && t.size(1) == columns && t.is_contiguous(), name,
+              " must be a contiguous tensor of shape [", rows, ", ", columns, "], got shape ",
+              shape_name(t.sizes()));
+  }
+}
+
+// "raw" or "processed": whether the log-probabilities are the raw ones.
+bool raw_logprobs(const std::string& logprobs_mode) {
+  CHECK_ARG(logprobs_mode == "raw" || logprobs_mode == "processed",
+            "logprobs_mode must be 'raw' or 'processed', got '", logprobs_mode, "'");
+  return logprobs_mode == "raw";
+}
+
+void run_sampling(const lp::SamplingParams& p, const Tensor& logits) {
   if (!uses_cuda_kernels(logits)) {
     lp::sample_cpu(p, run_parallel_for);
     return;
   }
 #if defined(CUDA_KERNEL)
   const CudaLaunchContext context(logits);
-  // Scratch for small batches comes from PyTorch's caching allocator: capture-safe.
-  const int64_t splits = lp::sample_cuda_splits(lv.rows, lv.width);
+  // Scratch for small batches comes from PyTorch's caching allocator: capture-safe. The
+  // log-probability ops take each row whole in one block (never split).
+  const int64_t splits = p.logprobs.enabled ? 1 : lp::sample_cuda_splits(p.rows, p.vocab);
   std::optional<Tensor> partials, arrivals;
   if (splits > 1) {
-    partials = torch::stable::new_empty(logits, {lv.rows * splits}, ScalarType::Long);
-    arrivals = torch::stable::new_zeros(logits, {lv.rows}, ScalarType::Int);
+    partials = torch::stable::new_empty(logits, {p.rows * splits}, ScalarType::Long);
+    arrivals = torch::stable::new_zeros(logits, {p.rows}, ScalarType::Int);
   }
   lp::sample_cuda(
       p, splits,
@@ -436,6 +472,73 @@ void sample(const Tensor& logits, const std::optional<Tensor>& temperature,
       arrivals ? reinterpret_cast<unsigned int*>(arrivals->mutable_data_ptr<int32_t>()) : nullptr,
       context.stream());
 #endif
+}
+
+}  // namespace
+
+void sample(const Tensor& logits, const std::optional<Tensor>& temperature,
+            double temperature_value, const std::optional<Tensor>& top_k, int64_t top_k_value,
+            const std::optional<Tensor>& top_p, double top_p_value,
+            const std::optional<Tensor>& min_p, double min_p_value,
+            const std::optional<Tensor>& seed, int64_t seed_value,
+            const std::optional<Tensor>& offset, int64_t offset_value,
+            const std::optional<Tensor>& bitmask, const Tensor& out) {
+  SamplingCall call = sampling_call(logits, temperature, temperature_value, top_k, top_k_value,
+                                    top_p, top_p_value, min_p, min_p_value, seed, seed_value,
+                                    offset, offset_value, bitmask);
+  check_output(out, logits, "out", ScalarType::Long);
+  call.params.out = out.mutable_data_ptr<int64_t>();
+  run_sampling(call.params, logits);
+}
+
+void sample_with_logprobs(const Tensor& logits, const std::optional<Tensor>& temperature,
+                          double temperature_value, const std::optional<Tensor>& top_k,
+                          int64_t top_k_value, const std::optional<Tensor>& top_p,
+                          double top_p_value, const std::optional<Tensor>& min_p,
+                          double min_p_value, const std::optional<Tensor>& seed,
+                          int64_t seed_value, const std::optional<Tensor>& offset,
+                          int64_t offset_value, const std::optional<Tensor>& bitmask,
+                          int64_t num_logprobs, const std::string& logprobs_mode,
+                          const Tensor& tokens, const Tensor& logprobs,
+                          const Tensor& logprob_token_ids, const Tensor& ranks) {
+  SamplingCall call = sampling_call(logits, temperature, temperature_value, top_k, top_k_value,
+                                    top_p, top_p_value, min_p, min_p_value, seed, seed_value,
+                                    offset, offset_value, bitmask);
+  CHECK_ARG(num_logprobs >= 0 && num_logprobs <= call.params.vocab,
+            "num_logprobs must be in [0, ", call.params.vocab, "] (the vocabulary), got ",
+            num_logprobs);
+  const bool raw = raw_logprobs(logprobs_mode);
+  check_output(tokens, logits, "tokens", ScalarType::Long);
+  check_output(logprobs, logits, "logprobs", ScalarType::Float, 1 + num_logprobs);
+  check_output(logprob_token_ids, logits, "logprob_token_ids", ScalarType::Long, 1 + num_logprobs);
+  check_output(ranks, logits, "ranks", ScalarType::Long);
+  lp::SamplingParams& p = call.params;
+  p.out = tokens.mutable_data_ptr<int64_t>();
+  p.logprobs = {true, raw, nullptr, num_logprobs, logprobs.mutable_data_ptr<float>(),
+                logprob_token_ids.mutable_data_ptr<int64_t>(), ranks.mutable_data_ptr<int64_t>()};
+  run_sampling(p, logits);
+}
+
+void token_logprobs(const Tensor& logits, const Tensor& token_ids,
+                    const std::optional<Tensor>& temperature, double temperature_value,
+                    const std::optional<Tensor>& top_k, int64_t top_k_value,
+                    const std::optional<Tensor>& top_p, double top_p_value,
+                    const std::optional<Tensor>& min_p, double min_p_value,
+                    const std::optional<Tensor>& bitmask, const std::string& logprobs_mode,
+                    const Tensor& out) {
+  SamplingCall call = sampling_call(logits, temperature, temperature_value, top_k, top_k_value,
+                                    top_p, top_p_value, min_p, min_p_value, std::nullopt, 0,
+                                    std::nullopt, 0, bitmask);
+  CHECK_ARG(token_ids.dim() == 1 && token_ids.size(0) == logits.size(0),
+            "token_ids must be a 1-D tensor of length ", logits.size(0), " (one per row), got shape ",
+            shape_name(token_ids.sizes()));
+  const Tensor ids = row_parameter(token_ids, logits, "token_ids", ScalarType::Long);
+  const bool raw = raw_logprobs(logprobs_mode);
+  check_output(out, logits, "out", ScalarType::Float);
+  lp::SamplingParams& p = call.params;
+  p.logprobs = {true, raw, ids.const_data_ptr<int64_t>(), 0, out.mutable_data_ptr<float>(),
+                nullptr, nullptr};
+  run_sampling(p, logits);
 }
 
 // --- penalties -------------------------------------------------------------------------------
@@ -703,6 +806,8 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("apply_token_bitmask_inplace(Tensor(a!) logits, Tensor bitmask, int? vocab_size, Tensor? indices, float fill_value) -> ()");
   ops.def("apply_packed_bitmask(Tensor logits, Tensor bitmask, float fill_value, Tensor(a!) out) -> ()");
   ops.def("sample(Tensor logits, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? seed, int seed_value, Tensor? offset, int offset_value, Tensor? bitmask, Tensor(a!) out) -> ()");
+  ops.def("sample_with_logprobs(Tensor logits, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? seed, int seed_value, Tensor? offset, int offset_value, Tensor? bitmask, int num_logprobs, str logprobs_mode, Tensor(a!) tokens, Tensor(b!) logprobs, Tensor(c!) logprob_token_ids, Tensor(d!) ranks) -> ()");
+  ops.def("token_logprobs(Tensor logits, Tensor token_ids, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? bitmask, str logprobs_mode, Tensor(a!) out) -> ()");
   ops.def("apply_penalties_(Tensor(a!) logits, Tensor prompt_mask, Tensor output_counts, Tensor? repetition_penalty, float repetition_penalty_value, Tensor? frequency_penalty, float frequency_penalty_value, Tensor? presence_penalty, float presence_penalty_value, Tensor? logit_bias_ids, Tensor? logit_bias_values, Tensor? rows) -> ()");
   ops.def("update_output_counts_(Tensor(a!) output_counts, Tensor token_ids, Tensor? rows) -> ()");
   ops.def("penalty_state_from_tokens(Tensor prompt_token_ids, Tensor output_token_ids, Tensor(a!) prompt_mask, Tensor(b!) output_counts) -> ()");
@@ -712,6 +817,8 @@ STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CPU, ops) {
   ops.impl("apply_token_bitmask_inplace", TORCH_BOX(&apply_token_bitmask_inplace));
   ops.impl("apply_packed_bitmask", TORCH_BOX(&apply_packed_bitmask));
   ops.impl("sample", TORCH_BOX(&sample));
+  ops.impl("sample_with_logprobs", TORCH_BOX(&sample_with_logprobs));
+  ops.impl("token_logprobs", TORCH_BOX(&token_logprobs));
   ops.impl("apply_penalties_", TORCH_BOX(&apply_penalties));
   ops.impl("update_output_counts_", TORCH_BOX(&update_output_counts));
   ops.impl("penalty_state_from_tokens", TORCH_BOX(&penalty_state_from_tokens));
@@ -722,6 +829,8 @@ STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
   ops.impl("apply_token_bitmask_inplace", TORCH_BOX(&apply_token_bitmask_inplace));
   ops.impl("apply_packed_bitmask", TORCH_BOX(&apply_packed_bitmask));
   ops.impl("sample", TORCH_BOX(&sample));
+  ops.impl("sample_with_logprobs", TORCH_BOX(&sample_with_logprobs));
+  ops.impl("token_logprobs", TORCH_BOX(&token_logprobs));
   ops.impl("apply_penalties_", TORCH_BOX(&apply_penalties));
   ops.impl("update_output_counts_", TORCH_BOX(&update_output_counts));
   ops.impl("penalty_state_from_tokens", TORCH_BOX(&penalty_state_from_tokens));

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 void apply_token_bitmask_inplace(const torch::stable::Tensor& logits,
                                  const torch::stable::Tensor& bitmask,
@@ -45,3 +46,23 @@ void penalty_state_from_tokens(const torch::stable::Tensor& prompt_token_ids,
                                const torch::stable::Tensor& output_token_ids,
                                const torch::stable::Tensor& prompt_mask,
                                const torch::stable::Tensor& output_counts);
+
+void sample_with_logprobs(
+    const torch::stable::Tensor& logits, const std::optional<torch::stable::Tensor>& temperature,
+    double temperature_value, const std::optional<torch::stable::Tensor>& top_k,
+    int64_t top_k_value, const std::optional<torch::stable::Tensor>& top_p, double top_p_value,
+    const std::optional<torch::stable::Tensor>& min_p, double min_p_value,
+    const std::optional<torch::stable::Tensor>& seed, int64_t seed_value,
+    const std::optional<torch::stable::Tensor>& offset, int64_t offset_value,
+    const std::optional<torch::stable::Tensor>& bitmask, int64_t num_logprobs,
+    const std::string& logprobs_mode, const torch::stable::Tensor& tokens,
+    const torch::stable::Tensor& logprobs, const torch::stable::Tensor& logprob_token_ids,
+    const torch::stable::Tensor& ranks);
+
+void token_logprobs(const torch::stable::Tensor& logits, const torch::stable::Tensor& token_ids,
+                    const std::optional<torch::stable::Tensor>& temperature,
+                    double temperature_value, const std::optional<torch::stable::Tensor>& top_k,
+                    int64_t top_k_value, const std::optional<torch::stable::Tensor>& top_p,
+                    double top_p_value, const std::optional<torch::stable::Tensor>& min_p,
+                    double min_p_value, const std::optional<torch::stable::Tensor>& bitmask,
+                    const std::string& logprobs_mode, const torch::stable::Tensor& out);

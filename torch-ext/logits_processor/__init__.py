@@ -10,9 +10,10 @@ from ._bitmask import (
     reset_token_bitmask,
 )
 from ._penalties import PenaltyState, apply_penalties_, penalty_state_from_tokens, update_output_counts_
-from ._sampling import sample
+from ._sampling import SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
 
 __all__ = [
+    "SampleWithLogprobs",
     "allocate_token_bitmask",
     "apply_packed_bitmask",
     "apply_penalties_",
@@ -24,5 +25,7 @@ __all__ = [
     "PenaltyState",
     "reset_token_bitmask",
     "sample",
+    "sample_with_logprobs",
+    "token_logprobs",
     "update_output_counts_",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 
@@ -21,6 +21,16 @@ def _split(value: Param, name: str, kind: type) -> tuple[Optional[torch.Tensor],
     if kind is int and not isinstance(value, int):
         raise TypeError(f"{name} must be an int or an integer tensor, got {value!r}")
     return None, kind(value)
+
+
+def _filter_args(temperature: Param, top_k: Param, top_p: Param, min_p: Param) -> tuple:
+    """temperature, top_k, top_p and min_p as the ops take them: a (tensor, number) pair each."""
+    return (*_split(temperature, "temperature", float), *_split(top_k, "top_k", int),
+            *_split(top_p, "top_p", float), *_split(min_p, "min_p", float))
+
+
+def _draw_args(seed: Param, offset: Param) -> tuple:
+    return (*_split(seed, "seed", int), *_split(offset, "offset", int))
 
 
 def sample(
@@ -59,16 +69,10 @@ def sample(
     synchronises nor allocates, so a decoding step can be captured in a CUDA graph.
     Per-row tensors are not range-checked on the host: top_p and min_p are clamped to [0, 1].
     """
-    temperature_t, temperature_v = _split(temperature, "temperature", float)
-    top_k_t, top_k_v = _split(top_k, "top_k", int)
-    top_p_t, top_p_v = _split(top_p, "top_p", float)
-    min_p_t, min_p_v = _split(min_p, "min_p", float)
-    seed_t, seed_v = _split(seed, "seed", int)
-    offset_t, offset_v = _split(offset, "offset", int)
+    args = (*_filter_args(temperature, top_k, top_p, min_p), *_draw_args(seed, offset))
     if out is None:
         out = torch.empty(logits.shape[:1], dtype=torch.int64, device=logits.device)
-    ops.sample(logits, temperature_t, temperature_v, top_k_t, top_k_v, top_p_t, top_p_v,
-               min_p_t, min_p_v, seed_t, seed_v, offset_t, offset_v, bitmask, out)
+    ops.sample(logits, *args, bitmask, out)
     return out
 
 
@@ -77,3 +81,105 @@ def _sample_fake(logits, temperature, temperature_value, top_k, top_k_value, top
                  min_p, min_p_value, seed, seed_value, offset, offset_value, bitmask, out):
     check_devices(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                   seed=seed, offset=offset, bitmask=bitmask, out=out)
+
+
+class SampleWithLogprobs(NamedTuple):
+    """What `sample_with_logprobs` returns (the layout of vLLM's LogprobsTensors)."""
+
+    tokens: torch.Tensor  # int64 [B]
+    logprobs: torch.Tensor  # float32 [B, 1 + num_logprobs]
+    logprob_token_ids: torch.Tensor  # int64 [B, 1 + num_logprobs]
+    ranks: torch.Tensor  # int64 [B]
+
+
+def sample_with_logprobs(
+    logits: torch.Tensor,
+    temperature: Param = 1.0,
+    top_k: Param = 0,
+    top_p: Param = 1.0,
+    min_p: Param = 0.0,
+    seed: Param = 0,
+    offset: Param = 0,
+    *,
+    bitmask: Optional[torch.Tensor] = None,
+    num_logprobs: int = 0,
+    logprobs_mode: str = "processed",
+    out: Optional[SampleWithLogprobs] = None,
+) -> SampleWithLogprobs:
+    """`sample`, and the log-probabilities of the draw, from the same passes over the logits.
+
+    tokens: exactly `sample`'s with the same arguments. Column 0 of logprobs / logprob_token_ids
+    is the sampled token; columns 1.. the num_logprobs most likely tokens, most likely first,
+    ties by lowest id; ranks: 1 + the number of tokens strictly more likely than the sampled one.
+    All under one distribution, chosen by logprobs_mode:
+    - "processed" (default): the distribution sampled from: softmax of logits / T over the kept
+      set (bitmask, then top-k, top-p and min-p), -inf outside it. Greedy rows (T <= 0) report
+      log_softmax of the allowed logits at T = 1, without the filters (their argmax is the
+      most likely token there).
+    - "raw": log_softmax of the logits as given: no temperature, filter or bitmask.
+    NaN logits count as -inf and +inf as the largest finite float, as in the draw.
+    Columns past the distribution's support hold id -1 and logprob -inf; a row with nothing
+    allowed returns token -1, every logprob -inf, every id -1 and rank 0.
+
+    `token_logprobs` on the same logits and parameters returns column 0 bit for bit. Values are
+    within 2e-6 of a float64 log_softmax of the same float32 scores, identical on CPU and
+    CUDA and whatever the batch. `out`: a SampleWithLogprobs of preallocated tensors (for CUDA
+    graphs), returned.
+    """
+    args = (*_filter_args(temperature, top_k, top_p, min_p), *_draw_args(seed, offset))
+    if out is None:
+        # (A wrong num_logprobs is reported by the op, which checks it before these shapes.)
+        columns = 1 + num_logprobs if isinstance(num_logprobs, int) and num_logprobs >= 0 else 1
+        rows = logits.shape[0] if logits.dim() > 0 else 0
+        out = SampleWithLogprobs(
+            torch.empty(rows, dtype=torch.int64, device=logits.device),
+            torch.empty(rows, columns, dtype=torch.float32, device=logits.device),
+            torch.empty(rows, columns, dtype=torch.int64, device=logits.device),
+            torch.empty(rows, dtype=torch.int64, device=logits.device),
+        )
+    ops.sample_with_logprobs(logits, *args, bitmask, num_logprobs, logprobs_mode, *out)
+    return out
+
+
+def token_logprobs(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    temperature: Param = 1.0,
+    top_k: Param = 0,
+    top_p: Param = 1.0,
+    min_p: Param = 0.0,
+    *,
+    bitmask: Optional[torch.Tensor] = None,
+    logprobs_mode: str = "processed",
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """float32 [B]: the log-probability of token_ids[b] (int [B]) under row b's distribution, as
+    `sample_with_logprobs` defines it; bit for bit its column 0 on the same logits and parameters.
+
+    For a trainer to recompute, on its own forward pass, what the sampler reported. A token
+    outside the distribution's support gets -inf, and so does an id outside [0, V) (such as the
+    -1 of a row with nothing allowed): device tensors are not read on the host.
+    """
+    args = _filter_args(temperature, top_k, top_p, min_p)
+    if not isinstance(token_ids, torch.Tensor):
+        raise TypeError(f"token_ids must be a 1-D integer tensor, got {type(token_ids).__name__}")
+    if out is None:
+        out = torch.empty(logits.shape[:1], dtype=torch.float32, device=logits.device)
+    ops.token_logprobs(logits, token_ids, *args, bitmask, logprobs_mode, out)
+    return out
+
+
+@torch.library.register_fake(add_op_namespace_prefix("sample_with_logprobs"))
+def _sample_with_logprobs_fake(logits, temperature, temperature_value, top_k, top_k_value, top_p, top_p_value,
+                               min_p, min_p_value, seed, seed_value, offset, offset_value, bitmask,
+                               num_logprobs, logprobs_mode, tokens, logprobs, logprob_token_ids, ranks):
+    check_devices(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                  offset=offset, bitmask=bitmask, tokens=tokens, logprobs=logprobs,
+                  logprob_token_ids=logprob_token_ids, ranks=ranks)
+
+
+@torch.library.register_fake(add_op_namespace_prefix("token_logprobs"))
+def _token_logprobs_fake(logits, token_ids, temperature, temperature_value, top_k, top_k_value, top_p,
+                         top_p_value, min_p, min_p_value, bitmask, logprobs_mode, out):
+    check_devices(logits, token_ids=token_ids, temperature=temperature, top_k=top_k, top_p=top_p,
+                  min_p=min_p, bitmask=bitmask, out=out)

@@ -1,0 +1,132 @@
+"""The CUDA log-probability kernel against the CPU implementation, bit for bit.
+
+Through the CUDA emulation (tests/cuda_emulation/: the .cu kernel built by the host compiler,
+run through the binding's CUDA path on CPU tensors; also under ThreadSanitizer and ASan in
+`make emulate`), and on a GPU where there is one: tokens,
+logprobs, ids and ranks identical to the CPU variant's, every path of the sampler, both modes,
+top-N beyond one chunk (N > 20, the slower path), and a row's results identical alone and in
+batches of 1, 7 and 300 rows whatever the emulated GPU's size.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import requires_cuda
+from reference import random_bitmask
+from test_cuda_emulation import PATHS, SANITIZED, row_params, special_bitmask, special_logits
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+MODES = ["processed", "raw"]
+# (rows, vocab, num_logprobs); under ThreadSanitizer and ASan (an OS thread per CUDA thread,
+# `make emulate`'s tsan and asan parts) smaller ones, N > 20 still among them.
+SHAPES = ([(7, 1001, 5), (3, 9001, 45)] if SANITIZED else
+          [(1, 1, 0), (7, 1001, 5), (40, 32000, 20), (3, 128256, 45), (60, 3000, 1)])
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32) if t.dtype == torch.float32 else t
+
+
+def assert_same(got, expected, what=""):
+    for field in expected._fields:
+        a, b = getattr(got, field).cpu(), getattr(expected, field)
+        assert torch.equal(bits(a), bits(b)), (what, field, (bits(a) != bits(b)).nonzero()[:5].tolist())
+
+
+def on(device, **tensors):
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,vocab,num_logprobs", SHAPES)
+def test_sample_with_logprobs_agrees_with_cpu(cuda_target, lp_cpu, mode, dtype, rows, vocab, num_logprobs):
+    g = torch.Generator().manual_seed(rows * vocab + num_logprobs)
+    logits = special_logits(rows, vocab, dtype, g)
+    kwargs = dict(row_params(rows, g), bitmask=special_bitmask(rows, vocab, g), num_logprobs=num_logprobs,
+                  logprobs_mode=mode)
+    expected = lp_cpu.sample_with_logprobs(logits, **kwargs)
+    device = cuda_target.device
+    got = cuda_target.lp.sample_with_logprobs(logits.to(device), **on(device, **kwargs))
+    assert_same(got, expected)
+    assert torch.equal(expected.tokens, lp_cpu.sample(logits, **{k: v for k, v in kwargs.items()
+                                                                 if k not in ("num_logprobs", "logprobs_mode")}))
+    again = cuda_target.lp.token_logprobs(logits.to(device), got.tokens, logprobs_mode=mode,
+                                          **on(device, **{k: kwargs[k] for k in ("temperature", "top_k", "top_p",
+                                                                                  "min_p", "bitmask")}))
+    assert torch.equal(bits(again.cpu()), bits(expected.logprobs[:, 0]))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("path", list(PATHS))
+def test_scalar_parameters_and_any_token(cuda_target, lp_cpu, mode, path):
+    g = torch.Generator().manual_seed(len(path))
+    rows, vocab = 9, 5000
+    logits = special_logits(rows, vocab, torch.float32, g)
+    bitmask = special_bitmask(rows, vocab, g)
+    kwargs = dict(PATHS[path], bitmask=bitmask, logprobs_mode=mode)
+    device = cuda_target.device
+    expected = lp_cpu.sample_with_logprobs(logits, seed=4, offset=2, num_logprobs=3, **kwargs)
+    got = cuda_target.lp.sample_with_logprobs(logits.to(device), seed=4, offset=2, num_logprobs=3, **on(device, **kwargs))
+    assert_same(got, expected, path)
+    ids = torch.randint(-2, vocab + 2, (rows,), generator=g)
+    cpu = lp_cpu.token_logprobs(logits, ids, **kwargs)
+    gpu = cuda_target.lp.token_logprobs(logits.to(device), ids.to(device), **on(device, **kwargs))
+    assert torch.equal(bits(gpu.cpu()), bits(cpu))
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 8, 132])
+def test_batch_invariance_emulated(emulation, lp_cpu, sms):
+    """A row alone and in batches of 1, 7 and 300 rows, at any position, on GPUs of any size:
+    the same bits (and the CPU's)."""
+    g = torch.Generator().manual_seed(sms)
+    rows, vocab = 300, 2000
+    logits = special_logits(rows, vocab, torch.bfloat16, g)
+    params = dict(row_params(rows, g), bitmask=random_bitmask(rows, vocab, g, "words"))
+
+    def run(lp, index):
+        return lp.sample_with_logprobs(logits[index], num_logprobs=6,
+                                       **{k: v[index] for k, v in params.items()})
+
+    everything = torch.arange(rows)
+    with emulation.gpu(sms) as lp:
+        full = run(lp, everything)
+        parts = {(size, start): run(lp, torch.arange(start, start + size)) for size in (1, 7) for start in (0, 150, 293)}
+    assert_same(full, run(lp_cpu, everything))
+    for (size, start), part in parts.items():
+        index = torch.arange(start, start + size)
+        assert_same(part, type(full)(*(getattr(full, f)[index] for f in full._fields)), (size, start))
+
+
+@requires_cuda
+def test_cuda_graph_capture(lp, lp_cpu):
+    """With `out` and device parameters, a step of both ops is captured and replayed."""
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(8, 5000, generator=g).cuda()
+    seeds = torch.arange(8, device="cuda")
+    offset = torch.zeros(8, dtype=torch.int64, device="cuda")
+    temperature = torch.full((8,), 0.8, device="cuda")
+    out = lp.SampleWithLogprobs(torch.empty(8, dtype=torch.int64, device="cuda"), torch.empty(8, 6, device="cuda"),
+                                torch.empty(8, 6, dtype=torch.int64, device="cuda"),
+                                torch.empty(8, dtype=torch.int64, device="cuda"))
+    recomputed = torch.empty(8, device="cuda")
+
+    def step():
+        lp.sample_with_logprobs(logits, temperature=temperature, top_k=50, top_p=0.9, seed=seeds, offset=offset,
+                                num_logprobs=5, out=out)
+        lp.token_logprobs(logits, out.tokens, temperature=temperature, top_k=50, top_p=0.9, out=recomputed)
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    offset.fill_(3)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = lp_cpu.sample_with_logprobs(logits.cpu(), temperature=0.8, top_k=50, top_p=0.9, seed=seeds.cpu(),
+                                           offset=3, num_logprobs=5)
+    assert_same(out, expected)
+    assert torch.equal(bits(recomputed.cpu()), bits(expected.logprobs[:, 0]))
