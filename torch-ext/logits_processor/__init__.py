@@ -10,9 +10,11 @@ from ._bitmask import (
     reset_token_bitmask,
 )
 from ._sampling import SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
+from ._verify import VerifiedDraft, verify_draft
 
 __all__ = [
     "SampleWithLogprobs",
+    "VerifiedDraft",
     "allocate_token_bitmask",
     "apply_packed_bitmask",
     "apply_token_bitmask",
@@ -23,4 +25,5 @@ __all__ = [
     "sample",
     "sample_with_logprobs",
     "token_logprobs",
+    "verify_draft",
 ]

@@ -1,0 +1,70 @@
+// CPU verify_draft: rows in parallel, each walking its positions with sample's row sampler
+// (sampling_cpu.cpp); the decisions are verify.h's.
+#include <algorithm>
+
+#include "verify.h"
+
+namespace logits_processor {
+namespace {
+
+// The Gumbel-max draw from the residual max(0, p - q) at a position whose draft was
+// rejected: over the support, argmax of ln r_v + G_v with the position's noise (lowest index
+// on ties). The draft itself is excluded (its residual is 0 but for rounding); if rounding
+// left the residual empty, the same draw from p without the draft.
+int64_t residual_draw(const VerifyParams& v, int64_t row, int64_t position, const RowParams& r,
+                      const ProcessedDistribution& d, int64_t draft) {
+  uint64_t best_residual = kNoToken, best_target = kNoToken;
+  Philox4 bits{};
+  for (int64_t i = 0; i < v.target.vocab; ++i) {
+    if ((i & 3) == 0) bits = noise_bits(r, i >> 2);
+    const float s = d.scores[i];
+    if (!(s > kNegInf) || !(s >= d.floor) || i == draft) continue;
+    const float logprob = token_logprob(s, d.s_max, d.log_z);
+    const float gumbel = token_gumbel(r, i, bits.v[i & 3]);
+    const float weight = residual_log_weight(logprob, draft_prob(v, row, position, i));
+    if (weight > kNegInf)
+      best_residual = std::max(best_residual, pack_argmax(score_key(perturbed_score(weight, gumbel)), i));
+    best_target = std::max(best_target, pack_argmax(score_key(perturbed_score(logprob, gumbel)), i));
+  }
+  const uint64_t best = best_residual != kNoToken ? best_residual : best_target;
+  return best == kNoToken ? -1 : unpack_index(best);
+}
+
+// Row `row`'s walk: returns the number of accepted drafts, the emitted tokens written.
+int64_t verify_row(const VerifyParams& v, int64_t row, CpuRowSampler& sampler) {
+  int64_t* tokens = row_tokens(v, row);
+  std::fill(tokens, tokens + v.positions, int64_t{-1});
+  const int64_t drafts = row_draft_count(v, row);
+  const int64_t vocab = v.target.vocab;
+  for (int64_t j = 0; j < drafts; ++j) {
+    const SamplingParams target = position_target(v, j);
+    const RowParams r = position_params(v, row, j);
+    const int64_t draft = draft_token(v, row, j);
+    int64_t emitted;
+    if (!v.draft_probs || r.greedy) {
+      emitted = sampler.sample(target, row, r);
+    } else {
+      ProcessedDistribution d;
+      if (!sampler.distribution(target, row, r, d)) return j;  // nothing allowed: -1
+      const bool in_support = draft >= 0 && draft < vocab && d.scores[draft] > kNegInf && d.scores[draft] >= d.floor;
+      const float logprob = in_support ? token_logprob(d.scores[draft], d.s_max, d.log_z) : kNegInf;
+      const float q = in_support ? draft_prob(v, row, j, draft) : 0.0f;
+      emitted = draft_accepted(r, logprob, q) ? draft : residual_draw(v, row, j, r, d, draft);
+    }
+    tokens[j] = emitted;
+    if (emitted < 0 || emitted != draft) return j;
+  }
+  tokens[drafts] = sampler.sample(position_target(v, drafts), row, position_params(v, row, drafts));
+  return drafts;
+}
+
+}  // namespace
+
+void verify_cpu(const VerifyParams& params, const ParallelFor& parallel_for) {
+  parallel_for(0, params.target.rows, 1, [&](int64_t begin, int64_t end) {
+    CpuRowSampler sampler(params.target.vocab);
+    for (int64_t row = begin; row < end; ++row) params.num_accepted[row] = verify_row(params, row, sampler);
+  });
+}
+
+}  // namespace logits_processor
