@@ -108,9 +108,37 @@ LP_HOST_DEVICE float residual_log_weight(float logprob, float q) {
   return r >= kMinNormal ? lp_log(r) : kNegInf;
 }
 
-// Row b's output: tokens[b, 0..accepted] emitted (`last` at index `accepted`), the rest -1.
+// The draw at a position whose draft was rejected: the Gumbel-max over the residual
+// max(0, p - q) without the draft, the position's noise, lowest index on ties; if rounding
+// left the residual empty, the same draw over p without the draft. Each device offers it
+// every token of the support but the draft, in any order.
+struct ResidualDraw {
+  uint64_t residual = kNoToken;
+  uint64_t target = kNoToken;
+
+  LP_HOST_DEVICE void offer(int64_t token, float logprob, float gumbel, float q) {
+    const float weight = residual_log_weight(logprob, q);
+    const uint64_t as_residual = pack_argmax(score_key(perturbed_score(weight, gumbel)), token);
+    const uint64_t as_target = pack_argmax(score_key(perturbed_score(logprob, gumbel)), token);
+    if (weight > kNegInf && as_residual > residual) residual = as_residual;
+    if (as_target > target) target = as_target;
+  }
+
+  LP_HOST_DEVICE int64_t token() const {
+    const uint64_t best = residual != kNoToken ? residual : target;
+    return best == kNoToken ? -1 : unpack_index(best);
+  }
+};
+
+// Row b's output row, [S + 1] contiguous.
 LP_HOST_DEVICE int64_t* row_tokens(const VerifyParams& v, int64_t row) { return v.tokens + row * v.positions; }
 
 void verify_cpu(const VerifyParams& params, const ParallelFor& parallel_for);
+
+#if defined(CUDA_KERNEL) || defined(__CUDACC__)
+// One launch for the batch, a block per row walking its positions; no scratch memory and no
+// host synchronisation (sampling_cuda.cu).
+void verify_cuda(const VerifyParams& params, cudaStream_t stream);
+#endif
 
 }  // namespace logits_processor

@@ -7,27 +7,18 @@
 namespace logits_processor {
 namespace {
 
-// The Gumbel-max draw from the residual max(0, p - q) at a position whose draft was
-// rejected: over the support, argmax of ln r_v + G_v with the position's noise (lowest index
-// on ties). The draft itself is excluded (its residual is 0 but for rounding); if rounding
-// left the residual empty, the same draw from p without the draft.
+// ResidualDraw over the row, the draft excluded.
 int64_t residual_draw(const VerifyParams& v, int64_t row, int64_t position, const RowParams& r,
                       const ProcessedDistribution& d, int64_t draft) {
-  uint64_t best_residual = kNoToken, best_target = kNoToken;
+  ResidualDraw draw;
   Philox4 bits{};
   for (int64_t i = 0; i < v.target.vocab; ++i) {
     if ((i & 3) == 0) bits = noise_bits(r, i >> 2);
     const float s = d.scores[i];
     if (!(s > kNegInf) || !(s >= d.floor) || i == draft) continue;
-    const float logprob = token_logprob(s, d.s_max, d.log_z);
-    const float gumbel = token_gumbel(r, i, bits.v[i & 3]);
-    const float weight = residual_log_weight(logprob, draft_prob(v, row, position, i));
-    if (weight > kNegInf)
-      best_residual = std::max(best_residual, pack_argmax(score_key(perturbed_score(weight, gumbel)), i));
-    best_target = std::max(best_target, pack_argmax(score_key(perturbed_score(logprob, gumbel)), i));
+    draw.offer(i, token_logprob(s, d.s_max, d.log_z), token_gumbel(r, i, bits.v[i & 3]), draft_prob(v, row, position, i));
   }
-  const uint64_t best = best_residual != kNoToken ? best_residual : best_target;
-  return best == kNoToken ? -1 : unpack_index(best);
+  return draw.token();
 }
 
 // Row `row`'s walk: returns the number of accepted drafts, the emitted tokens written.

@@ -569,9 +569,6 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
             lp::kMaxVerifyRows, " rows, got ", target_logits.size(0));
   CHECK_ARG(target_logits.size(2) <= 1 || target_logits.stride(2) == 1,
             "target_logits must be contiguous in its last dimension, got stride ", target_logits.stride(2));
-  CHECK_ARG(!uses_cuda_kernels(target_logits),
-            "target_logits: verify_draft runs on the CPU only so far (no CUDA kernel), got ",
-            device_name(target_logits.device()));
   const int64_t rows = target_logits.size(0);
   const int64_t positions = target_logits.size(1);
   const int64_t drafts = positions - 1;
@@ -637,7 +634,14 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
   }
   v.tokens = tokens.mutable_data_ptr<int64_t>();
   v.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
-  lp::verify_cpu(v, run_parallel_for);
+  if (!uses_cuda_kernels(target_logits)) {
+    lp::verify_cpu(v, run_parallel_for);
+    return;
+  }
+#if defined(CUDA_KERNEL)
+  const CudaLaunchContext context(target_logits);
+  lp::verify_cuda(v, context.stream());
+#endif
 }
 
 STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {

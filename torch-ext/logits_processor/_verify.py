@@ -58,7 +58,10 @@ def verify_draft(
     rest -1. Randomness is `sample`'s Philox keyed by (seed, row, offset) or per-row seeds, on
     counters of its own (sampling.h, verify.h): replayable, disjoint from `sample`'s draws.
     Residual differences p - q below 1.2e-38 count as 0. `out`: a VerifiedDraft of
-    preallocated tensors, returned. CPU only so far (a CUDA tensor raises).
+    preallocated tensors, returned. The CPU and CUDA implementations return the same tokens;
+    with `out` given and every parameter a number or a device tensor, the CUDA op is one launch
+    that neither synchronises nor allocates (graph-capturable). Device tensors are not
+    range-checked on the host: counts are clamped to [0, S], drafts outside [0, V) rejected.
     """
     args = (*_filter_args(temperature, top_k, top_p, min_p), *_draw_args(seed, offset))
     if out is None:
