@@ -12,10 +12,11 @@ int64_t residual_draw(const VerifyParams& v, int64_t row, int64_t position, cons
                       const ProcessedDistribution& d, int64_t draft) {
   ResidualDraw draw;
   Philox4 bits{};
+  int64_t group = -1;  // the group `bits` holds: drawn only for groups with a kept token
   for (int64_t i = 0; i < v.target.vocab; ++i) {
-    if ((i & 3) == 0) bits = noise_bits(r, i >> 2);
     const float s = d.scores[i];
     if (!(s > kNegInf) || !(s >= d.floor) || i == draft) continue;
+    if (i >> 2 != group) group = i >> 2, bits = noise_bits(r, group);
     draw.offer(i, token_logprob(s, d.s_max, d.log_z), token_gumbel(r, i, bits.v[i & 3]), draft_prob(v, row, position, i));
   }
   return draw.token();
