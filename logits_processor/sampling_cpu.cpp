@@ -2,7 +2,9 @@
 // sampling.h); only the way it finds the cutoffs differs. Each row's scores go once into a
 // float buffer (a vectorised loop), every later pass reads that buffer, and the cutoffs
 // come from a coarse 2048-bin histogram of the score keys followed by an exact selection
-// among the few candidates above the coarse bound.
+// among the few candidates above the coarse bound. The log-probability ops then read the
+// same buffer (reloaded at temperature 1 for greedy and raw rows) for ln Z, the rank and
+// the top-N.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -90,10 +92,12 @@ bool ranks_before(const Candidate& a, const Candidate& b) {
 
 int64_t unpack_or_none(uint64_t best) { return best == kNoToken ? -1 : unpack_index(best); }
 
+// The vectorised loops over a row are free functions on restrict pointers: inside RowSampler
+// gcc falls back to their scalar versions, several times slower.
+
 // perturbed[i] = s_i + G_i for the candidates with s_i >= floor, -inf for the others, with
 // G_i from word k_i below the top cell (the caller refines the top cells, which it counts);
-// returns the largest. Vectorised: a free function on restrict pointers, as gcc gives up
-// on this loop inside RowSampler.
+// returns the largest.
 float perturb(const float* __restrict scores, const uint32_t* __restrict noise, float floor,
               int64_t vocab, float* __restrict perturbed, int64_t& top_cells) {
   float best = kNegInf;
@@ -110,6 +114,31 @@ float perturb(const float* __restrict scores, const uint32_t* __restrict noise, 
   }
   top_cells = top;
   return best;
+}
+
+// The noise words of tokens [0, vocab): one Philox call per 4 tokens. (The parameters are a
+// copy: stores through `noise` could otherwise alias them, and reload them every call.)
+void fill_noise(const RowParams r, int64_t vocab, uint32_t* __restrict noise) {
+  for (int64_t group = 0; 4 * group < vocab; ++group) {
+    const Philox4 bits = noise_bits(r, group);
+    std::memcpy(noise + 4 * group, bits.v, sizeof(bits.v));
+  }
+}
+
+struct RowMax {
+  float s_max;
+  int64_t candidates;
+};
+
+RowMax max_and_count(const float* __restrict scores, int64_t vocab) {
+  float s_max = kNegInf;
+  int64_t candidates = 0;
+#pragma omp simd reduction(max : s_max) reduction(+ : candidates)
+  for (int64_t i = 0; i < vocab; ++i) {
+    s_max = scores[i] > s_max ? scores[i] : s_max;  // (std::max would not vectorise)
+    candidates += scores[i] > kNegInf;
+  }
+  return {s_max, candidates};
 }
 
 // The sum of fine_mass over the candidates with score >= floor.
@@ -230,16 +259,10 @@ class RowSampler {
 
   // s_max and the candidate count of the loaded scores; false if there is no candidate.
   bool scan() {
-    float s_max = kNegInf;
-    int64_t candidates = 0;
-#pragma omp simd reduction(max : s_max) reduction(+ : candidates)
-    for (int64_t i = 0; i < p_.vocab; ++i) {
-      s_max = scores_[i] > s_max ? scores_[i] : s_max;  // (std::max would not vectorise)
-      candidates += scores_[i] > kNegInf;
-    }
-    s_max_ = s_max;
-    candidates_ = candidates;
-    return candidates > 0;
+    const RowMax m = max_and_count(scores_, p_.vocab);
+    s_max_ = m.s_max;
+    candidates_ = m.candidates;
+    return candidates_ > 0;
   }
 
   Cutoff cutoff() {
@@ -327,10 +350,7 @@ class RowSampler {
   // noise of every token, then the perturbed scores, then the first index of the largest.
   int64_t gumbel_over_row(uint32_t threshold) {
     uint32_t* noise = scratch_.noise.data();
-    for (int64_t group = 0; 4 * group < p_.vocab; ++group) {
-      const Philox4 bits = noise_bits(r_, group);
-      std::memcpy(noise + 4 * group, bits.v, sizeof(bits.v));
-    }
+    fill_noise(r_, p_.vocab, noise);
     const float floor = threshold == kNoKey ? kNegInf : key_score(threshold);
     float* perturbed = scratch_.perturbed.data();
     int64_t top_cells = 0;  // words that need their refinement (probability 2^-32 each)

@@ -12,6 +12,9 @@
 // a chunk, and the last block to finish a row, counted with an atomic after a fence,
 // combines the chunks' winners. No block ever waits for another. Rows with filters are
 // sampled whole by their chunk-0 block.
+//
+// sample_with_logprobs and token_logprobs run logprobs_kernel: a block per row, the same draw,
+// then one pass over the kept set for ln Z, the rank and the top-N (row_logprobs).
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
