@@ -187,6 +187,12 @@ def test_long_drafts_layout(lp_cpu):
     assert ((tokens >= 0) == (positions <= accepted[:, None])).all()
     rejected = accepted < drafts_count
     assert (tokens[rejected, accepted[rejected]] != drafts[rejected, accepted[rejected]]).all()
+    # Each emitted token's log-probability under its position's distribution, as
+    # token_logprobs reports it: finite (the token lies in the support).
+    for j in range(drafts_count + 1):
+        emitted = tokens[:, j] >= 0
+        logprobs = lp_cpu.token_logprobs(target[emitted, j].contiguous(), tokens[emitted, j], temperature=0.3)
+        assert torch.isfinite(logprobs).all() and (logprobs <= 0).all()
 
 
 @pytest.mark.parametrize("with_draft_probs", [True, False], ids=["draft_probs", "point_mass"])
@@ -348,6 +354,13 @@ def cuda_case(g, rows, drafts_count, vocab, dtype):
 def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, drafts_count, vocab):
     g = torch.Generator().manual_seed(rows * vocab + sms)
     target, drafts, counts, q, bitmask, params = cuda_case(g, rows, drafts_count, vocab, dtype)
+    # Rows and positions of a padded buffer: strides the kernels must follow.
+    buffer = torch.zeros(rows, drafts_count + 1, vocab + 5, dtype=dtype)
+    buffer[..., 3 : vocab + 3] = target
+    padded = buffer[..., 3 : vocab + 3]
+    assert torch.equal(lp_cpu.verify_draft(padded, drafts, counts, bitmask=bitmask, **params).tokens,
+                       lp_cpu.verify_draft(target, drafts, counts, bitmask=bitmask, **params).tokens)
+    target = padded
     seeds = dict(seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
     for draft_probs in (q, None):
         for rng in (seeds, dict(seed=5, offset=9)):
