@@ -101,9 +101,10 @@ LOGPROBS_CASES = {
 # (batch, drafts, vocab, with draft_probs); the first is the CPU target's case.
 VERIFY_MODE = "top-k+top-p"
 VERIFY_CASES = {
+    # On the CPU B = 128 only at S = 4: the torch reference takes about 20 s a call there.
     ("cpu", False): [(32, 4, 128256, True), (32, 4, 128256, False)]
-                    + [(b, s, 128256, q) for b in (128, 32, 1) for s in (1, 4, 8) for q in (True, False)
-                       if (b, s) != (32, 4)],
+                    + [(b, s, 128256, q) for b, s in ((32, 1), (32, 8), (1, 1), (1, 4), (1, 8), (128, 4))
+                       for q in (True, False)],
     ("cpu", True): [(32, 4, 128256, True), (32, 4, 128256, False)],
     ("cuda", False): [(b, s, 128256, q) for b in (128, 32, 1) for s in (1, 4, 8) for q in (True, False)],
     ("cuda", True): [(128, 4, 128256, True)],
