@@ -32,12 +32,12 @@
 namespace logits_processor {
 
 constexpr int64_t kMaxVerifyPositions = 256;       // S + 1 (8 bits of the stream word)
-constexpr int64_t kMaxVerifyRows = int64_t{1} << 22;  // rows with a shared seed (22 bits)
+constexpr int64_t kMaxVerifyRows = int64_t{1} << 22;  // 22 bits of the stream word hold the row
 constexpr uint32_t kAcceptanceGroup = 0x40000000u;   // above V / 4, below the top cells' groups
 
 struct VerifyParams {
   // The target's per-row parameters (temperature, filters, seed, offset) and position 0's
-  // logits and bitmask rows; position j's are `position_stride` elements further.
+  // logits and bitmask rows; position j's are j `*_position_stride` elements further.
   SamplingParams target;
   int64_t positions;  // S + 1
   int64_t logits_position_stride;
