@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: build test demo bench clean sanitize certify emulation-build emulate traffic
+.PHONY: build test demo bench clean sanitize certify artifact certify-dryrun emulation-build emulate traffic
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,7 @@ test: build
 demo: build
 	$(PY) examples/demo.py
 
-bench: build
+bench: build emulation-build
 	$(PY) benchmarks/bench.py
 
 clean:
@@ -38,13 +38,29 @@ clean:
 emulation-build: $(STAMP)
 	$(PY) tools/build_emulation.py
 
+# The CUDA tests on fibers (both thread orders), under ThreadSanitizer and ASan + UBSan, and the
+# mutation check, each part timed (tests/cuda_emulation/check.py).
 emulate: build emulation-build
-	LP_EMULATION=fibers $(PY) -m pytest -q -m emulation tests
+	$(PY) tests/cuda_emulation/check.py
+
+# Global-memory bytes per row of each CUDA path, in passes over the row: `<path> <passes> B=<b>`.
+traffic: emulation-build
+	$(PY) tests/cuda_emulation/traffic.py
 
 # GPU certification (scripts/certify.sh): no .venv prerequisite, since the GPU machine has no
 # internet to create one; its python3 and the wheels carried in .whl/ are used there.
 certify:
 	scripts/certify.sh
+
+# The artifact that certification certifies: build/'s stable-ABI variants (all architectures)
+# copied into .artifact/ (ignored by git; sent with the device tool's carry beside .whl/).
+artifact: build
+	$(PY) tools/pack_artifact.py
+
+# The certification's dry run in a copy of the GPU machine's software (scripts/certify_dryrun.sh;
+# not in CI: it downloads torch 2.11 once). Needs `make artifact` first.
+certify-dryrun:
+	scripts/certify_dryrun.sh
 
 # The CPU variant built with AddressSanitizer + UBSan into build-asan/, and the CPU reliability
 # tests run against it; any report aborts the run. The ASan runtime must come first in the
@@ -58,7 +74,7 @@ ASAN_ENV = LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-f
 
 sanitize: $(STAMP)
 	$(ASAN_ENV) LP_SANITIZE=1 $(PY) tools/build.py
-	$(ASAN_ENV) LP_BUILD_DIR=build-asan $(PY) -m pytest tests/test_bitmask.py tests/test_sampling.py \
+	$(ASAN_ENV) LP_BUILD_DIR=build-asan $(PY) -m pytest tests/test_bitmask.py tests/test_sampling.py tests/test_penalties.py \
 		tests/test_properties_bitmask.py tests/test_properties_sampling.py tests/test_bad_input.py \
 		tests/test_scale.py tests/test_logprobs.py tests/test_properties_logprobs.py tests/test_verify.py
 

@@ -3,13 +3,16 @@
 Bitmask: this package (in place and out of place) against XGrammar's function and torch's
 masked_fill (with the unpacking a torch user needs). Sampler, when the build has `sample`:
 against the sort-based torch chain of torch_reference.py, with the same intersection
-semantics. Log-probabilities, when the build has `sample_with_logprobs`: against what engines
-run for raw logprobs (torch log_softmax + topk + gather + a rank count, then the sort-based
-sampler), num_logprobs 0, 1, 5 and 20. verify_draft, when the build has it: against the
-engines' torch rejection sampler (torch_reference.verify_draft_reference), S = 1, 4 and 8
-drafts, with and without draft probabilities. On a GPU it adds XGrammar's CUDA and Triton kernels
-and FlashInfer's sampling (each skipped, with the reason recorded, when it cannot be loaded) and reports % of the
-memory floor: the bytes that must move over a device-to-device copy bandwidth measured in
+semantics. Penalties, when the build has `apply_penalties_`: apply_penalties_ + sample on
+device-resident state against `sample` alone (no penalties) and against the torch chain
+engines run (padded history -> bincount -> masked ops -> the sort-based sampler).
+Log-probabilities, when the build has `sample_with_logprobs`: against what engines run for raw
+logprobs (torch log_softmax + topk + gather + a rank count, then the sort-based sampler),
+num_logprobs 0, 1, 5 and 20. verify_draft, when the build has it: against the engines' torch
+rejection sampler (torch_reference.verify_draft_reference), S = 1, 4 and 8 drafts, with and
+without draft probabilities. On a GPU it adds XGrammar's CUDA and Triton kernels and
+FlashInfer's sampling (each skipped, with the reason recorded, when it cannot be loaded) and
+reports % of the memory floor: the bytes that must move over a device-to-device copy bandwidth measured in
 the same run.
 
 Shared, noisy machines: every case times its implementations interleaved, round after round,
@@ -20,7 +23,9 @@ where it exceeds the kernel's time, as it does for a caller. Each case first che
 outputs agree (bitmask: every implementation equal to masked_fill's result; sampler: every
 token of ours and of the reference in the reference's kept set) and says so.
 
-  python benchmarks/bench.py [--quick] [--device cpu|cuda|all] [--only OP] [--json PATH]
+  python benchmarks/bench.py [--quick] [--device cpu|cuda|all] [--ops bitmask,sampler,penalties,logprobs]
+                             [--json PATH] [--without PEER]
+  (LP_BUILD_DIR: another build than build/, e.g. .artifact/ in the certification)
   python benchmarks/bench.py --prewarm   # only compile/load the GPU peers (certify.py)
 """
 
@@ -33,6 +38,7 @@ import json
 import math
 import platform
 import statistics
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,7 +47,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from torch_reference import (kept_probs, sample_reference, sample_with_logprobs_reference, unpack_bitmask,
+from torch_reference import (kept_probs, penalize, sample_reference, sample_with_logprobs_reference, unpack_bitmask,
                              verify_draft_reference)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,6 +89,18 @@ SAMPLER_SHAPES = {
     ("cuda", True): [(256, 128256, "float32")],
 }
 QUICK_CPU_MODES = ["greedy", "top-k+top-p", "all three"]
+
+# Penalties: (batch, vocab, dtype), each request with a 1024-token prompt, 256 generated tokens
+# and 8 logit biases, sampled with top-k + top-p (the CPU sampler target's mode).
+PENALTY_SHAPES = {
+    ("cpu", False): [(64, 128256, "float32"), (1, 128256, "float32"), (256, 128256, "float32")],
+    ("cpu", True): [(64, 128256, "float32")],
+    ("cuda", False): [(b, 128256, d) for b in (256, 64, 1) for d in ("float32", "bfloat16")],
+    ("cuda", True): [(256, 128256, "float32")],
+}
+PENALTY_MODE = "top-k+top-p"
+PROMPT_TOKENS, OUTPUT_TOKENS, BIASES = 1024, 256, 8
+SAMPLE_ALONE = f"{OURS} sample alone"
 
 # sample_with_logprobs (raw, the engines' default, with top-k + top-p sampling) against the
 # engines' chain: (batch, vocab, dtype, num_logprobs); the first is the CPU target's case.
@@ -239,7 +257,9 @@ SKIPPED_PEERS: dict[str, str] = {}
 
 
 def load_module(name: str, module: str):
-    """Import a peer lazily; on failure record why and return None."""
+    """Import a peer lazily; on failure record why and return None (also for one left out)."""
+    if name in SKIPPED_PEERS:
+        return None
     try:
         return importlib.import_module(module)
     except Exception as error:
@@ -402,6 +422,57 @@ def sampler_case(lp, device: str, batch: int, vocab: int, dtype: str, mode: str,
                 floor_s=bytes_ / bandwidth if bandwidth else None)
 
 
+def penalty_case(lp, device: str, batch: int, vocab: int, dtype: str, bandwidth) -> Case:
+    """apply_penalties_ + sample, in place on rotating logits (the seen tokens' values drift a
+    little from call to call, which does not change the work)."""
+    torch_dtype = DTYPES[dtype]
+    element = torch.tensor([], dtype=torch_dtype).element_size()
+    nbuf = buffer_count(batch * vocab * (element + 4), device)
+    logits = [torch.randn(batch, vocab, device=device).to(torch_dtype) for _ in range(nbuf)]
+    prompt = torch.randint(-1, vocab, (batch, PROMPT_TOKENS), device=device)
+    output = torch.randint(-1, vocab, (batch, OUTPUT_TOKENS), device=device)
+    state = lp.penalty_state_from_tokens(prompt, output, vocab)
+    penalties = {name: torch.full((batch,), value, device=device) for name, value in
+                 (("repetition_penalty", 1.1), ("frequency_penalty", 0.1), ("presence_penalty", 0.1))}
+    bias = {"logit_bias_ids": torch.randint(0, vocab, (batch, BIASES), device=device),
+            "logit_bias_values": torch.randn(batch, BIASES, device=device)}
+    params = {"temperature": 1.0, **MODES[PENALTY_MODE]}
+    out = torch.empty(batch, dtype=torch.int64, device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def ours(i: int) -> torch.Tensor:
+        lp.apply_penalties_(logits[i], *state, **penalties, **bias)
+        return lp.sample(logits[i], **params, seed=1234, offset=i, out=out)
+
+    def torch_chain(i: int) -> torch.Tensor:
+        return sample_reference(penalize(logits[i], prompt, output, **penalties, **bias), **params,
+                                generator=generator)
+
+    impls = [Impl(OURS, ours),
+             Impl(SAMPLE_ALONE, lambda i: lp.sample(logits[i], **params, seed=1234, offset=i, out=out)),
+             Impl("torch chain", torch_chain)]
+
+    def check() -> str:
+        """Our penalised logits against the chain's (which subtracts f * count and p in two
+        steps: rounding apart), and our token in the chain's kept set."""
+        expected = penalize(logits[0], prompt, output, **penalties, **bias)
+        token = ours(0).clone()
+        got = logits[0].float()
+        if not torch.allclose(got, expected, rtol=1e-5, atol=1e-5):
+            return f"MISMATCH: penalised logits differ by up to {float((got - expected).abs().max()):.3g}"
+        kept = kept_probs(expected, **params) > 0
+        inside = kept.gather(1, token.clamp(0, vocab - 1).unsqueeze(1)).squeeze(1) & (token >= 0)
+        return "ok" if bool(inside.all()) else f"MISMATCH: {int((~inside).sum())}/{batch} tokens outside the kept set"
+
+    # One read of the logits and of the state, the seen tokens written back (about as many as
+    # the history holds), the ids written.
+    words = (vocab + 31) // 32
+    seen = PROMPT_TOKENS + OUTPUT_TOKENS + BIASES
+    bytes_ = batch * (vocab * element + vocab * 4 + words * 4 + seen * element + 8)
+    return Case("penalties", device, batch, vocab, dtype, f"apply_penalties_ + sample {PENALTY_MODE}", bytes_,
+                impls, nbuf, check, floor_s=bytes_ / bandwidth if bandwidth else None)
+
+
 def logprobs_case(lp, device: str, batch: int, vocab: int, dtype: str, num_logprobs: int, bandwidth) -> Case:
     element, nbuf, logits = logits_buffers(device, batch, vocab, dtype)
     params = {"temperature": 1.0, **MODES[LOGPROBS_MODE]}
@@ -560,25 +631,40 @@ def targets(cases: list[dict], sampler_available: bool) -> list[dict]:
     result = [ratio_target(cases, "CPU bitmask: >= 2x faster than XGrammar's CPU function "
                            "(B=64, V=128000, fp32, half the bits)", "xgrammar-cpu", 2.0,
                            op="bitmask", device="cpu", batch=64, vocab=128000, dtype="float32", variant="half")]
+    if find(cases, op="penalties") is not None:
+        result.append(penalty_target(cases))
+    if find(cases, op="logprobs") is not None:
+        result.append(ratio_target(cases, "CPU sample_with_logprobs: >= 3x faster than the engines' chain "
+                                   "(log_softmax + topk + gather + rank count, then the sort-based sampler; "
+                                   "B=64, V=128256, fp32, N=5)", "torch chain", 3.0,
+                                   op="logprobs", device="cpu", batch=64, vocab=128256, dtype="float32",
+                                   variant=f"N=5 raw, {LOGPROBS_MODE}"))
+    if find(cases, op="verify") is not None:
+        result.append(ratio_target(cases, "CPU verify_draft: >= 5x faster than the engines' torch rejection sampler "
+                                   "(B=32, S=4, V=128256, fp32, top-k+top-p, draft_probs)", "torch rejection sampler",
+                                   5.0, op="verify", device="cpu", batch=32, vocab=128256,
+                                   variant="S=4 draft_probs"))
     if not sampler_available:
-        return result + [{"name": "sampler targets", "status": "SKIP", "detail": "sample is not in this build"}]
+        return result + [{"name": "sampler targets", "status": "SKIP", "detail": "not run (not in this build, or --ops)"}]
     result.append(ratio_target(cases, "CPU sampler: >= 5x faster than the sort-based reference "
                                "(B=64, V=128256, fp32, top_p=0.9, top_k=50)", "torch sort-based", 5.0,
                                op="sampler", device="cpu", batch=64, vocab=128256, dtype="float32",
                                variant="top-k+top-p"))
     if any(c["device"] == "cuda" for c in cases):
         result += gpu_sampler_targets(cases)
-    result.append(ratio_target(cases, "CPU sample_with_logprobs: >= 3x faster than the engines' chain "
-                               "(log_softmax + topk + gather + rank count, then the sort-based sampler; "
-                               "B=64, V=128256, fp32, N=5)", "torch chain", 3.0,
-                               op="logprobs", device="cpu", batch=64, vocab=128256, dtype="float32",
-                               variant=f"N=5 raw, {LOGPROBS_MODE}"))
-    if any(c["op"] == "verify" for c in cases):
-        result.append(ratio_target(cases, "CPU verify_draft: >= 5x faster than the engines' torch rejection sampler "
-                                   "(B=32, S=4, V=128256, fp32, top-k+top-p, draft_probs)", "torch rejection sampler",
-                                   5.0, op="verify", device="cpu", batch=32, vocab=128256,
-                                   variant="S=4 draft_probs"))
     return result
+
+
+def penalty_target(cases) -> dict:
+    """Issue 13's CPU target is for penalties fused into `sample`: at most 1.3x `sample` alone.
+    This build applies them in a pass of their own (apply_penalties_), measured against it."""
+    name = ("CPU penalties: apply_penalties_ + sample within 1.3x of sample alone "
+            "(B=64, V=128256, fp32, top-k+top-p; the target is the fused op's, not built)")
+    case = find(cases, op="penalties", device="cpu", batch=64, vocab=128256, dtype="float32")
+    ratio = case and case["results"].get(SAMPLE_ALONE, {}).get("ratio")
+    if not ratio:
+        return {"name": name, "status": "SKIP", "detail": "case not run"}
+    return {"name": name, "status": "PASS" if 1 / ratio <= 1.3 else "FAIL", "detail": f"{1 / ratio:.2f}x"}
 
 
 def markdown(report: dict) -> str:
@@ -610,6 +696,20 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def log_emulated_traffic() -> None:
+    """The CUDA kernels' global-memory traffic in passes over the row, as `make traffic`
+    prints it (counted by the CUDA emulation, tests/cuda_emulation/traffic.py)."""
+    sys.path.insert(0, str(ROOT / "tests" / "cuda_emulation"))
+    from emulation import BUILD, Emulation
+    from traffic import lines
+
+    if not BUILD.is_dir():
+        log(f"bench: CUDA global-memory traffic: no CUDA emulation build in {BUILD} (make emulation-build)")
+        return
+    log("bench: CUDA global-memory traffic per row, in passes over the row (CUDA emulation, H200 grid):")
+    for line in lines(Emulation()):
+        log(line)
+
 # --- main ---------------------------------------------------------------------------------
 
 def main() -> int:
@@ -618,9 +718,14 @@ def main() -> int:
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
                         help="'all' (default): the CPU, and the GPU when there is one")
     parser.add_argument("--json", type=Path, help="write every result to this file")
-    parser.add_argument("--only", choices=["bitmask", "sampler", "logprobs", "verify"], help="run one op's cases only")
+    parser.add_argument("--ops", default="bitmask,sampler,penalties,logprobs,verify",
+                        help="comma-separated subset of bitmask, sampler, penalties, logprobs, verify (default: all)")
     parser.add_argument("--prewarm", action="store_true", help="only load/compile the GPU peers, then exit")
+    parser.add_argument("--without", action="append", default=[], metavar="PEER",
+                        help="leave a peer out (e.g. flashinfer, xgrammar-cuda); repeatable")
     args = parser.parse_args()
+    for peer in args.without:
+        SKIPPED_PEERS[peer] = "left out (--without)"
 
     from kernels import get_local_kernel
 
@@ -630,13 +735,16 @@ def main() -> int:
     if args.device == "cuda" and not has_gpu:
         parser.error("--device cuda: no CUDA GPU is visible")
     devices = {"cpu": ["cpu"], "cuda": ["cuda"], "all": ["cpu"] + (["cuda"] if has_gpu else [])}[args.device]
-    lp = get_local_kernel(ROOT / "build")
+    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")))
     sampler_available = hasattr(lp, "sample")
+    penalties_available = hasattr(lp, "apply_penalties_")
+    logprobs_available = hasattr(lp, "sample_with_logprobs")
     torch.manual_seed(0)
 
     meta = {"kernel": lp.__name__, "torch": torch.__version__, "python": platform.python_version(),
             "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-            "devices": devices, "quick": args.quick, "sample_available": sampler_available}
+            "devices": devices, "quick": args.quick, "sample_available": sampler_available,
+            "penalties_available": penalties_available}
     log(f"bench: {OURS} ({lp.__name__}), torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
         f"devices {', '.join(devices)}{', quick' if args.quick else ''}")
     bandwidth = None
@@ -647,9 +755,14 @@ def main() -> int:
     if not sampler_available:
         log("bench: sample is not in this build: sampler benchmarks skipped")
 
+    ops = set(args.ops.split(","))
+    sampler_available &= "sampler" in ops
+    penalties_available &= "penalties" in ops
+    logprobs_available &= "logprobs" in ops
+    verify_available = hasattr(lp, "verify_draft") and "verify" in ops
     todo = []
     for device in devices:
-        for shape in BITMASK_CASES[(device, args.quick)]:
+        for shape in BITMASK_CASES[(device, args.quick)] if "bitmask" in ops else []:
             todo.append(functools.partial(bitmask_case, lp, device, *shape, bandwidth if device == "cuda" else None))
         if sampler_available:
             modes = QUICK_CPU_MODES if args.quick and device == "cpu" else list(MODES)
@@ -657,15 +770,17 @@ def main() -> int:
                 for mode in modes:
                     todo.append(functools.partial(sampler_case, lp, device, *shape, mode,
                                                   bandwidth if device == "cuda" else None))
-        if hasattr(lp, "sample_with_logprobs"):
+        if penalties_available:
+            for shape in PENALTY_SHAPES[(device, args.quick)]:
+                todo.append(functools.partial(penalty_case, lp, device, *shape,
+                                              bandwidth if device == "cuda" else None))
+        if logprobs_available:
             for shape in LOGPROBS_CASES[(device, args.quick)]:
                 todo.append(functools.partial(logprobs_case, lp, device, *shape,
                                               bandwidth if device == "cuda" else None))
-        if hasattr(lp, "verify_draft"):
+        if verify_available:
             for shape in VERIFY_CASES[(device, args.quick)]:
                 todo.append(functools.partial(verify_case, lp, device, *shape, bandwidth if device == "cuda" else None))
-    if args.only:
-        todo = [make for make in todo if make.func.__name__ == f"{args.only}_case"]
     cases = []
     for i, make in enumerate(todo):
         cases.append(run_case(make(), i + 1, len(todo)))
@@ -681,6 +796,7 @@ def main() -> int:
     for name, reason in SKIPPED_PEERS.items():
         log(f"bench: peer {name} skipped: {reason}")
     log(markdown(report))
+    log_emulated_traffic()
     if args.json:
         log(f"bench: results written to {args.json}")
     return 0

@@ -13,6 +13,9 @@ This is what a serving engine runs without a fused kernel, and what `bench.py` m
   logit returns -1.
 Each parameter is a Python number or a length-B tensor. Like the engines, it sorts only when
 top-k or top-p needs the rank order: greedy is one argmax and min-p needs only the maximum.
+
+`penalize` is the penalty chain engines run before it (vLLM's torch path): the padded token
+history to bincounts, then masked elementwise ops over the whole [B, V] logits, one per term.
 """
 
 from __future__ import annotations
@@ -138,6 +141,46 @@ def sample_reference(
     kept = torch.where(has_candidate.unsqueeze(-1), kept, 1.0)
     ids = torch.multinomial(kept, 1, generator=generator).squeeze(1)
     return torch.where(has_candidate, ids, -1)
+
+
+def _bincount_rows(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int64 [B, V] counts of each row's ids, -1 padding ignored (vLLM's bin counts: the
+    padding goes to an extra column V, which is dropped)."""
+    padded = torch.where(ids < 0, vocab, ids)
+    counts = torch.zeros(ids.shape[0], vocab + 1, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(1, padded, torch.ones_like(padded))
+    return counts[:, :vocab]
+
+
+def penalize(
+    logits: torch.Tensor,
+    prompt_token_ids: torch.Tensor,
+    output_token_ids: torch.Tensor,
+    repetition_penalty: torch.Tensor,
+    frequency_penalty: torch.Tensor,
+    presence_penalty: torch.Tensor,
+    logit_bias_ids: Optional[torch.Tensor] = None,
+    logit_bias_values: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """float32 [B, V]: the penalised logits, from -1 padded int64 [B, L] histories and per-row
+    float32 penalties (vLLM's order: repetition over prompt and output, then frequency and
+    presence over the output, then the biases)."""
+    vocab = logits.shape[-1]
+    x = logits.float()
+    output_counts = _bincount_rows(output_token_ids, vocab)
+    output_mask = output_counts > 0
+    seen = (_bincount_rows(prompt_token_ids, vocab) > 0) | output_mask
+    repetition = repetition_penalty.unsqueeze(1).repeat(1, vocab)
+    repetition[~seen] = 1.0
+    x = torch.where(x > 0, x / repetition, x * repetition)
+    x -= frequency_penalty.unsqueeze(1) * output_counts
+    x -= presence_penalty.unsqueeze(1) * output_mask
+    if logit_bias_ids is not None:
+        valid = logit_bias_ids >= 0
+        rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1).expand_as(logit_bias_ids)
+        x.index_put_((rows, logit_bias_ids.clamp(min=0)), torch.where(valid, logit_bias_values, 0.0),
+                     accumulate=True)
+    return x
 
 
 def sample_with_logprobs_reference(

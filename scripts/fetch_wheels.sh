@@ -16,8 +16,14 @@
 #   the working tree may take): flashinfer.sampling imports without nvidia-cudnn-frontend and
 #   nvidia-cutlass-dsl (checked here), and JIT-compiles its sampling kernels with nvcc at first
 #   use (certify.py starts that early, in the background).
-# - jsonschema and its dependencies (attrs is in the image): tests/test_demo.py validates the
-#   demo's JSON outputs with it.
+# - jsonschema and its dependencies, attrs included (the image's recorded package list of
+#   Nov 2026 in shared/docs/gpu-runs.md does not show it; the first dry run found
+#   tests/test_demo.py failing at collection without it): the demo test validates with it.
+# - flashinfer.sampling's imports the image's list may lack: nvidia-ml-py (pynvml) and
+#   requests with urllib3, idna, charset-normalizer and certifi. Carried duplicates of image
+#   packages are harmless: pure-Python wheels, first on PYTHONPATH.
+# At the end every carried wheel's requirements (Requires-Dist, for CPython 3.12 on Linux) are checked:
+# each must be carried, in IMAGE (what gpu-runs.md says the image has) or in UNNEEDED (with why).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,7 +44,21 @@ WHEELS=(
   jsonschema-specifications==2025.9.1
   referencing==0.37.0
   rpds-py==2026.9.1
+  attrs==26.1.0
+  nvidia-ml-py==13.615.71
+  requests==2.34.2
+  urllib3==2.8.0
+  idna==3.20
+  charset-normalizer==3.5.3
+  certifi==2026.10.19.post1
 )
+# What gpu-runs.md says the GPU image has (with their own requirements).
+IMAGE="torch triton numpy pytest pytest-xdist hypothesis huggingface-hub transformers pyyaml
+packaging tqdm tabulate ninja click einops"
+# Required by a carried wheel but not carried, and why that is safe.
+# flashinfer.sampling imports without the first two; kernels' imports without the other two
+# (only its CLI uses them; see above).
+UNNEEDED="nvidia-cudnn-frontend nvidia-cutlass-dsl sigstore tomlkit"
 
 # One version of each package: two would stop the whole install there.
 rm -rf .whl
@@ -51,4 +71,37 @@ mkdir -p .whl
   -d .whl "${WHEELS[@]}" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 
 ls -l .whl
+"$PY" - "$IMAGE $UNNEEDED" <<'PYEOF'
+import re, sys, zipfile
+from pathlib import Path
+from packaging.requirements import Requirement
+
+# The GPU machine's interpreter, for the requirements' environment markers.
+TARGET = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+          "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+          "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}
+
+def norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+wheels = sorted(Path(".whl").glob("*.whl"))
+carried = {norm(w.name.split("-")[0]) for w in wheels}
+known = carried | {norm(n) for n in sys.argv[1].split()}
+missing = []
+for wheel in wheels:
+    with zipfile.ZipFile(wheel) as archive:
+        if any("/" in m and m.split("/")[0].endswith(".data") for m in archive.namelist()):
+            missing.append(f"{wheel.name} has a .data/ folder: unpacking it is not an install")
+        metadata = next(m for m in archive.namelist() if m.endswith(".dist-info/METADATA"))
+        for line in archive.read(metadata).decode().splitlines():
+            if line.startswith("Requires-Dist:"):
+                requirement = Requirement(line.split(":", 1)[1])
+                if requirement.marker and not requirement.marker.evaluate(TARGET):
+                    continue  # an extra, or another Python or platform
+                name = norm(requirement.name)
+                if name not in known:
+                    missing.append(f"{wheel.name} requires {name}: neither carried nor in the image")
+print("\n".join(missing) or "every requirement of the carried wheels is carried or in the image")
+sys.exit(1 if missing else 0)
+PYEOF
 echo "total: $(du -ch .whl/*.whl | tail -1 | cut -f1) in $(ls .whl/*.whl | wc -l) wheels (the working tree may carry 64 MiB in all)"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("graph_check: no CUDA GPU visible", flush=True)
         return 2
-    lp = get_local_kernel(ROOT / "build")
+    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")))
     has_sample = hasattr(lp, "sample")
     checks: dict[str, bool] = {}
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -13,6 +13,7 @@ shared segments, and memcheck only sees accesses outside whole allocations.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -175,7 +176,7 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("sanitizer_cases: no CUDA GPU visible", flush=True)
         return 2
-    lp = get_local_kernel(ROOT / "build")
+    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")))
     g = torch.Generator().manual_seed(0)
     bitmask_cases(lp, args.device, g)
     print("sanitizer_cases: bitmask cases done", flush=True)

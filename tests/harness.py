@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from functools import cache
 from typing import Optional
@@ -40,6 +41,14 @@ def backends() -> list[str | None]:
     """Variants in BUILD that serve CPU tensors: the CPU one, and the CUDA one where it was built
     (the sanitizer build has the CPU one only)."""
     return ["cpu"] + ([None] if HAS_CUDA_VARIANT else [])
+
+
+def names_as_subject(message: str, argument: str) -> bool:
+    """Whether an error message blames `argument`: it starts with the name ("logits must be
+    ..."), or names it as torch's schema parser does ("... for argument 'logits' ..."). A bare
+    substring would accept a message that blames another argument ("bitmask must be on the
+    logits' device")."""
+    return re.match(rf"{re.escape(argument)}[ :]", message) is not None or f"argument '{argument}'" in message
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

@@ -105,6 +105,53 @@ def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, b
     return out
 
 
+def _per_row(value, rows: int) -> torch.Tensor:
+    """float32 [rows, 1]: a number or a per-row tensor as a column."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().to(torch.float32).reshape(rows, 1)
+    return torch.full((rows, 1), value, dtype=torch.float32)
+
+
+def penalties_reference(logits, prompt_mask, output_counts, repetition_penalty=1.0, frequency_penalty=0.0,
+                        presence_penalty=0.0, logit_bias_ids=None, logit_bias_values=None, rows=None):
+    """The penalised logits, from the formula in float32 (vLLM's and the OpenAI API's order):
+    seen tokens (prompt or output) x / r if x > 0 else x * r; output tokens x - (f * count + p);
+    then each bias added in list order; rounded once to the logits' dtype. Tokens neither seen
+    nor biased keep their bits."""
+    batch, vocab = logits.shape
+    state = torch.arange(batch) if rows is None else torch.as_tensor(rows).cpu()
+    x = logits.detach().cpu().float().clone()
+    in_prompt = unpack_bitmask(prompt_mask.cpu(), vocab)[state]
+    count = output_counts.cpu()[state]
+    r, f, p = (_per_row(v, batch) for v in (repetition_penalty, frequency_penalty, presence_penalty))
+    seen = in_prompt | (count > 0)
+    x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+    x = torch.where(count > 0, x - (f * count.float() + p), x)
+    touched = seen.clone()
+    if logit_bias_ids is not None:
+        ids, values = logit_bias_ids.cpu(), logit_bias_values.cpu().float()
+        for b in range(batch):
+            for j in range(ids.shape[1]):
+                token = int(ids[b, j])
+                if 0 <= token < vocab:
+                    x[b, token] = x[b, token] + values[b, j]
+                    touched[b, token] = True
+    out = logits.detach().cpu().clone()
+    out[touched] = x[touched].to(logits.dtype)
+    return out
+
+
+def penalty_state_reference(prompt_token_ids, output_token_ids, vocab):
+    """(prompt_mask, output_counts) from -1 padded id rows: presence bits and bincounts."""
+    present = torch.zeros(prompt_token_ids.shape[0], vocab, dtype=torch.bool)
+    counts = torch.zeros(output_token_ids.shape[0], vocab, dtype=torch.int32)
+    for r, ids in enumerate(prompt_token_ids.cpu()):
+        present[r, ids[ids >= 0]] = True
+    for r, ids in enumerate(output_token_ids.cpu()):
+        counts[r] = torch.bincount(ids[ids >= 0], minlength=vocab).to(torch.int32)
+    return pack_bitmask(present), counts
+
+
 def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, mode="processed", slack=0.0):
     """float32 [B, V]: the scores of the distribution `sample_with_logprobs` reports, -inf outside its support.
 

@@ -23,7 +23,7 @@ from typing import Callable
 import pytest
 import torch
 
-from harness import backends, load, same_bits
+from harness import backends, load, names_as_subject, same_bits
 
 EXPECTED_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
 B, V = 4, 64
@@ -53,6 +53,12 @@ def inputs() -> SimpleNamespace:
         draft_probs=torch.full((B, 2, V), 1 / V),
         position_mask=torch.full((B, 3, 2), -1, dtype=torch.int32),
         verified=torch.full((B, 3), 7, dtype=torch.int64),
+        prompt_mask=torch.randint(-(2**31), 2**31, (B + 2, 2), generator=g, dtype=torch.int64).to(torch.int32),
+        counts=torch.randint(0, 3, (B + 2, V), generator=g, dtype=torch.int32),
+        state_rows=torch.tensor([5, 0, 2, 1]),
+        bias_ids=torch.tensor([[1, -1], [V - 1, 3], [0, 0], [-1, -1]]),
+        bias_values=torch.randn(B, 2, generator=g),
+        token_ids=torch.randint(-1, V, (B, 2), generator=g),
     )
 
 
@@ -81,6 +87,21 @@ def packed(logits=lambda t: t.logits, bitmask=lambda t: t.mask, **kwargs) -> Cal
 
 def sample(logits=lambda t: t.logits, **kwargs) -> Callable:
     return _op("sample", logits, **kwargs)
+
+
+def penalties(logits=lambda t: t.logits, prompt_mask=lambda t: t.prompt_mask, output_counts=lambda t: t.counts,
+              **kwargs) -> Callable:
+    kwargs.setdefault("rows", lambda t: t.state_rows)
+    return _op("apply_penalties_", logits, prompt_mask, output_counts, **kwargs)
+
+
+def count_update(output_counts=lambda t: t.counts, token_ids=lambda t: t.token_ids, **kwargs) -> Callable:
+    kwargs.setdefault("rows", lambda t: t.state_rows)
+    return _op("update_output_counts_", output_counts, token_ids, **kwargs)
+
+
+def state_from_tokens(prompt=lambda t: t.token_ids, output=lambda t: t.token_ids, vocab_size=V) -> Callable:
+    return _op("penalty_state_from_tokens", prompt, output, vocab_size)
 
 
 def _bitmask_cases() -> list[Case]:
@@ -284,7 +305,98 @@ def _verify_cases() -> list[Case]:
     return [Case(*c) for c in cases]
 
 
-CASES = {c.id: c for c in _bitmask_cases() + _sampler_cases() + _logprobs_cases() + _verify_cases()}
+def _penalty_cases() -> list[Case]:
+    nan = float("nan")
+    bias = dict(logit_bias_ids=lambda t: t.bias_ids, logit_bias_values=lambda t: t.bias_values)
+    cases = [
+        ("penalties-logits-float64", "logits", penalties(logits=lambda t: t.f64)),
+        ("penalties-logits-1d", "logits", penalties(logits=lambda t: t.logits[0])),
+        ("penalties-logits-transposed", "logits", penalties(logits=lambda t: t.logits.t())),
+        ("penalties-logits-expanded-rows", "logits", penalties(logits=lambda t: t.logits[:1].expand(B, V))),
+        ("penalties-prompt_mask-int64", "prompt_mask", penalties(prompt_mask=lambda t: t.prompt_mask.long())),
+        ("penalties-prompt_mask-too-narrow", "prompt_mask", penalties(prompt_mask=lambda t: t.prompt_mask[:, :1])),
+        ("penalties-prompt_mask-too-wide", "prompt_mask", penalties(prompt_mask=lambda t: t.wide_mask)),
+        ("penalties-prompt_mask-meta-device", "prompt_mask", penalties(prompt_mask=lambda t: t.prompt_mask.to("meta"))),
+        ("penalties-output_counts-float", "output_counts", penalties(output_counts=lambda t: t.counts.float())),
+        ("penalties-output_counts-wrong-width", "output_counts", penalties(output_counts=lambda t: t.counts[:, 1:])),
+        ("penalties-output_counts-fewer-rows-than-prompt_mask", "output_counts",
+         penalties(output_counts=lambda t: t.counts[:B + 1])),
+        ("penalties-output_counts-rows-unmapped", "output_counts", penalties(rows=None)),
+        ("penalties-rows-past-state", "rows", penalties(rows=[0, 1, 2, B + 2])),
+        ("penalties-rows-negative", "rows", penalties(rows=[0, 1, -1, 2])),
+        ("penalties-rows-wrong-length", "rows", penalties(rows=[0, 1])),
+        ("penalties-rows-float-tensor", "rows", penalties(rows=lambda t: t.row_f32)),
+        ("penalties-rows-meta-device", "rows", penalties(rows=lambda t: t.state_rows.to("meta"))),
+        ("penalties-repetition_penalty-zero", "repetition_penalty", penalties(repetition_penalty=0.0)),
+        ("penalties-repetition_penalty-negative", "repetition_penalty", penalties(repetition_penalty=-1.0)),
+        ("penalties-repetition_penalty-nan", "repetition_penalty", penalties(repetition_penalty=nan)),
+        ("penalties-repetition_penalty-rows-zero", "repetition_penalty",
+         penalties(repetition_penalty=lambda t: t.row_f32 * torch.tensor([1.0, 0.0, 1.0, 1.0]))),
+        ("penalties-repetition_penalty-rows-nan", "repetition_penalty",
+         penalties(repetition_penalty=lambda t: t.row_f32 + torch.tensor([0.0, 0.0, nan, 0.0]))),
+        ("penalties-repetition_penalty-rows-int", "repetition_penalty", penalties(repetition_penalty=lambda t: t.row_i64)),
+        ("penalties-frequency_penalty-nan", "frequency_penalty", penalties(frequency_penalty=nan)),
+        ("penalties-frequency_penalty-str", "frequency_penalty", penalties(frequency_penalty="0.5")),
+        ("penalties-frequency_penalty-rows-wrong-length", "frequency_penalty",
+         penalties(frequency_penalty=lambda t: t.row_f32[:3])),
+        ("penalties-presence_penalty-nan", "presence_penalty", penalties(presence_penalty=nan)),
+        ("penalties-presence_penalty-rows-nan", "presence_penalty",
+         penalties(presence_penalty=lambda t: t.row_f32 + torch.tensor([nan, 0.0, 0.0, 0.0]))),
+        ("penalties-presence_penalty-rows-meta-device", "presence_penalty",
+         penalties(presence_penalty=lambda t: t.row_f32.to("meta"))),
+        ("penalties-logit_bias_ids-past-vocab", "logit_bias_ids",
+         penalties(**bias | dict(logit_bias_ids=lambda t: t.bias_ids + torch.tensor([[0, 0], [1, 0], [0, 0], [0, 0]])))),
+        ("penalties-logit_bias_ids-below-padding", "logit_bias_ids",
+         penalties(**bias | dict(logit_bias_ids=lambda t: t.bias_ids - 1))),
+        ("penalties-logit_bias_ids-int32", "logit_bias_ids",
+         penalties(**bias | dict(logit_bias_ids=lambda t: t.bias_ids.int()))),
+        ("penalties-logit_bias_ids-wrong-rows", "logit_bias_ids",
+         penalties(logit_bias_ids=lambda t: t.bias_ids[:3], logit_bias_values=lambda t: t.bias_values[:3])),
+        ("penalties-logit_bias_ids-1d", "logit_bias_ids",
+         penalties(logit_bias_ids=lambda t: t.bias_ids[0], logit_bias_values=lambda t: t.bias_values[0])),
+        ("penalties-logit_bias_ids-alone", "logit_bias_values", penalties(logit_bias_ids=lambda t: t.bias_ids)),
+        ("penalties-logit_bias_values-alone", "logit_bias_ids", penalties(logit_bias_values=lambda t: t.bias_values)),
+        ("penalties-logit_bias_values-nan", "logit_bias_values",
+         penalties(**bias | dict(logit_bias_values=lambda t: t.bias_values + torch.tensor([[0.0, 0.0], [0.0, nan], [0.0, 0.0], [0.0, 0.0]])))),
+        ("penalties-logit_bias_values-wrong-shape", "logit_bias_values",
+         penalties(**bias | dict(logit_bias_values=lambda t: t.bias_values[:, :1]))),
+        ("penalties-logit_bias_values-int", "logit_bias_values",
+         penalties(**bias | dict(logit_bias_values=lambda t: t.bias_ids))),
+        ("penalties-logit_bias_values-meta-device", "logit_bias_values",
+         penalties(**bias | dict(logit_bias_values=lambda t: t.bias_values.to("meta")))),
+        # update_output_counts_
+        ("counts-output_counts-int64", "output_counts", count_update(output_counts=lambda t: t.counts.long())),
+        ("counts-output_counts-1d", "output_counts", count_update(output_counts=lambda t: t.counts[0])),
+        ("counts-output_counts-expanded-rows", "output_counts",
+         count_update(output_counts=lambda t: t.counts[:1].expand(B + 2, V))),
+        ("counts-output_counts-meta-device", "output_counts", count_update(output_counts=lambda t: t.counts.to("meta"))),
+        ("counts-output_counts-rows-unmapped", "output_counts", count_update(rows=None)),
+        ("counts-token_ids-past-vocab", "token_ids", count_update(token_ids=lambda t: t.token_ids.clamp(min=0) + V - 1)),
+        ("counts-token_ids-below-none", "token_ids", count_update(token_ids=lambda t: t.token_ids - V)),
+        ("counts-token_ids-int32", "token_ids", count_update(token_ids=lambda t: t.token_ids.int())),
+        ("counts-token_ids-3d", "token_ids", count_update(token_ids=lambda t: t.token_ids.view(B, 2, 1))),
+        ("counts-token_ids-float", "token_ids", count_update(token_ids=lambda t: t.token_ids.float())),
+        ("counts-rows-past-state", "rows", count_update(rows=[0, 1, 2, B + 2])),
+        ("counts-rows-wrong-length", "rows", count_update(rows=lambda t: t.state_rows[:3])),
+        ("counts-rows-floats", "rows", count_update(rows=[0.5, 1, 2, 3])),
+        # penalty_state_from_tokens
+        ("state-vocab_size-negative", "vocab_size", state_from_tokens(vocab_size=-1)),
+        ("state-vocab_size-float", "vocab_size", state_from_tokens(vocab_size=64.0)),
+        ("state-vocab_size-too-small-for-ids", "prompt_token_ids", state_from_tokens(vocab_size=V // 2)),
+        ("state-prompt_token_ids-1d", "prompt_token_ids", state_from_tokens(prompt=lambda t: t.token_ids[0])),
+        ("state-prompt_token_ids-list", "prompt_token_ids", state_from_tokens(prompt=lambda t: t.token_ids.tolist())),
+        ("state-prompt_token_ids-int32", "prompt_token_ids", state_from_tokens(prompt=lambda t: t.token_ids.int())),
+        ("state-output_token_ids-float", "output_token_ids", state_from_tokens(output=lambda t: t.token_ids.float())),
+        ("state-output_token_ids-wrong-rows", "output_token_ids", state_from_tokens(output=lambda t: t.token_ids[:3])),
+        ("state-output_token_ids-below-none", "output_token_ids", state_from_tokens(output=lambda t: t.token_ids - V)),
+        ("state-output_token_ids-meta-device", "output_token_ids",
+         state_from_tokens(output=lambda t: t.token_ids.to("meta"))),
+    ]
+    return [Case(*c) for c in cases]
+
+
+CASES = {c.id: c for c in _bitmask_cases() + _sampler_cases() + _penalty_cases() + _logprobs_cases()
+         + _verify_cases()}
 # Not part of the matrix: checks that the harness turns a crash into that case's failure.
 PROBES = {"crash-probe": Case("crash-probe", "-", lambda lp, t: os.abort())}
 
@@ -353,7 +465,8 @@ def test_bad_call_raises_naming_the_argument(outcomes, backend, case_id):
     assert "crashed" not in result, f"the child process died (exit {result['crashed']}):\n{result['stderr']}"
     assert result["raised"] is not None, "no exception: the bad call was accepted"
     assert result["expected_type"], f"raised {result['raised']}: {result['message']}\n{result['where']}"
-    assert CASES[case_id].arg in result["message"], f"the message does not name {CASES[case_id].arg!r}: {result['message']}"
+    assert names_as_subject(result["message"], CASES[case_id].arg), \
+        f"the message does not name {CASES[case_id].arg!r} as its subject: {result['message']}"
     assert not result["changed"], f"inputs changed: {result['changed']}"
 
 

@@ -1,10 +1,13 @@
 """Grammar bitmask ops against plain torch and XGrammar's own function, through the loader."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import xgrammar
 
 from conftest import BUILD, ROOT, devices, requires_cuda
+from harness import SANITIZED, names_as_subject
 from reference import bitmask_reference, pack_bitmask, random_bitmask, unpack_bitmask
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -32,11 +35,13 @@ def test_matches_reference_and_xgrammar(lp_variant, dtype, vocab, device):
         xgr = logits.clone()
         xgrammar.apply_token_bitmask_inplace(xgr, bitmask)
         assert torch.equal(expected, xgr), "the reference disagrees with XGrammar"
-        got = logits.to(device)
+        got = logits.to(device, copy=True)
         lp_variant.apply_token_bitmask_inplace(got, bitmask.to(device))
         assert torch.equal(got.cpu(), expected), pattern
-        out = lp_variant.apply_packed_bitmask(logits.to(device), bitmask.to(device))
+        source = logits.to(device, copy=True)
+        out = lp_variant.apply_packed_bitmask(source, bitmask.to(device))
         assert torch.equal(out.cpu(), expected), pattern
+        assert torch.equal(source.cpu(), logits), "the out-of-place op wrote its input"
 
 
 @pytest.mark.parametrize("device", devices())
@@ -46,11 +51,11 @@ def test_padded_vocab_leaves_tail_untouched(lp, device, dtype):
     logits = torch.randn(5, 1100, generator=g).to(dtype)
     bitmask = random_bitmask(5, 1100, g, "zeros")
     for vocab_size in [0, 1, 31, 33, 1000, 1056, 1100]:
-        got = logits.to(device)
+        got = logits.to(device, copy=True)
         lp.apply_token_bitmask_inplace(got, bitmask.to(device), vocab_size=vocab_size)
         xgr = logits.clone()
         xgrammar.apply_token_bitmask_inplace(xgr, bitmask, vocab_size=vocab_size)
-        assert torch.equal(got.cpu(), xgr)
+        assert torch.equal(got.cpu(), xgr), vocab_size
         assert torch.equal(got.cpu()[:, vocab_size:], logits[:, vocab_size:])
         assert torch.isinf(got.cpu()[:, :vocab_size]).all()
 
@@ -60,7 +65,7 @@ def test_bitmask_narrower_than_logits_masks_only_covered_columns(lp, device):
     g = torch.Generator().manual_seed(2)
     logits = torch.randn(4, 100, generator=g)
     bitmask = random_bitmask(4, 64, g, "zeros")  # 2 words: 64 tokens
-    got = logits.to(device)
+    got = logits.to(device, copy=True)
     lp.apply_token_bitmask_inplace(got, bitmask.to(device))
     assert torch.isinf(got.cpu()[:, :64]).all()
     assert torch.equal(got.cpu()[:, 64:], logits[:, 64:])
@@ -75,10 +80,11 @@ def test_indices_select_rows(lp, device, as_tensor):
     bitmask = random_bitmask(12, 333, g, "mixed")  # batch sizes may differ with indices
     indices = [7, 0, 3, 3, 8]  # any order, duplicates allowed
     passed = torch.tensor(indices, device=device) if as_tensor else indices
-    got = logits.to(device)
-    lp.apply_token_bitmask_inplace(got, bitmask.to(device), indices=passed)
     xgr = logits.clone()
     xgrammar.apply_token_bitmask_inplace(xgr, bitmask, indices=indices)
+    assert torch.equal(xgr, bitmask_reference(logits, bitmask, indices=indices))
+    got = logits.to(device, copy=True)
+    lp.apply_token_bitmask_inplace(got, bitmask.to(device), indices=passed)
     assert torch.equal(got.cpu(), xgr)
     untouched = [r for r in range(9) if r not in indices]
     assert torch.equal(got.cpu()[untouched], logits[untouched])
@@ -113,25 +119,33 @@ def test_one_dimensional_logits(lp, device):
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(100, generator=g)
     bitmask = random_bitmask(1, 100, g, "mixed")
+    xgr = logits.clone()
+    xgrammar.apply_token_bitmask_inplace(xgr, bitmask[0])
+    assert torch.equal(xgr, bitmask_reference(logits, bitmask[0]))
+    assert torch.isinf(xgr).any() and torch.isfinite(xgr).any()  # the mask keeps some tokens, not all
     for mask in [bitmask, bitmask[0]]:
-        got = logits.to(device)
+        got = logits.to(device, copy=True)
         lp.apply_token_bitmask_inplace(got, mask.to(device))
-        xgr = logits.clone()
-        xgrammar.apply_token_bitmask_inplace(xgr, mask)
-        assert torch.equal(got.cpu(), xgr)
+        assert torch.equal(got.cpu(), xgr), mask.shape
 
 
 @pytest.mark.parametrize("device", devices())
-def test_finite_fill_keeps_fully_masked_rows_finite(lp, device):
+@pytest.mark.parametrize("fill_value", [float("-inf"), -1e4])
+def test_fully_masked_rows_get_the_fill_everywhere(lp, device, fill_value):
+    """Both ops; a finite fill keeps such a row finite, so its softmax is uniform, not NaN."""
     g = torch.Generator().manual_seed(6)
-    logits = torch.randn(3, 77, generator=g).to(device)
+    logits = torch.randn(3, 77, generator=g)
     bitmask = torch.zeros(3, 3, dtype=torch.int32, device=device)
-    out = lp.apply_packed_bitmask(logits, bitmask, -1e4)
-    assert torch.isfinite(out).all()
-    assert torch.equal(out.cpu(), torch.full((3, 77), -1e4))
-    probs = torch.softmax(out, dim=-1)
-    assert torch.allclose(probs.cpu(), torch.full((3, 77), 1 / 77))
-    assert torch.equal(logits, logits.clone())  # out of place: logits unchanged
+    filled = torch.full((3, 77), fill_value)
+    source = logits.to(device, copy=True)
+    out = lp.apply_packed_bitmask(source, bitmask, fill_value)
+    assert torch.equal(out.cpu(), filled)
+    assert torch.equal(source.cpu(), logits)  # out of place: logits unchanged
+    got = logits.to(device, copy=True)
+    lp.apply_token_bitmask_inplace(got, bitmask, fill_value=fill_value)
+    assert torch.equal(got.cpu(), filled)
+    if fill_value > float("-inf"):
+        assert torch.allclose(torch.softmax(out, dim=-1).cpu(), torch.full((3, 77), 1 / 77))
 
 
 @pytest.mark.parametrize("device", devices())
@@ -140,7 +154,7 @@ def test_packed_bitmask_into_logits_itself(lp, device):
     logits = torch.randn(4, 200, generator=g)
     bitmask = random_bitmask(4, 200, g, "mixed")
     expected = bitmask_reference(logits, bitmask)
-    x = logits.to(device)
+    x = logits.to(device, copy=True)
     assert lp.apply_packed_bitmask(x, bitmask.to(device), out=x) is x
     assert torch.equal(x.cpu(), expected)
 
@@ -148,8 +162,9 @@ def test_packed_bitmask_into_logits_itself(lp, device):
 def test_apply_token_bitmask_returns_logits(lp):
     logits = torch.randn(2, 64)
     bitmask = torch.tensor([[0, -1], [-1, 0]], dtype=torch.int32)
+    expected = bitmask_reference(logits, bitmask)
     assert lp.apply_token_bitmask(logits, bitmask) is logits
-    assert torch.isinf(logits[0, :32]).all() and torch.isfinite(logits[0, 32:]).all()
+    assert torch.equal(logits, expected)
 
 
 def test_allocation_helpers_match_xgrammar(lp):
@@ -206,7 +221,7 @@ def test_bad_input_raises_naming_the_argument(lp, device):
         before = x.clone()
         with pytest.raises((RuntimeError, ValueError, TypeError, IndexError)) as info:
             call(lp, x)
-        assert name in str(info.value), (name, str(info.value))
+        assert names_as_subject(str(info.value), name), (name, str(info.value))
         assert torch.equal(x, before), name
 
 
@@ -214,7 +229,7 @@ def test_overlapping_out_is_rejected(lp):
     buffer = torch.randn(4 * 64 + 1)
     logits = buffer[:256].view(4, 64)
     out = buffer[1:257].view(4, 64)
-    with pytest.raises(RuntimeError, match="out"):
+    with pytest.raises(RuntimeError, match="^out "):
         lp.apply_packed_bitmask(logits, torch.zeros(4, 2, dtype=torch.int32), out=out)
 
 
@@ -255,8 +270,9 @@ def test_torch_compile_fullgraph(lp):
 # --- build -------------------------------------------------------------------------------
 
 def test_cuda_build_carries_all_architectures():
-    """The CUDA .so holds machine code for every capability metadata.json lists, and by
-    default (LP_CUDA_ARCHS unset) that is every capability of build.toml."""
+    """The CUDA .so holds machine code for every capability metadata.json lists, and that is
+    every capability of build.toml, or exactly those of LP_CUDA_ARCHS where a narrowed build
+    is tested."""
     import json
     import os
     import sys
@@ -277,10 +293,23 @@ def test_cuda_build_carries_all_architectures():
             expected.add(("ptx", sm))
     found = fatbin_entries(next(variants[0].glob("*.abi3.so")))
     assert found == expected
-    if not os.environ.get("LP_CUDA_ARCHS"):
+    narrowed = os.environ.get("LP_CUDA_ARCHS")
+    if narrowed:
+        assert sorted(archs) == sorted(a.strip() for a in narrowed.split(",") if a.strip()), \
+            "the build does not carry exactly the capabilities LP_CUDA_ARCHS names"
+    else:
         config = tomllib.loads((ROOT / "build.toml").read_text())
         assert archs == config["kernel"]["logits_processor_cuda"]["cuda-capabilities"]
         assert {"8.0", "8.6", "8.9", "9.0", "10.0", "12.0+PTX"} <= set(archs)
+
+
+def test_sanitizer_run_loads_the_instrumented_build(lp):
+    """Under ASan (`make sanitize`) the ops come from the instrumented .so of build-asan/; in
+    any other run from an uninstrumented one (a sanitizer run against a plain build would
+    check nothing)."""
+    (so,) = Path(lp.__file__).parent.glob("*.abi3.so")
+    symbols = so.read_bytes()
+    assert (b"__asan_report_load" in symbols, b"__ubsan_handle" in symbols) == (SANITIZED, SANITIZED), so
 
 
 # --- CUDA only ---------------------------------------------------------------------------

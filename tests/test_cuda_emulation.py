@@ -21,7 +21,8 @@ pytestmark = pytest.mark.emulation
 
 SANITIZED = FLAVOR != "fibers"  # an OS thread per CUDA thread: slower, so smaller cases
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-SMS = [8] if SANITIZED else [1, 8, 132]
+# 132 SMs' grids have thousands of blocks, each a rendezvous of 256 OS threads when sanitized.
+SMS = [1, 8] if SANITIZED else [1, 8, 132]
 
 # Every path of the sampler; rows of a batch cycle through them.
 PATHS = {
@@ -35,7 +36,7 @@ PATHS = {
 }
 
 # (rows, vocab): V > 8192 with few rows is the split path; 256 rows exceed 1 or 8 SMs' blocks.
-SAMPLER_SHAPES = ([(3, 50), (4, 9001)] if SANITIZED else
+SAMPLER_SHAPES = ([(3, 50), (7, 1001), (4, 9001)] if SANITIZED else
                   [(1, 1), (3, 50), (7, 1001), (256, 1000), (40, 32000), (3, 128256), (2, 200003)])
 
 
@@ -133,6 +134,9 @@ BITMASK_VOCABS = [1, 33, 1027] if SANITIZED else [1, 31, 33, 1000, 1027, 128257]
 # (pad, offset): contiguous rows; rows of a padded buffer at an odd column; at an aligned one.
 LAYOUTS = [(0, 0), (13, 3), (8, 8)]
 ROWS = 5
+# Repeated indices make two threads write the same fill value to the same logits: a race
+# CUDA tolerates (equal values) and ThreadSanitizer rightly reports, so not under it.
+INDICES = [4, 0, 2] if FLAVOR == "tsan" else [4, 0, 2, 2]
 
 
 @pytest.mark.parametrize("sms", SMS)
@@ -156,7 +160,7 @@ def test_bitmask_agrees_with_cpu(emulation, lp_cpu, sms, dtype, vocab):
             source = view(buffer())
             calls = {
                 "in place": lambda lp, b: lp.apply_token_bitmask_inplace(view(b), bitmask),
-                "indices": lambda lp, b: lp.apply_token_bitmask_inplace(view(b), bitmask, indices=[4, 0, 2, 2]),
+                "indices": lambda lp, b: lp.apply_token_bitmask_inplace(view(b), bitmask, indices=INDICES),
                 "vocab_size": lambda lp, b: lp.apply_token_bitmask_inplace(view(b), bitmask, vocab_size=max(vocab - 5, 1)),
                 "out of place": lambda lp, b: lp.apply_packed_bitmask(source, bitmask, -7.5, out=view(b)),
             }

@@ -5,7 +5,8 @@ The other torch is 2.13.0, a CPU build, in its own virtual environment .venv-tor
 (ignored by git), created on first use from this interpreter with `torch==2.13.0+cpu` and
 `kernels==0.17.2` (about 90 s on two cores from a local wheel; pip's configuration decides
 where the wheel comes from: this machine's /opt/wheels, or on a networked CI machine
-PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu).
+PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu). In certification mode (LP_OFFLINE=1,
+the GPU machine without network) the tests that need it skip unless it already exists.
 
 What works and what does not, as these tests record it:
 - the CPU variant torch-stable-abi210-cpu-... loads under torch 2.13 and gives bit-identical
@@ -33,9 +34,11 @@ import torch
 from kernels import get_local_kernel
 from kernels.variants import ArchVariant, TorchStableAbi, get_variants_local, resolve_variant
 
+from conftest import BUILD, skip_if_offline
+
 ROOT = Path(__file__).resolve().parent.parent
-BUILD = ROOT / "build"
-OTHER_VENV = ROOT / ".venv-torch213"
+# LP_OTHER_VENV puts it elsewhere (test_offline_mode_skips_the_network_tests: a missing one).
+OTHER_VENV = Path(os.environ.get("LP_OTHER_VENV", ROOT / ".venv-torch213"))
 OTHER_TORCH = "2.13.0"
 OTHER_REQUIREMENTS = [f"torch=={OTHER_TORCH}+cpu", "kernels==0.17.2"]
 CUDA_LIBS = Path(torch.__file__).parent.parent / "nvidia" / "cu13" / "lib"
@@ -70,6 +73,7 @@ def other_python() -> Path:
     python = OTHER_VENV / "bin" / "python"
     stamp = OTHER_VENV / ".installed"
     if not stamp.exists():
+        skip_if_offline(f"creating {OTHER_VENV.name} ({' '.join(OTHER_REQUIREMENTS)})")
         start = time.monotonic()
         base = getattr(sys, "_base_executable", sys.executable)
         subprocess.run([base, "-m", "venv", "--clear", str(OTHER_VENV)], check=True)

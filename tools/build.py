@@ -189,27 +189,56 @@ def nvcc_available() -> bool:
 
 
 def default_backends() -> list[str]:
+    """LP_BACKENDS, else CUDA (when it can be built) and CPU. A CUDA torch without nvcc gets
+    the CPU variant only: said loudly, since every CUDA test would then fail for no clear reason."""
     wanted = os.environ.get("LP_BACKENDS")
     if wanted:
-        return [b.strip() for b in wanted.split(",") if b.strip()]
-    backends = ["cpu"]
-    if torch.version.cuda and nvcc_available():
-        backends.insert(0, "cuda")
-    return backends
+        backends = [b.strip() for b in wanted.split(",") if b.strip()]
+        if "cuda" in backends and not nvcc_available():
+            raise SystemExit(f"[build] LP_BACKENDS={wanted} asks for CUDA, but {missing_cuda()}")
+        return backends
+    if not torch.version.cuda:
+        print(f"[build] torch {torch.__version__} is not a CUDA build: CPU variant only", flush=True)
+        return ["cpu"]
+    if not nvcc_available():
+        banner = "!" * 78
+        print(f"{banner}\n[build] NO CUDA VARIANT: torch {torch.__version__} is a CUDA build, but "
+              f"{missing_cuda()}.\n[build] Building the CPU variant only; CUDA tests will not find "
+              f"a CUDA variant.\n{banner}", flush=True)
+        return ["cpu"]
+    return ["cuda", "cpu"]
+
+
+def missing_cuda() -> str:
+    """Why nvcc_available() is False, naming what was looked at."""
+    if cpp_extension.CUDA_HOME is None:
+        return "no CUDA toolkit was found (CUDA_HOME unset, no nvcc on PATH, no /usr/local/cuda)"
+    return f"CUDA_HOME={cpp_extension.CUDA_HOME} has no bin/nvcc"
+
+
+def backend_define(backend: str) -> str:
+    return "-DCUDA_KERNEL" if backend == "cuda" else "-DCPU_KERNEL"
+
+
+def host_flags(config: dict, backend: str) -> list[str]:
+    """The host compiler's flags for `backend`'s .cpp files (tools/check_torch_headers.py
+    compiles with these too)."""
+    stable = stable_abi(config, backend)
+    return (CXX_FLAGS + [backend_define(backend)] + (stable_abi_flags(stable) if stable else [])
+            + section_flags(config, backend, "cxx-flags"))
 
 
 def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) -> Path:
     files = sources(config, backend)
     compiled = [str(f) for f in files if f.suffix in (".cpp", ".cu")]
-    define = "-DCUDA_KERNEL" if backend == "cuda" else "-DCPU_KERNEL"
     stable = stable_abi(config, backend)
+    cflags = host_flags(config, backend)
     # A stable-ABI build must not need libtorch_python (nor anything else it does not use):
     # cpp_extension links it in, --as-needed drops it again, and the check below makes sure.
-    abi_flags = stable_abi_flags(stable) if stable else []
-    cflags = CXX_FLAGS + [define] + abi_flags + section_flags(config, backend, "cxx-flags")
     ldflags = ["-Wl,--as-needed"] if stable else []
     archs = cuda_archs(config) if backend == "cuda" else []
-    cuda_flags = (CUDA_FLAGS + [define] + abi_flags + gencode_flags(archs) + [supported_archs_flag(archs)]
+    cuda_flags = (CUDA_FLAGS + [backend_define(backend)] + (stable_abi_flags(stable) if stable else [])
+                  + gencode_flags(archs) + [supported_archs_flag(archs)]
                   + section_flags(config, backend, "cuda-flags"))
     if sanitize:
         cflags = [f for f in cflags if f != "-O3"] + [
@@ -225,6 +254,9 @@ def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) ->
     variant_dir = out_root / variant_name(backend, stable)
     so_path = variant_dir / f"{ops_name}.abi3.so"
     if so_path.exists():
+        # The hash covers the compiled sources only: refresh the Python package, which may have
+        # changed without them.
+        shutil.copytree(PACKAGE, variant_dir, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
         print(f"[build] {variant_dir.relative_to(ROOT)} is up to date ({ops_name})")
         remove_other_variants(out_root, backend, variant_dir)
         return variant_dir

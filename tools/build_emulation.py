@@ -41,9 +41,11 @@ OUT = ROOT / "build-emulation"
 SHARED_OBJ = OUT / ".obj" / "shared"
 
 # The .cu files the emulation compiles (with -x c++), and the binding and CPU sources it links.
-EMULATED_KERNELS = ["logits_processor/bitmask_cuda.cu", "logits_processor/sampling_cuda.cu"]
+EMULATED_KERNELS = ["logits_processor/bitmask_cuda.cu", "logits_processor/sampling_cuda.cu",
+                    "logits_processor/penalties_cuda.cu"]
 SHARED_SOURCES = ["torch-ext/torch_binding.cpp", "logits_processor/bitmask_cpu.cpp",
-                  "logits_processor/sampling_cpu.cpp", "logits_processor/verify_cpu.cpp"]
+                  "logits_processor/sampling_cpu.cpp", "logits_processor/penalties_cpu.cpp",
+                  "logits_processor/verify_cpu.cpp"]
 
 SANITIZE_ADDRESS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                     "-fno-omit-frame-pointer"]
@@ -141,7 +143,9 @@ def build_emulation(flavors: list[str], out_root: Path = OUT,
         ninja_file(cxx, flags, ops, flavors, out_root, replacements, with_shared_rules=out_root == OUT))
     jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
     print(f"[emulation] {', '.join(flavors)} into {out_root.relative_to(ROOT)}", flush=True)
-    subprocess.run(["ninja", "-C", str(out_root), "-j", jobs, "--quiet"], check=True)
+    # The venv's ninja (requirements-dev.txt), as torch's extension builds use, else PATH's.
+    ninja = shutil.which("ninja", path=str(Path(sys.executable).parent)) or "ninja"
+    subprocess.run([ninja, "-C", str(out_root), "-j", jobs, "--quiet"], check=True)
     stable = build.stable_abi(cfg, "cuda")
     variants = {}
     for flavor in flavors:

@@ -25,8 +25,10 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "../logits_processor/bitmask.h"
+#include "../logits_processor/penalties.h"
 #include "../logits_processor/sampling.h"
 #include "../logits_processor/verify.h"
 #include "registration.h"
@@ -129,7 +131,7 @@ bool shares_storage(const Tensor& a, const Tensor& b) {
   if (a.numel() == 0 || b.numel() == 0) return false;
   const auto storage_start = [](const Tensor& t) {
     int64_t bytes = 0;
-    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_storage_size(t.get(), &bytes));
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_storage_size(t.get(), &bytes));
     return bytes == 0 ? nullptr
                       : static_cast<const char*>(t.data_ptr()) -
                             t.storage_offset() * static_cast<int64_t>(t.element_size());
@@ -191,7 +193,7 @@ class CudaLaunchContext {
  public:
   explicit CudaLaunchContext(const Tensor& t) : guard_(t.get_device_index()) {
     void* stream = nullptr;
-    STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
+    TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
     stream_ = static_cast<cudaStream_t>(stream);
   }
   cudaStream_t stream() const { return stream_; }
@@ -212,6 +214,25 @@ void run_bitmask(const lp::BitmaskParams& params, const Tensor& logits) {
   const CudaLaunchContext context(logits);
   lp::apply_bitmask_cuda(params, context.stream());
 #endif
+}
+
+// The smallest and largest value of a non-empty 1-D or 2-D int64 tensor in host memory, read
+// in place whatever its strides.
+std::pair<int64_t, int64_t> host_int64_range(const Tensor& t) {
+  const int64_t* values = t.const_data_ptr<int64_t>();
+  const int64_t rows = t.dim() == 2 ? t.size(0) : 1;
+  const int64_t columns = t.size(-1);
+  const int64_t row_stride = t.dim() == 2 ? t.stride(0) : 0;
+  int64_t lo = values[0];
+  int64_t hi = values[0];
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < columns; ++c) {
+      const int64_t v = values[r * row_stride + c * t.stride(-1)];
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+  }
+  return {lo, hi};
 }
 
 // Validation shared by both bitmask ops; returns in-place masking work on `logits`.
@@ -257,15 +278,7 @@ lp::BitmaskParams bitmask_params(const Tensor& logits, const Tensor& bitmask,
             "indices must be on the CPU or on the logits' device (", device_name(logits.device()),
             "), got ", device_name(idx.device()));
   if (idx.is_cpu() && idx.numel() > 0) {
-    // Host memory: read in place, whatever the stride.
-    const int64_t* values = idx.const_data_ptr<int64_t>();
-    const int64_t stride = idx.stride(0);
-    int64_t lo = values[0];
-    int64_t hi = values[0];
-    for (int64_t i = 1; i < idx.numel(); ++i) {
-      lo = std::min(lo, values[i * stride]);
-      hi = std::max(hi, values[i * stride]);
-    }
+    const auto [lo, hi] = host_int64_range(idx);
     CHECK_ARG(lo >= 0 && hi < lv.rows && hi < bv.rows, "indices must lie in [0, ",
               std::min(lv.rows, bv.rows), "), got values in [", lo, ", ", hi, "]");
   }
@@ -529,6 +542,269 @@ void token_logprobs(const Tensor& logits, const Tensor& token_ids,
   run_sampling(p, logits);
 }
 
+// --- penalties -------------------------------------------------------------------------------
+
+namespace {
+
+// A state tensor (prompt_mask, output_counts): int32 [R, width] rows on `like`'s device.
+RowView state_view(const Tensor& t, const Tensor& like, const char* like_name, const char* name) {
+  CHECK_ARG(t.scalar_type() == ScalarType::Int, name, " must be int32, got ", t.scalar_type());
+  CHECK_ARG(t.device() == like.device(), name, " must be on the ", like_name, "' device (",
+            device_name(like.device()), "), got ", device_name(t.device()));
+  CHECK_ARG(t.dim() == 2, name, " must be 2-D [requests, ...], got ", t.dim(), "-D");
+  return row_view(t, name);
+}
+
+void check_prompt_mask_width(const RowView& mask, int64_t vocab) {
+  CHECK_ARG(mask.width == (vocab + 31) / 32, "prompt_mask must have ceil(V / 32) = ",
+            (vocab + 31) / 32, " words per row for V = ", vocab, ", got ", mask.width);
+}
+
+// Token ids (int64, [B] or [B, K], on `state`'s device): values outside [-1, vocab) in host
+// memory are an error; in device memory the kernels skip them.
+void check_token_ids(const Tensor& ids, const char* name, const Tensor& state, int64_t vocab) {
+  CHECK_ARG(ids.scalar_type() == ScalarType::Long, name, " must be int64, got ", ids.scalar_type());
+  CHECK_ARG(ids.dim() == 1 || ids.dim() == 2, name, " must be 1-D or 2-D, got ", ids.dim(), "-D");
+  CHECK_ARG(ids.device() == state.device(), name, " must be on the state's device (",
+            device_name(state.device()), "), got ", device_name(ids.device()));
+  if (ids.is_cpu() && ids.numel() > 0) {
+    const auto [lo, hi] = host_int64_range(ids);
+    CHECK_ARG(lo >= -1 && hi < vocab, name, " must lie in [0, ", vocab, ") or be -1 (none), got values in [",
+              lo, ", ", hi, "]");
+  }
+}
+
+// The map `rows` (row b of the batch -> state row rows[b]): int64 [batch], on the CPU (checked
+// here) or on `like`'s device (not read on the host: the kernels skip rows out of range).
+// Without it, row b is state row b and the batch must have as many rows as the state.
+std::optional<Tensor> state_rows(const std::optional<Tensor>& rows, const Tensor& like,
+                                 const char* batch_name, int64_t batch, const char* state_name,
+                                 int64_t state_rows) {
+  if (!rows.has_value()) {
+    CHECK_ARG(batch == state_rows, state_name, " has ", state_rows, " rows but ", batch_name, " has ",
+              batch, ": pass rows to map ", batch_name, " rows to state rows");
+    return std::nullopt;
+  }
+  const Tensor& r = *rows;
+  CHECK_ARG(r.scalar_type() == ScalarType::Long, "rows must be int64, got ", r.scalar_type());
+  CHECK_ARG(r.dim() == 1 && r.size(0) == batch, "rows must be a 1-D tensor of length ", batch,
+            " (one per row of ", batch_name, "), got shape ", shape_name(r.sizes()));
+  CHECK_ARG(r.is_cpu() || r.device() == like.device(), "rows must be on the CPU or on the ", batch_name,
+            "' device (", device_name(like.device()), "), got ", device_name(r.device()));
+  if (r.is_cpu() && batch > 0) {
+    const auto [lo, hi] = host_int64_range(r);
+    CHECK_ARG(lo >= 0 && hi < state_rows, "rows must lie in [0, ", state_rows, ") (the rows of ",
+              state_name, "), got values in [", lo, ", ", hi, "]");
+  }
+  return torch::stable::contiguous(torch::stable::to(r, like.device()));
+}
+
+// The first float of a contiguous float32 host tensor that fails `ok`, if any.
+template <typename Ok>
+std::optional<float> first_value_failing(const Tensor& t, Ok ok) {
+  const float* values = t.const_data_ptr<float>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!ok(values[i])) return values[i];
+  return std::nullopt;
+}
+
+bool is_positive(float v) { return v > 0.0f; }
+bool is_not_nan(float v) { return !std::isnan(v); }
+
+// A penalty: a number (`value`, when `t` is absent), or a length-B float tensor on the logits'
+// device whose values are checked where they are in host memory (the kernels make device
+// values harmless).
+std::optional<Tensor> penalty_parameter(const std::optional<Tensor>& t, double value,
+                                        const Tensor& logits, const char* name, bool positive) {
+  const char* rule = positive ? " must be positive (1 disables it), got " : " must not be NaN, got ";
+  if (!t.has_value()) {
+    CHECK_ARG(positive ? value > 0.0 : !std::isnan(value), name, rule, value);
+    return std::nullopt;
+  }
+  Tensor converted = row_parameter(*t, logits, name, ScalarType::Float);
+  if (converted.is_cpu()) {
+    const std::optional<float> bad = first_value_failing(converted, positive ? is_positive : is_not_nan);
+    CHECK_ARG(!bad.has_value(), name, rule, bad.value_or(0.0f));
+  }
+  return converted;
+}
+
+lp::TokenCountParams token_count_params(const Tensor& ids, int64_t vocab,
+                                        const std::optional<Tensor>& rows, int64_t state_rows) {
+  lp::TokenCountParams p{};
+  p.state_rows = state_rows;
+  p.vocab = vocab;
+  p.ids = ids.const_data_ptr<int64_t>();
+  p.id_rows = ids.size(0);
+  p.ids_per_row = ids.dim() == 2 ? ids.size(1) : 1;
+  p.ids_row_stride = ids.stride(0);
+  p.ids_column_stride = ids.stride(-1);
+  p.state_row = optional_data<int64_t>(rows);
+  return p;
+}
+
+void run_count_tokens(const lp::TokenCountParams& params, const Tensor& state) {
+  if (!uses_cuda_kernels(state)) {
+    lp::count_tokens_cpu(params);
+    return;
+  }
+#if defined(CUDA_KERNEL)
+  const CudaLaunchContext context(state);
+  lp::count_tokens_cuda(params, context.stream());
+#endif
+}
+
+void check_output_counts(const Tensor& output_counts, const RowView& counts) {
+  check_device_supported(output_counts, "output_counts");
+  CHECK_ARG(!has_internal_overlap(output_counts),
+            "output_counts must not have overlapping rows (e.g. an expanded tensor)");
+  CHECK_ARG(counts.width < (int64_t{1} << 31), "output_counts: vocab must be below 2^31, got ",
+            counts.width);
+}
+
+}  // namespace
+
+void apply_penalties(const Tensor& logits, const Tensor& prompt_mask, const Tensor& output_counts,
+                     const std::optional<Tensor>& repetition_penalty, double repetition_penalty_value,
+                     const std::optional<Tensor>& frequency_penalty, double frequency_penalty_value,
+                     const std::optional<Tensor>& presence_penalty, double presence_penalty_value,
+                     const std::optional<Tensor>& logit_bias_ids,
+                     const std::optional<Tensor>& logit_bias_values, const std::optional<Tensor>& rows) {
+  check_logits_dtype(logits, "logits");
+  check_device_supported(logits, "logits");
+  CHECK_ARG(logits.dim() == 2, "logits must be 2-D [batch, vocab], got ", logits.dim(), "-D");
+  const RowView lv = row_view(logits, "logits");
+  CHECK_ARG(!has_internal_overlap(logits),
+            "logits must not have overlapping rows (e.g. an expanded tensor)");
+  const RowView mv = state_view(prompt_mask, logits, "logits", "prompt_mask");
+  check_prompt_mask_width(mv, lv.width);
+  const RowView cv = state_view(output_counts, logits, "logits", "output_counts");
+  CHECK_ARG(cv.width == lv.width, "output_counts must have V = ", lv.width,
+            " columns (the logits' width), got ", cv.width);
+  CHECK_ARG(cv.rows == mv.rows, "output_counts must have as many rows as prompt_mask (", mv.rows,
+            "), got ", cv.rows);
+  const std::optional<Tensor> rows_t = state_rows(rows, logits, "logits", lv.rows, "output_counts", cv.rows);
+  const std::optional<Tensor> repetition =
+      penalty_parameter(repetition_penalty, repetition_penalty_value, logits, "repetition_penalty", true);
+  const std::optional<Tensor> frequency =
+      penalty_parameter(frequency_penalty, frequency_penalty_value, logits, "frequency_penalty", false);
+  const std::optional<Tensor> presence =
+      penalty_parameter(presence_penalty, presence_penalty_value, logits, "presence_penalty", false);
+
+  lp::PenaltyParams p{};
+  std::optional<Tensor> bias_values;
+  if (logit_bias_ids.has_value() || logit_bias_values.has_value()) {
+    CHECK_ARG(logit_bias_ids.has_value(), "logit_bias_ids must be given with logit_bias_values");
+    CHECK_ARG(logit_bias_values.has_value(), "logit_bias_values must be given with logit_bias_ids");
+    const Tensor& ids = *logit_bias_ids;
+    CHECK_ARG(ids.scalar_type() == ScalarType::Long, "logit_bias_ids must be int64, got ", ids.scalar_type());
+    CHECK_ARG(ids.device() == logits.device(), "logit_bias_ids must be on the logits' device (",
+              device_name(logits.device()), "), got ", device_name(ids.device()));
+    CHECK_ARG(ids.dim() == 2 && ids.size(0) == lv.rows, "logit_bias_ids must be 2-D [", lv.rows,
+              ", L] (one row per logits row), got shape ", shape_name(ids.sizes()));
+    const RowView iv = row_view(ids, "logit_bias_ids");
+    if (ids.is_cpu() && ids.numel() > 0) {
+      const auto [lo, hi] = host_int64_range(ids);
+      CHECK_ARG(lo >= -1 && hi < lv.width, "logit_bias_ids must lie in [0, ", lv.width,
+                ") or be -1 (padding), got values in [", lo, ", ", hi, "]");
+    }
+    const Tensor& values = *logit_bias_values;
+    CHECK_ARG(is_floating(values.scalar_type()), "logit_bias_values must be a floating-point tensor, got ",
+              values.scalar_type());
+    CHECK_ARG(values.device() == logits.device(), "logit_bias_values must be on the logits' device (",
+              device_name(logits.device()), "), got ", device_name(values.device()));
+    CHECK_ARG(values.sizes().equals(ids.sizes()), "logit_bias_values must have the shape of logit_bias_ids ",
+              shape_name(ids.sizes()), ", got ", shape_name(values.sizes()));
+    bias_values = torch::stable::contiguous(torch::stable::to(values, ScalarType::Float));
+    if (bias_values->is_cpu()) {
+      const std::optional<float> bad = first_value_failing(*bias_values, is_not_nan);
+      CHECK_ARG(!bad.has_value(), "logit_bias_values must not be NaN");
+    }
+    p.bias_ids = ids.const_data_ptr<int64_t>();
+    p.bias_ids_row_stride = iv.row_stride;
+    p.bias_values = bias_values->const_data_ptr<float>();
+    p.bias_values_row_stride = iv.width;
+    p.bias_width = iv.width;
+  }
+  p.logits = logits.data_ptr();
+  p.dtype = kernel_dtype(logits.scalar_type());
+  p.rows = lv.rows;
+  p.vocab = lv.width;
+  p.row_stride = lv.row_stride;
+  p.prompt_mask = prompt_mask.const_data_ptr<int32_t>();
+  p.prompt_mask_row_stride = mv.row_stride;
+  p.output_counts = output_counts.const_data_ptr<int32_t>();
+  p.output_counts_row_stride = cv.row_stride;
+  p.state_rows = cv.rows;
+  p.state_row = optional_data<int64_t>(rows_t);
+  p.repetition = optional_data<float>(repetition);
+  p.repetition_value = static_cast<float>(repetition_penalty_value);
+  p.frequency = optional_data<float>(frequency);
+  p.frequency_value = static_cast<float>(frequency_penalty_value);
+  p.presence = optional_data<float>(presence);
+  p.presence_value = static_cast<float>(presence_penalty_value);
+  if (!uses_cuda_kernels(logits)) {
+    lp::apply_penalties_cpu(p, run_parallel_for);
+    return;
+  }
+#if defined(CUDA_KERNEL)
+  const CudaLaunchContext context(logits);
+  lp::apply_penalties_cuda(p, context.stream());
+#endif
+}
+
+void update_output_counts(const Tensor& output_counts, const Tensor& token_ids,
+                          const std::optional<Tensor>& rows) {
+  CHECK_ARG(output_counts.scalar_type() == ScalarType::Int, "output_counts must be int32, got ",
+            output_counts.scalar_type());
+  CHECK_ARG(output_counts.dim() == 2, "output_counts must be 2-D [requests, vocab], got ",
+            output_counts.dim(), "-D");
+  const RowView cv = row_view(output_counts, "output_counts");
+  check_output_counts(output_counts, cv);
+  check_token_ids(token_ids, "token_ids", output_counts, cv.width);
+  const std::optional<Tensor> rows_t =
+      state_rows(rows, output_counts, "token_ids", token_ids.size(0), "output_counts", cv.rows);
+  lp::TokenCountParams p = token_count_params(token_ids, cv.width, rows_t, cv.rows);
+  p.counts = output_counts.mutable_data_ptr<int32_t>();
+  p.state_row_stride = cv.row_stride;
+  run_count_tokens(p, output_counts);
+}
+
+// Marks and counts the ids into prompt_mask and output_counts, which the Python wrapper
+// allocates zeroed.
+void penalty_state_from_tokens(const Tensor& prompt_token_ids, const Tensor& output_token_ids,
+                               const Tensor& prompt_mask, const Tensor& output_counts) {
+  CHECK_ARG(output_counts.scalar_type() == ScalarType::Int, "output_counts must be int32, got ",
+            output_counts.scalar_type());
+  CHECK_ARG(output_counts.dim() == 2, "output_counts must be 2-D [requests, vocab], got ",
+            output_counts.dim(), "-D");
+  const RowView cv = row_view(output_counts, "output_counts");
+  check_output_counts(output_counts, cv);
+  const RowView mv = state_view(prompt_mask, output_counts, "output_counts", "prompt_mask");
+  check_prompt_mask_width(mv, cv.width);
+  CHECK_ARG(!has_internal_overlap(prompt_mask),
+            "prompt_mask must not have overlapping rows (e.g. an expanded tensor)");
+  CHECK_ARG(!shares_storage(prompt_mask, output_counts), "prompt_mask must not share memory with output_counts");
+  for (const auto& [ids, name] : {std::pair{&prompt_token_ids, "prompt_token_ids"},
+                                  std::pair{&output_token_ids, "output_token_ids"}}) {
+    check_token_ids(*ids, name, output_counts, cv.width);
+    CHECK_ARG(ids->dim() == 2 && ids->size(0) == cv.rows, name, " must be 2-D [", cv.rows,
+              ", L] (one row per request, -1 padded), got shape ", shape_name(ids->sizes()));
+  }
+  CHECK_ARG(mv.rows == cv.rows, "prompt_mask must have as many rows as output_counts (", cv.rows,
+            "), got ", mv.rows);
+  lp::TokenCountParams marks = token_count_params(prompt_token_ids, cv.width, std::nullopt, cv.rows);
+  marks.bits = prompt_mask.mutable_data_ptr<int32_t>();
+  marks.state_row_stride = mv.row_stride;
+  run_count_tokens(marks, output_counts);
+  lp::TokenCountParams counts = token_count_params(output_token_ids, cv.width, std::nullopt, cv.rows);
+  counts.counts = output_counts.mutable_data_ptr<int32_t>();
+  counts.state_row_stride = cv.row_stride;
+  run_count_tokens(counts, output_counts);
+}
+
+// --- speculative decoding --------------------------------------------------------------------
+
 namespace {
 
 // A [batch, positions, width] input of verify_draft: dtype, device, shape and a contiguous
@@ -651,6 +927,9 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("sample_with_logprobs(Tensor logits, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? seed, int seed_value, Tensor? offset, int offset_value, Tensor? bitmask, int num_logprobs, str logprobs_mode, Tensor(a!) tokens, Tensor(b!) logprobs, Tensor(c!) logprob_token_ids, Tensor(d!) ranks) -> ()");
   ops.def("verify_draft(Tensor target_logits, Tensor draft_token_ids, Tensor? num_draft_tokens, Tensor? draft_probs, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? seed, int seed_value, Tensor? offset, int offset_value, Tensor? bitmask, Tensor(a!) tokens, Tensor(b!) num_accepted) -> ()");
   ops.def("token_logprobs(Tensor logits, Tensor token_ids, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? bitmask, str logprobs_mode, Tensor(a!) out) -> ()");
+  ops.def("apply_penalties_(Tensor(a!) logits, Tensor prompt_mask, Tensor output_counts, Tensor? repetition_penalty, float repetition_penalty_value, Tensor? frequency_penalty, float frequency_penalty_value, Tensor? presence_penalty, float presence_penalty_value, Tensor? logit_bias_ids, Tensor? logit_bias_values, Tensor? rows) -> ()");
+  ops.def("update_output_counts_(Tensor(a!) output_counts, Tensor token_ids, Tensor? rows) -> ()");
+  ops.def("penalty_state_from_tokens(Tensor prompt_token_ids, Tensor output_token_ids, Tensor(a!) prompt_mask, Tensor(b!) output_counts) -> ()");
 }
 
 STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CPU, ops) {
@@ -660,6 +939,9 @@ STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CPU, ops) {
   ops.impl("sample_with_logprobs", TORCH_BOX(&sample_with_logprobs));
   ops.impl("token_logprobs", TORCH_BOX(&token_logprobs));
   ops.impl("verify_draft", TORCH_BOX(&verify_draft));
+  ops.impl("apply_penalties_", TORCH_BOX(&apply_penalties));
+  ops.impl("update_output_counts_", TORCH_BOX(&update_output_counts));
+  ops.impl("penalty_state_from_tokens", TORCH_BOX(&penalty_state_from_tokens));
 }
 
 #if defined(CUDA_KERNEL) && !defined(LP_CUDA_EMULATION)
@@ -670,6 +952,9 @@ STABLE_TORCH_LIBRARY_IMPL_EXPAND(TORCH_EXTENSION_NAME, CUDA, ops) {
   ops.impl("sample_with_logprobs", TORCH_BOX(&sample_with_logprobs));
   ops.impl("token_logprobs", TORCH_BOX(&token_logprobs));
   ops.impl("verify_draft", TORCH_BOX(&verify_draft));
+  ops.impl("apply_penalties_", TORCH_BOX(&apply_penalties));
+  ops.impl("update_output_counts_", TORCH_BOX(&update_output_counts));
+  ops.impl("penalty_state_from_tokens", TORCH_BOX(&penalty_state_from_tokens));
 }
 #endif
 

@@ -26,6 +26,27 @@ void sample(const torch::stable::Tensor& logits,
             const std::optional<torch::stable::Tensor>& offset, int64_t offset_value,
             const std::optional<torch::stable::Tensor>& bitmask, const torch::stable::Tensor& out);
 
+void apply_penalties(const torch::stable::Tensor& logits, const torch::stable::Tensor& prompt_mask,
+                     const torch::stable::Tensor& output_counts,
+                     const std::optional<torch::stable::Tensor>& repetition_penalty,
+                     double repetition_penalty_value,
+                     const std::optional<torch::stable::Tensor>& frequency_penalty,
+                     double frequency_penalty_value,
+                     const std::optional<torch::stable::Tensor>& presence_penalty,
+                     double presence_penalty_value,
+                     const std::optional<torch::stable::Tensor>& logit_bias_ids,
+                     const std::optional<torch::stable::Tensor>& logit_bias_values,
+                     const std::optional<torch::stable::Tensor>& rows);
+
+void update_output_counts(const torch::stable::Tensor& output_counts,
+                          const torch::stable::Tensor& token_ids,
+                          const std::optional<torch::stable::Tensor>& rows);
+
+void penalty_state_from_tokens(const torch::stable::Tensor& prompt_token_ids,
+                               const torch::stable::Tensor& output_token_ids,
+                               const torch::stable::Tensor& prompt_mask,
+                               const torch::stable::Tensor& output_counts);
+
 void sample_with_logprobs(
     const torch::stable::Tensor& logits, const std::optional<torch::stable::Tensor>& temperature,
     double temperature_value, const std::optional<torch::stable::Tensor>& top_k,

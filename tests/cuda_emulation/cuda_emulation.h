@@ -141,6 +141,12 @@ T atomicAdd(T* address, std::type_identity_t<T> value) {
   return std::atomic_ref<T>(*address).fetch_add(value);
 }
 
+template <typename T>
+  requires std::is_integral_v<T>
+T atomicOr(T* address, std::type_identity_t<T> value) {
+  return std::atomic_ref<T>(*address).fetch_or(value);
+}
+
 // CUDA's max for two values of one integer or floating type (CUDA also converts mixed types;
 // the kernels here never mix them, and a mixed call fails to compile, which is the safer side).
 template <typename T>

@@ -212,12 +212,19 @@ void run_block_fibers(unsigned int threads, bool reversed) {
 
 struct Abort {};  // unwinds a thread's kernel code once the launch has failed
 
-struct ThreadBlock {
+// Persistent workers (thread creation dominates under the sanitizers otherwise): worker r
+// runs CUDA thread r of every block of a launch, one block after another.
+struct ThreadPool {
   std::mutex mutex;
   std::condition_variable changed;
-  unsigned int threads = 0;
+  unsigned int workers = 0;
+  uint64_t launch = 0;  // a new value starts a launch
+  const std::vector<uint3>* order = nullptr;
+  Kernel kernel{};
+  unsigned int threads = 0;   // the launch's block size: workers [0, threads) take part
   unsigned int arrived = 0;   // at the current barrier
   unsigned int returned = 0;  // from the kernel, in the current block
+  unsigned int finished = 0;  // with the launch
   uint64_t barrier_generation = 0;
   std::size_t block = 0;  // position in the launch's block order
   std::string error;
@@ -228,62 +235,88 @@ struct ThreadBlock {
   }
 };
 
-ThreadBlock* thread_block = nullptr;
+ThreadPool& thread_pool() {
+  static ThreadPool* pool = new ThreadPool;  // never destroyed: its workers live on
+  return *pool;
+}
+
+bool running_on_threads = false;  // the running launch is on the pool, not on fibers
 
 void threads_syncthreads() {
-  ThreadBlock& b = *thread_block;
-  std::unique_lock lock(b.mutex);
-  if (b.returned > 0)
-    b.fail("CUDA emulation: " + block_name(blockIdx) + ": a thread reached __syncthreads() after " +
-           std::to_string(b.returned) + " returned (every thread of a block must reach each barrier)");
-  if (!b.error.empty()) throw Abort{};
-  if (++b.arrived == b.threads) {
-    b.arrived = 0;
-    ++b.barrier_generation;
-    b.changed.notify_all();
+  ThreadPool& p = thread_pool();
+  std::unique_lock lock(p.mutex);
+  if (p.returned > 0)
+    p.fail("CUDA emulation: " + block_name(blockIdx) + ": a thread reached __syncthreads() after " +
+           std::to_string(p.returned) + " returned (every thread of a block must reach each barrier)");
+  if (!p.error.empty()) throw Abort{};
+  if (++p.arrived == p.threads) {
+    p.arrived = 0;
+    ++p.barrier_generation;
+    p.changed.notify_all();
     return;
   }
-  const uint64_t generation = b.barrier_generation;
-  b.changed.wait(lock, [&] { return b.barrier_generation != generation || !b.error.empty(); });
-  if (b.barrier_generation == generation) throw Abort{};
+  const uint64_t generation = p.barrier_generation;
+  p.changed.wait(lock, [&] { return p.barrier_generation != generation || !p.error.empty(); });
+  if (p.barrier_generation == generation) throw Abort{};
+}
+
+// Worker `rank`'s part of the launch: thread `rank` of each block in turn.
+void run_launch_on_worker(ThreadPool& p, std::unique_lock<std::mutex>& lock, unsigned int rank) {
+  for (std::size_t position = 0; position < p.order->size() && p.error.empty(); ++position) {
+    threadIdx = unflatten(rank, blockDim);
+    lock.unlock();
+    try {
+      p.kernel.thread_main(p.kernel.closure);
+      lock.lock();
+    } catch (const Abort&) {
+      lock.lock();
+      return;
+    }
+    if (p.arrived > 0)
+      p.fail("CUDA emulation: " + block_name(blockIdx) + ": thread " + std::to_string(rank) +
+             " returned while " + std::to_string(p.arrived) +
+             " threads wait at __syncthreads() (every thread of a block must reach each barrier)");
+    if (++p.returned == p.threads) {  // the block is done: start the next one
+      p.returned = 0;
+      ++p.block;
+      if (p.block < p.order->size()) blockIdx = (*p.order)[p.block];
+      p.changed.notify_all();
+      continue;
+    }
+    p.changed.wait(lock, [&] { return p.block != position || !p.error.empty(); });
+  }
+}
+
+// `seen`: the last launch before the worker was started.
+void worker_main(unsigned int rank, uint64_t seen) {
+  ThreadPool& p = thread_pool();
+  std::unique_lock lock(p.mutex);
+  for (;;) {
+    p.changed.wait(lock, [&] { return p.launch != seen; });
+    seen = p.launch;
+    if (rank >= p.threads) continue;
+    run_launch_on_worker(p, lock, rank);
+    if (++p.finished == p.threads) p.changed.notify_all();
+  }
 }
 
 void run_grid_threads(const std::vector<uint3>& order, unsigned int threads, const Kernel& kernel) {
-  ThreadBlock b;
-  b.threads = threads;
-  thread_block = &b;
+  ThreadPool& p = thread_pool();
+  std::unique_lock lock(p.mutex);
+  for (; p.workers < threads; ++p.workers) std::thread(worker_main, p.workers, p.launch).detach();
+  p.order = &order;
+  p.kernel = kernel;
+  p.threads = threads;
+  p.arrived = p.returned = p.finished = 0;
+  p.block = 0;
+  p.error.clear();
   blockIdx = order[0];
-  const auto worker = [&](unsigned int rank) {
-    for (std::size_t position = 0; position < order.size(); ++position) {
-      threadIdx = unflatten(rank, blockDim);
-      try {
-        kernel.thread_main(kernel.closure);
-      } catch (const Abort&) {
-        return;
-      }
-      std::unique_lock lock(b.mutex);
-      if (b.arrived > 0)
-        b.fail("CUDA emulation: " + block_name(blockIdx) + ": thread " + std::to_string(rank) +
-               " returned while " + std::to_string(b.arrived) +
-               " threads wait at __syncthreads() (every thread of a block must reach each barrier)");
-      if (!b.error.empty()) return;
-      if (++b.returned == threads) {  // the block is done: start the next one
-        b.returned = 0;
-        ++b.block;
-        if (b.block < order.size()) blockIdx = order[b.block];
-        b.changed.notify_all();
-        continue;
-      }
-      b.changed.wait(lock, [&] { return b.block != position || !b.error.empty(); });
-      if (!b.error.empty()) return;
-    }
-  };
-  std::vector<std::thread> pool_threads;
-  pool_threads.reserve(threads);
-  for (unsigned int rank = 0; rank < threads; ++rank) pool_threads.emplace_back(worker, rank);
-  for (std::thread& t : pool_threads) t.join();
-  thread_block = nullptr;
-  if (!b.error.empty()) throw std::runtime_error(b.error);
+  running_on_threads = true;
+  ++p.launch;
+  p.changed.notify_all();
+  p.changed.wait(lock, [&] { return p.finished == p.threads; });
+  running_on_threads = false;
+  if (!p.error.empty()) throw std::runtime_error(p.error);
 }
 
 bool valid_configuration(dim3 grid, dim3 block) {
@@ -336,7 +369,7 @@ bool is_private_memory(uintptr_t address) {
 }
 
 void syncthreads() {
-  if (thread_block) {
+  if (running_on_threads) {
     threads_syncthreads();
   } else {
     fibers_syncthreads();
@@ -344,10 +377,11 @@ void syncthreads() {
 }
 
 void contract_violation(const char* message) {
-  if (thread_block) {
+  if (running_on_threads) {
     {
-      std::lock_guard lock(thread_block->mutex);
-      thread_block->fail(std::string("CUDA emulation: ") + message);
+      ThreadPool& p = thread_pool();
+      std::lock_guard lock(p.mutex);
+      p.fail(std::string("CUDA emulation: ") + message);
     }
     throw Abort{};
   }

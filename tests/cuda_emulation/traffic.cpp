@@ -64,6 +64,7 @@ uint64_t __tsan_atomic64_load(const volatile uint64_t* a, int) {
   }
 LP_READ_MODIFY_WRITE_HOOK(32, uint32_t, fetch_add)
 LP_READ_MODIFY_WRITE_HOOK(64, uint64_t, fetch_add)
+LP_READ_MODIFY_WRITE_HOOK(32, uint32_t, fetch_or)
 LP_READ_MODIFY_WRITE_HOOK(64, uint64_t, fetch_or)
 #undef LP_READ_MODIFY_WRITE_HOOK
 

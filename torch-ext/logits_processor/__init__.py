@@ -1,4 +1,4 @@
-"""logits-processor: grammar bitmask masking and fused sampling, as torch custom ops."""
+"""logits-processor: grammar bitmask masking, penalties and fused sampling, as torch custom ops."""
 
 from ._bitmask import (
     allocate_token_bitmask,
@@ -9,6 +9,7 @@ from ._bitmask import (
     get_bitmask_shape,
     reset_token_bitmask,
 )
+from ._penalties import PenaltyState, apply_penalties_, penalty_state_from_tokens, update_output_counts_
 from ._sampling import SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
 from ._verify import VerifiedDraft, verify_draft
 
@@ -17,13 +18,17 @@ __all__ = [
     "VerifiedDraft",
     "allocate_token_bitmask",
     "apply_packed_bitmask",
+    "apply_penalties_",
     "apply_token_bitmask",
     "apply_token_bitmask_inplace",
     "bitmask_dtype",
     "get_bitmask_shape",
+    "penalty_state_from_tokens",
+    "PenaltyState",
     "reset_token_bitmask",
     "sample",
     "sample_with_logprobs",
     "token_logprobs",
     "verify_draft",
+    "update_output_counts_",
 ]

@@ -36,19 +36,19 @@ def reset_token_bitmask(bitmask: torch.Tensor) -> None:
     bitmask.fill_(-1)
 
 
-def _indices_tensor(indices: Indices) -> Optional[torch.Tensor]:
-    """None, or the row indices as an int64 tensor (range checks happen in the op)."""
+def _indices_tensor(indices: Indices, name: str = "indices") -> Optional[torch.Tensor]:
+    """None, or row indices as an int64 tensor (range checks happen in the op)."""
     if indices is None:
         return None
     if isinstance(indices, torch.Tensor):
         if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
-            raise TypeError(f"indices must be an integer tensor, got {indices.dtype}")
+            raise TypeError(f"{name} must be an integer tensor, got {indices.dtype}")
         return indices.to(torch.int64)
     if not isinstance(indices, Sequence) or isinstance(indices, str):
-        raise TypeError(f"indices must be a sequence of ints or an integer tensor, got {type(indices).__name__}")
+        raise TypeError(f"{name} must be a sequence of ints or an integer tensor, got {type(indices).__name__}")
     bad = [i for i in indices if isinstance(i, bool) or not isinstance(i, int) or not -(2**63) <= i < 2**63]
     if bad:
-        raise TypeError(f"indices must hold int64 values, got {bad[0]!r}")
+        raise TypeError(f"{name} must hold int64 values, got {bad[0]!r}")
     return torch.tensor(list(indices), dtype=torch.int64)
 
 

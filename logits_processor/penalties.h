@@ -1,0 +1,205 @@
+// Repetition, frequency and presence penalties and sparse logit biases, applied to logits
+// from per-request state; and the updates of that state. One description of the arithmetic,
+// used by the CPU and the CUDA implementation, which therefore agree bit for bit.
+//
+// State, one row per request slot: prompt_mask int32 [R, ceil(V / 32)] (bit v % 32 of word
+// v / 32 set: token v occurs in the prompt; XGrammar's bitmask layout) and output_counts int32
+// [R, V] (how often each token was generated). For logits row b, state row s (rows[b], or b):
+//   seen  = prompt bit of v or count > 0,    count = output_counts[s, v]
+//   x     = seen ? (x > 0 ? x / r : x * r) : x                      (repetition r)
+//   x     = count > 0 ? x - (f * count + p) : x                     (frequency f, presence p)
+//   x     = x + bias, for each of the row's (id, bias) entries with id = v, in list order
+// all in float32 (IEEE division, no fused multiply-add); 16-bit logits are read as float and
+// the result is rounded to nearest even once, at the end. Tokens the formula leaves alone
+// (not seen, no bias) keep their bits: the CUDA kernel does not write them, and the CPU,
+// which writes whole chunks, writes them back unchanged (the conversions round-trip exactly).
+#pragma once
+
+#include "common.h"
+#include "dtype.h"
+#include "fast_math.h"
+
+#if defined(CUDA_KERNEL) || defined(__CUDACC__)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace logits_processor {
+
+struct PenaltyParams {
+  void* logits;  // [rows, vocab], rewritten in place
+  Dtype dtype;
+  int64_t rows;
+  int64_t vocab;
+  int64_t row_stride;  // in elements
+  const int32_t* prompt_mask;
+  int64_t prompt_mask_row_stride;  // in words
+  const int32_t* output_counts;
+  int64_t output_counts_row_stride;
+  int64_t state_rows;
+  // Logits row b uses state row state_row[b], or b when nullptr. A state row outside
+  // [0, state_rows) leaves the logits row unchanged: device-side rows can never reach outside.
+  const int64_t* state_row;
+  // Each penalty is a per-row array, or nullptr and then the scalar beside it.
+  const float* repetition;
+  float repetition_value;
+  const float* frequency;
+  float frequency_value;
+  const float* presence;
+  float presence_value;
+  // Row b's biases: bias_ids[b, j] (ids outside [0, vocab), -1 the padding, are skipped) and
+  // bias_values[b, j], j < bias_width; none when bias_width is 0.
+  const int64_t* bias_ids;
+  int64_t bias_ids_row_stride;
+  const float* bias_values;
+  int64_t bias_values_row_stride;
+  int64_t bias_width;
+};
+
+struct RowPenalties {
+  float repetition;
+  float frequency;
+  float presence;
+};
+
+// Per-row values that no host check has seen (device tensors) are made harmless here: a NaN
+// or non-positive repetition penalty counts as 1, a NaN frequency or presence penalty as 0.
+LP_HOST_DEVICE RowPenalties row_penalties(const PenaltyParams& p, int64_t row) {
+  const float r = p.repetition ? p.repetition[row] : p.repetition_value;
+  const float f = p.frequency ? p.frequency[row] : p.frequency_value;
+  const float q = p.presence ? p.presence[row] : p.presence_value;
+  return {r > 0.0f ? r : 1.0f, f == f ? f : 0.0f, q == q ? q : 0.0f};
+}
+
+LP_HOST_DEVICE int64_t penalty_state_row(const PenaltyParams& p, int64_t row) {
+  return p.state_row ? p.state_row[row] : row;
+}
+
+LP_HOST_DEVICE bool state_row_in_range(const PenaltyParams& p, int64_t state_row) {
+  return state_row >= 0 && state_row < p.state_rows;
+}
+
+LP_HOST_DEVICE bool token_seen(bool in_prompt, int32_t count) { return in_prompt || count > 0; }
+
+// The formula above without the bias, for one token. Branch-free (selects only), so the CPU
+// loop over it vectorises. (x - y is x + (-y) in IEEE arithmetic.)
+LP_HOST_DEVICE float penalized_logit(float x, bool in_prompt, int32_t count, const RowPenalties& r) {
+  const float repeated = x > 0.0f ? x / r.repetition : lp_mul(x, r.repetition);
+  const float y = token_seen(in_prompt, count) ? repeated : x;
+  const float penalty = lp_add(lp_mul(r.frequency, static_cast<float>(count)), r.presence);
+  return count > 0 ? lp_add(y, -penalty) : y;
+}
+
+// float to the 16-bit types, rounding to nearest even (as torch's .to(dtype)). A NaN keeps
+// the top bits of its payload (a quiet NaN when they are all 0), so that a 16-bit logit read
+// as float and written back unchanged keeps its bits, NaNs included.
+LP_HOST_DEVICE uint16_t float_to_bfloat16_bits(float f) {
+  const uint32_t u = float_bits(f);
+  const uint32_t top = u >> 16;
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((top & 0x7fu) ? top : top | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + (top & 1u)) >> 16);
+}
+
+LP_HOST_DEVICE uint16_t float_to_half_bits(float f) {
+  const uint32_t u = float_bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) {
+    const uint32_t payload = (a >> 13) & 0x3ffu;
+    return static_cast<uint16_t>(sign | 0x7c00u | (payload ? payload : 0x200u));
+  }
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // 65520 and up: inf
+  if (a >= 0x38800000u)  // a normal half: rebias the exponent, round away 13 mantissa bits
+    return static_cast<uint16_t>(sign | ((a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13));
+  const uint32_t exponent = a >> 23;
+  if (exponent < 102) return static_cast<uint16_t>(sign);  // at most 2^-25: rounds to 0
+  // A subnormal half: the value in units of 2^-24, rounded to nearest even.
+  const uint32_t mantissa = (a & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 126 - exponent;  // 14 .. 24
+  const uint32_t q = mantissa >> shift;
+  const uint32_t rest = mantissa & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  return static_cast<uint16_t>(sign | (q + ((rest > half) | ((rest == half) & (q & 1u)))));
+}
+
+// A logit's storage bits in dtype D.
+template <Dtype D>
+LP_HOST_DEVICE auto logit_bits(float x) {
+  if constexpr (D == Dtype::Float32) {
+    return float_bits(x);
+  } else if constexpr (D == Dtype::Float16) {
+    return float_to_half_bits(x);
+  } else {
+    return float_to_bfloat16_bits(x);
+  }
+}
+
+template <Dtype D>
+using LogitBits = decltype(logit_bits<D>(0.0f));
+
+LP_HOST_DEVICE void* penalty_logits_row(const PenaltyParams& p, int64_t row) {
+  return static_cast<char*>(p.logits) + row * p.row_stride * dtype_size(p.dtype);
+}
+
+LP_HOST_DEVICE const int32_t* prompt_mask_row(const PenaltyParams& p, int64_t state_row) {
+  return p.prompt_mask + state_row * p.prompt_mask_row_stride;
+}
+
+LP_HOST_DEVICE const int32_t* output_counts_row(const PenaltyParams& p, int64_t state_row) {
+  return p.output_counts + state_row * p.output_counts_row_stride;
+}
+
+// Row `row`'s biases for tokens [begin, end), added in list order to value[i - begin]; each
+// biased token marked in touched[i - begin] when touched is not nullptr.
+LP_HOST_DEVICE void add_row_biases(const PenaltyParams& p, int64_t row, int64_t begin,
+                                   int64_t end, float* value, bool* touched) {
+  const int64_t* ids = p.bias_ids + row * p.bias_ids_row_stride;
+  const float* biases = p.bias_values + row * p.bias_values_row_stride;
+  for (int64_t k = 0; k < p.bias_width; ++k) {
+    const int64_t id = ids[k];
+    if (id < begin || id >= end) continue;  // (-1, the padding, among them)
+    value[id - begin] = lp_add(value[id - begin], biases[k]);
+    if (touched) touched[id - begin] = true;
+  }
+}
+
+// Token ids counted into state rows: output_counts[s, id] += 1 (counts) or the id's bit set
+// in prompt_mask[s] (bits), for every id of ids[b, :] with s = state_row[b] (or b). Ids and
+// state rows out of range (-1, the padding, among them) are skipped.
+struct TokenCountParams {
+  int32_t* counts;  // [state_rows, vocab], or nullptr
+  int32_t* bits;    // [state_rows, ceil(vocab / 32)], or nullptr
+  int64_t state_row_stride;  // of counts or bits, in elements
+  int64_t state_rows;
+  int64_t vocab;
+  const int64_t* ids;
+  int64_t id_rows;
+  int64_t ids_per_row;
+  int64_t ids_row_stride;
+  int64_t ids_column_stride;
+  const int64_t* state_row;
+};
+
+// Id number k of the flattened ids: where it lands, the element (counts) or word (bits) of
+// the state, or -1 when it is skipped; and its bit in that word.
+struct CountedToken {
+  int64_t target;
+  uint32_t bit;
+};
+
+LP_HOST_DEVICE CountedToken counted_token(const TokenCountParams& p, int64_t k) {
+  const int64_t b = k / p.ids_per_row;
+  const int64_t id = p.ids[b * p.ids_row_stride + (k - b * p.ids_per_row) * p.ids_column_stride];
+  const int64_t s = p.state_row ? p.state_row[b] : b;
+  if (id < 0 || id >= p.vocab || s < 0 || s >= p.state_rows) return {-1, 0u};
+  return {s * p.state_row_stride + (p.counts ? id : id >> 5), 1u << (id & 31)};
+}
+
+void apply_penalties_cpu(const PenaltyParams& params, const ParallelFor& parallel_for);
+void count_tokens_cpu(const TokenCountParams& params);
+
+#if defined(CUDA_KERNEL) || defined(__CUDACC__)
+void apply_penalties_cuda(const PenaltyParams& params, cudaStream_t stream);
+void count_tokens_cuda(const TokenCountParams& params, cudaStream_t stream);
+#endif
+
+}  // namespace logits_processor

@@ -1,0 +1,94 @@
+// CPU penalties: (row, chunk) work items in parallel. Each chunk is penalised into a float
+// buffer (a vectorised loop, 32 tokens per prompt-mask word), the row's biases that fall into
+// it are added, and the result is converted back and stored where it changed the bits (tokens
+// the formula leaves alone convert back to their own bits).
+#include <array>
+#include <cstring>
+
+#include "penalties.h"
+
+namespace logits_processor {
+namespace {
+
+// Columns per work item (a multiple of 32); a thread takes at least kMinItemsPerThread items
+// (64k columns): below that, waking a thread costs more than the work.
+constexpr int64_t kChunkColumns = 4096;
+constexpr int64_t kMinItemsPerThread = 16;
+
+// kLaneBit[l] = 1 << l: a table, since SSE2 has no per-lane variable shift.
+constexpr std::array<uint32_t, 32> kLaneBit = [] {
+  std::array<uint32_t, 32> bits{};
+  for (int l = 0; l < 32; ++l) bits[l] = 1u << l;
+  return bits;
+}();
+
+template <Dtype D>
+void penalize_chunk(const PenaltyParams& p, int64_t row, int64_t state_row, int64_t begin,
+                    int64_t end) {
+  float value[kChunkColumns];
+  void* logits = penalty_logits_row(p, row);
+  const int32_t* prompt_mask = prompt_mask_row(p, state_row);
+  const int32_t* output_counts = output_counts_row(p, state_row);
+  const RowPenalties r = row_penalties(p, row);
+  for (int64_t first = begin; first < end; first += 32) {
+    const uint32_t bits = static_cast<uint32_t>(prompt_mask[first >> 5]);
+    const int lanes = end - first < 32 ? static_cast<int>(end - first) : 32;
+    float* v = value + (first - begin);
+    const int32_t* counts = output_counts + first;
+#pragma omp simd
+    for (int l = 0; l < lanes; ++l)
+      v[l] = penalized_logit(load_logit<D>(logits, first + l), (bits & kLaneBit[l]) != 0, counts[l], r);
+  }
+  add_row_biases(p, row, begin, end, value, nullptr);
+  // Stored a cache line at a time, and only where a token changed: most tokens are neither
+  // seen nor biased, and a line never written is never written back to memory.
+  using Bits = LogitBits<D>;
+  constexpr int64_t kLine = 64 / sizeof(Bits);
+  Bits* out = static_cast<Bits*>(logits) + begin;
+  for (int64_t first = 0; first < end - begin; first += kLine) {
+    const int64_t lanes = end - begin - first < kLine ? end - begin - first : kLine;
+    Bits fresh[kLine];
+    Bits changed = 0;
+#pragma omp simd reduction(| : changed)
+    for (int64_t l = 0; l < lanes; ++l) {
+      fresh[l] = logit_bits<D>(value[first + l]);
+      changed |= fresh[l] ^ out[first + l];
+    }
+    if (changed) std::memcpy(out + first, fresh, lanes * sizeof(Bits));
+  }
+}
+
+}  // namespace
+
+void apply_penalties_cpu(const PenaltyParams& params, const ParallelFor& parallel_for) {
+  const int64_t chunks = (params.vocab + kChunkColumns - 1) / kChunkColumns;
+  if (chunks == 0) return;
+  dispatch_dtype(params.dtype, [&]<Dtype D>() {
+    parallel_for(0, params.rows * chunks, kMinItemsPerThread, [&](int64_t first, int64_t last) {
+      for (int64_t item = first; item < last; ++item) {
+        const int64_t row = item / chunks;
+        const int64_t state_row = penalty_state_row(params, row);
+        if (!state_row_in_range(params, state_row)) continue;
+        const int64_t begin = (item - row * chunks) * kChunkColumns;
+        const int64_t end = begin + kChunkColumns < params.vocab ? begin + kChunkColumns : params.vocab;
+        penalize_chunk<D>(params, row, state_row, begin, end);
+      }
+    });
+  });
+}
+
+// Serial: ids per call are few (a token or a few per row, or one prompt), and several ids
+// may land in one element.
+void count_tokens_cpu(const TokenCountParams& params) {
+  for (int64_t k = 0; k < params.id_rows * params.ids_per_row; ++k) {
+    const CountedToken t = counted_token(params, k);
+    if (t.target < 0) continue;
+    if (params.counts) {
+      params.counts[t.target] += 1;
+    } else {
+      params.bits[t.target] = static_cast<int32_t>(static_cast<uint32_t>(params.bits[t.target]) | t.bit);
+    }
+  }
+}
+
+}  // namespace logits_processor

@@ -1,0 +1,109 @@
+"""The mutation check: the CUDA emulation must catch kernel bugs, so a few are planted.
+
+Each mutant is one textual change to a copy of a .cu source, built as its own emulation
+variant (tools/build_emulation.py --mutant: the binding and everything else reused), and the
+emulated tests must fail on it, with the evidence expected (an agreement assertion, the
+emulator's barrier error, a sanitizer report). The change must apply exactly once: when a
+source edit moves the text, this check fails until the mutant is updated.
+
+  python tests/cuda_emulation/mutations.py [NAME ...]
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_emulation import OUT, build_emulation  # noqa: E402
+from check import sanitizer_environment  # noqa: E402
+
+SAMPLER = "logits_processor/sampling_cuda.cu"
+AGREEMENT = "AssertionError"
+
+
+@dataclass
+class Mutant:
+    name: str
+    source: str
+    old: str
+    new: str
+    flavor: str
+    evidence: str  # in the failing run's output
+    tests: str = "sampler_agrees_with_cpu_per_row"  # pytest -k
+
+
+MUTANTS = [
+    # The histogram is zeroed by each thread and filled by all: without the barrier between,
+    # a thread's counts land in bins another thread has yet to zero.
+    Mutant("histogram-barrier", SAMPLER,
+           "      sh.histogram[threadIdx.x] = 0;\n      __syncthreads();\n",
+           "      sh.histogram[threadIdx.x] = 0;\n", "fibers", AGREEMENT),
+    Mutant("histogram-barrier-tsan", SAMPLER,
+           "      sh.histogram[threadIdx.x] = 0;\n      __syncthreads();\n",
+           "      sh.histogram[threadIdx.x] = 0;\n", "tsan", "ThreadSanitizer: data race"),
+    # A radix digit off by one: each key counted in the next bin.
+    Mutant("radix-digit", SAMPLER, "(key >> shift) & (kThreads - 1)",
+           "((key >> shift) + 1) & (kThreads - 1)", "fibers", AGREEMENT),
+    # The cutoff comparison off by one: tokens exactly at the threshold dropped.
+    Mutant("cutoff", SAMPLER, "if (score_key(s) < threshold) continue;",
+           "if (score_key(s) <= threshold) continue;", "fibers", AGREEMENT),
+    # A read one past each row's end: past the allocation at the last row.
+    Mutant("row-end", SAMPLER, "i < p.vocab; i += kThreads", "i <= p.vocab; i += kThreads",
+           "asan", "AddressSanitizer: heap-buffer-overflow"),
+    # One thread leaves a block reduction early: the block's barriers no longer match.
+    Mutant("uneven-barrier", SAMPLER, "  v = BlockReduce(sh.cub.reduce).Sum(v);",
+           "  if (threadIdx.x == 7) return v;\n  v = BlockReduce(sh.cub.reduce).Sum(v);", "fibers",
+           "__syncthreads()"),
+]
+
+
+def check(mutant: Mutant) -> str | None:
+    """None if the emulation caught the mutant, else what went wrong."""
+    text = (ROOT / mutant.source).read_text()
+    if text.count(mutant.old) != 1:
+        return f"the text to change occurs {text.count(mutant.old)} times in {mutant.source}, not once"
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / Path(mutant.source).name
+        copy.write_text(text.replace(mutant.old, mutant.new))
+        variants = build_emulation([mutant.flavor], OUT / "mutants" / mutant.name, {mutant.source: copy})
+    env = {**os.environ, **sanitizer_environment(mutant.flavor),
+           "LP_EMULATION_BUILD": str(variants[mutant.flavor].parent)}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                          "--capture=sys", "-m", "emulation", "tests/test_cuda_emulation.py",
+                          "-k", mutant.tests],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    output = run.stdout + run.stderr
+    if run.returncode == 0:
+        return "the emulated tests passed"
+    if mutant.evidence not in output:
+        return f"the tests failed without {mutant.evidence!r}:\n{output[-3000:]}"
+    return None
+
+
+def main() -> None:
+    wanted = sys.argv[1:]
+    escaped = []
+    for mutant in MUTANTS:
+        if wanted and mutant.name not in wanted:
+            continue
+        start = time.monotonic()
+        problem = check(mutant)
+        verdict = "caught" if problem is None else f"NOT CAUGHT: {problem}"
+        print(f"[mutants] {mutant.name} ({mutant.flavor}): {verdict} ({time.monotonic() - start:.0f} s)",
+              flush=True)
+        if problem is not None:
+            escaped.append(mutant.name)
+    if escaped:
+        raise SystemExit(f"[mutants] the emulation missed: {', '.join(escaped)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The hand-written tests fail on each defect that tests/planted_defects.py plants in the ops.
+
+A test that passes whatever the op does proves nothing; these runs show that the hand-written
+op tests (not only the property tests) catch a kernel that ignores an argument or skips its
+work. Each defect runs the op's test file in a child pytest, stopping at the first failure.
+The bad-input tests are left out: the defects keep the real validation, so a failure there
+would mean the plant itself is broken, not that a test caught the defect.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from planted_defects import DEFECTS, ENV
+
+TEST_FILE = {
+    "apply_token_bitmask_inplace": "tests/test_bitmask.py",
+    "apply_packed_bitmask": "tests/test_bitmask.py",
+    "sample": "tests/test_sampling.py",
+    "apply_penalties_": "tests/test_penalties.py",
+    "update_output_counts_": "tests/test_penalties.py",
+}
+
+
+@pytest.mark.parametrize("defect", list(DEFECTS))
+def test_hand_written_tests_catch_the_planted_defect(defect):
+    op, _ = DEFECTS[defect]
+    env = os.environ | {ENV: defect, "PYTHONPATH": str(ROOT / "tests")}
+    command = [sys.executable, "-m", "pytest", "-p", "planted_defects", "-p", "no:cacheprovider",
+               "-x", "-q", "-k", "not bad_input", TEST_FILE[op]]
+    child = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else ""
+    caught = re.findall(r"^FAILED (\S+)", child.stdout, re.MULTILINE)
+    assert child.returncode == 1 and re.search(r"\b1 failed\b", summary) and "error" not in summary, (
+        f"{TEST_FILE[op]} does not catch {defect}:\n{child.stdout[-3000:]}\n{child.stderr[-2000:]}")
+    print(f"{defect}: caught by {caught[0]}")
