@@ -3,7 +3,8 @@
 
   forward   the tests marked `emulation` on fibers, threads in forward order
   reversed  the same in reversed order (an order can hide a missing barrier)
-  tsan      tests/test_cuda_emulation.py under ThreadSanitizer, an OS thread per CUDA thread
+  tsan      tests/test_cuda_emulation.py and tests/test_logprobs_cuda.py under ThreadSanitizer,
+            an OS thread per CUDA thread
   asan      the same under AddressSanitizer + UBSan
   mutants   the mutation check (mutations.py): the emulation must catch planted bugs
 
@@ -48,8 +49,8 @@ def sanitizer_environment(flavor: str) -> dict[str, str]:
 PARTS = {
     "forward": (PYTEST + ["tests"], {**sanitizer_environment("fibers"), "LP_EMULATION_SCHEDULE": "forward"}),
     "reversed": (PYTEST + ["tests"], {**sanitizer_environment("fibers"), "LP_EMULATION_SCHEDULE": "reversed"}),
-    "tsan": (PYTEST + ["tests/test_cuda_emulation.py"], sanitizer_environment("tsan")),
-    "asan": (PYTEST + ["tests/test_cuda_emulation.py"], sanitizer_environment("asan")),
+    "tsan": (PYTEST + ["tests/test_cuda_emulation.py", "tests/test_logprobs_cuda.py"], sanitizer_environment("tsan")),
+    "asan": (PYTEST + ["tests/test_cuda_emulation.py", "tests/test_logprobs_cuda.py"], sanitizer_environment("asan")),
     "mutants": ([sys.executable, "tests/cuda_emulation/mutations.py"], {}),
 }
 
