@@ -76,7 +76,7 @@ sanitize: $(STAMP)
 	$(ASAN_ENV) LP_SANITIZE=1 $(PY) tools/build.py
 	$(ASAN_ENV) LP_BUILD_DIR=build-asan $(PY) -m pytest tests/test_bitmask.py tests/test_sampling.py tests/test_penalties.py \
 		tests/test_properties_bitmask.py tests/test_properties_sampling.py tests/test_bad_input.py \
-		tests/test_scale.py tests/test_logprobs.py tests/test_properties_logprobs.py
+		tests/test_scale.py tests/test_logprobs.py tests/test_properties_logprobs.py tests/test_verify.py
 
 # The Hub bundle (release/: build/<variant>/, benchmarks/, CARD.md as README.md) and its report
 # (release-report.md). Refuses on a dirty tree, a Python-ABI violation or metadata the loader

@@ -8,7 +8,9 @@ device-resident state against `sample` alone (no penalties) and against the torc
 engines run (padded history -> bincount -> masked ops -> the sort-based sampler).
 Log-probabilities, when the build has `sample_with_logprobs`: against what engines run for raw
 logprobs (torch log_softmax + topk + gather + a rank count, then the sort-based sampler),
-num_logprobs 0, 1, 5 and 20. On a GPU it adds XGrammar's CUDA and Triton kernels and
+num_logprobs 0, 1, 5 and 20. verify_draft, when the build has it: against the engines' torch
+rejection sampler (torch_reference.verify_draft_reference), S = 1, 4 and 8 drafts, with and
+without draft probabilities. On a GPU it adds XGrammar's CUDA and Triton kernels and
 FlashInfer's sampling (each skipped, with the reason recorded, when it cannot be loaded) and
 reports % of the memory floor: the bytes that must move over a device-to-device copy bandwidth measured in
 the same run.
@@ -45,7 +47,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from torch_reference import kept_probs, penalize, sample_reference, sample_with_logprobs_reference, unpack_bitmask
+from torch_reference import (kept_probs, penalize, sample_reference, sample_with_logprobs_reference, unpack_bitmask,
+                             verify_draft_reference)
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = "logits-processor"
@@ -110,6 +113,19 @@ LOGPROBS_CASES = {
     ("cpu", True): [(64, 128256, "float32", 5)],
     ("cuda", False): [(b, 128256, d, n) for b in (256, 64, 1) for d in ("float32", "bfloat16") for n in LOGPROBS_NUMS],
     ("cuda", True): [(256, 128256, "float32", 5)],
+}
+
+# verify_draft (top-k + top-p target) against the engines' torch rejection sampler:
+# (batch, drafts, vocab, with draft_probs); the first is the CPU target's case.
+VERIFY_MODE = "top-k+top-p"
+VERIFY_CASES = {
+    # On the CPU B = 128 only at S = 4: the torch reference takes about 20 s a call there.
+    ("cpu", False): [(32, 4, 128256, True), (32, 4, 128256, False)]
+                    + [(b, s, 128256, q) for b, s in ((32, 1), (32, 8), (1, 1), (1, 4), (1, 8), (128, 4))
+                       for q in (True, False)],
+    ("cpu", True): [(32, 4, 128256, True), (32, 4, 128256, False)],
+    ("cuda", False): [(b, s, 128256, q) for b in (128, 32, 1) for s in (1, 4, 8) for q in (True, False)],
+    ("cuda", True): [(128, 4, 128256, True)],
 }
 
 # Seconds of timing per case (after warm-up), and the shortest single measurement the
@@ -497,6 +513,48 @@ def logprobs_case(lp, device: str, batch: int, vocab: int, dtype: str, num_logpr
                 nbuf, check, floor_s=bytes_ / bandwidth if bandwidth else None)
 
 
+def verify_case(lp, device: str, batch: int, drafts: int, vocab: int, with_probs: bool, bandwidth) -> Case:
+    """Drafts from a greedy drafter whose distribution is the target's, perturbed."""
+    positions = drafts + 1
+    nbuf = buffer_count(batch * positions * vocab * 4 * (2 if with_probs else 1), device)
+    targets = [torch.randn(batch, positions, vocab, device=device) * 2 for _ in range(nbuf)]
+    probs = [torch.softmax(t[:, :drafts] + torch.randn(batch, drafts, vocab, device=device), -1) for t in targets]
+    drafted = [q.argmax(-1) for q in probs]
+    if not with_probs:
+        probs = [None] * nbuf
+    params = MODES[VERIFY_MODE]
+    out = lp.VerifiedDraft(torch.empty(batch, positions, dtype=torch.int64, device=device),
+                           torch.empty(batch, dtype=torch.int64, device=device))
+    generator = torch.Generator(device=device).manual_seed(0)
+    impls = [
+        Impl(OURS, lambda i: lp.verify_draft(targets[i], drafted[i], draft_probs=probs[i], **params,
+                                             seed=1234, offset=i, out=out)),
+        Impl("torch rejection sampler", lambda i: verify_draft_reference(targets[i], drafted[i], probs[i], **params,
+                                                                         generator=generator)),
+    ]
+
+    def check() -> str:
+        """Each implementation's output: the accepted drafts, then a token of the kept set at
+        that position, then -1."""
+        kept = kept_probs(targets[0].reshape(batch * positions, vocab), **params).view(batch, positions, vocab) > 0
+        problems = []
+        for impl in impls:
+            tokens, accepted = (t.clone() for t in impl.run(0))
+            columns = torch.arange(positions, device=device)
+            padded = torch.cat([drafted[0], drafted[0].new_zeros(batch, 1)], 1)
+            last = tokens.gather(1, accepted[:, None])
+            in_kept = kept[torch.arange(batch, device=device), accepted, last.clamp(min=0).squeeze(1)]
+            if not (bool(torch.where(columns < accepted[:, None], tokens == padded, True).all())
+                    and bool((torch.where(columns > accepted[:, None], tokens, -1) == -1).all())
+                    and bool(in_kept.all())):
+                problems.append(impl.name)
+        return "ok" if not problems else "MISMATCH: " + ", ".join(problems)
+
+    bytes_ = batch * positions * vocab * 4 * (2 if with_probs else 1)  # the logits (and q) read once
+    return Case("verify", device, batch, vocab, "float32", f"S={drafts} {'draft_probs' if with_probs else 'point mass'}",
+                bytes_, impls, nbuf, check, floor_s=bytes_ / bandwidth if bandwidth else None)
+
+
 def run_case(case: Case, index: int, total: int) -> dict:
     try:
         case.check_result = case.check()
@@ -581,6 +639,11 @@ def targets(cases: list[dict], sampler_available: bool) -> list[dict]:
                                    "B=64, V=128256, fp32, N=5)", "torch chain", 3.0,
                                    op="logprobs", device="cpu", batch=64, vocab=128256, dtype="float32",
                                    variant=f"N=5 raw, {LOGPROBS_MODE}"))
+    if find(cases, op="verify") is not None:
+        result.append(ratio_target(cases, "CPU verify_draft: >= 5x faster than the engines' torch rejection sampler "
+                                   "(B=32, S=4, V=128256, fp32, top-k+top-p, draft_probs)", "torch rejection sampler",
+                                   5.0, op="verify", device="cpu", batch=32, vocab=128256,
+                                   variant="S=4 draft_probs"))
     if not sampler_available:
         return result + [{"name": "sampler targets", "status": "SKIP", "detail": "not run (not in this build, or --ops)"}]
     result.append(ratio_target(cases, "CPU sampler: >= 5x faster than the sort-based reference "
@@ -655,8 +718,8 @@ def main() -> int:
     parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
                         help="'all' (default): the CPU, and the GPU when there is one")
     parser.add_argument("--json", type=Path, help="write every result to this file")
-    parser.add_argument("--ops", default="bitmask,sampler,penalties,logprobs",
-                        help="comma-separated subset of bitmask, sampler, penalties, logprobs (default: all)")
+    parser.add_argument("--ops", default="bitmask,sampler,penalties,logprobs,verify",
+                        help="comma-separated subset of bitmask, sampler, penalties, logprobs, verify (default: all)")
     parser.add_argument("--prewarm", action="store_true", help="only load/compile the GPU peers, then exit")
     parser.add_argument("--without", action="append", default=[], metavar="PEER",
                         help="leave a peer out (e.g. flashinfer, xgrammar-cuda); repeatable")
@@ -696,6 +759,7 @@ def main() -> int:
     sampler_available &= "sampler" in ops
     penalties_available &= "penalties" in ops
     logprobs_available &= "logprobs" in ops
+    verify_available = hasattr(lp, "verify_draft") and "verify" in ops
     todo = []
     for device in devices:
         for shape in BITMASK_CASES[(device, args.quick)] if "bitmask" in ops else []:
@@ -714,6 +778,9 @@ def main() -> int:
             for shape in LOGPROBS_CASES[(device, args.quick)]:
                 todo.append(functools.partial(logprobs_case, lp, device, *shape,
                                               bandwidth if device == "cuda" else None))
+        if verify_available:
+            for shape in VERIFY_CASES[(device, args.quick)]:
+                todo.append(functools.partial(verify_case, lp, device, *shape, bandwidth if device == "cuda" else None))
     cases = []
     for i, make in enumerate(todo):
         cases.append(run_case(make(), i + 1, len(todo)))

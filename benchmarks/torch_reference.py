@@ -202,3 +202,49 @@ def sample_with_logprobs_reference(
     top = logprobs.topk(num_logprobs, dim=-1)
     return (tokens, torch.cat([token_logprobs, top.values], 1),
             torch.cat([tokens.unsqueeze(1), top.indices], 1), ranks)
+
+
+def verify_draft_reference(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: Optional[torch.Tensor] = None,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    *,
+    bitmask: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative-decoding verification as engines write it in torch (vLLM's rejection
+    sampler): the filtered target probabilities at every position (`kept_probs`, renormalised),
+    gather at the drafts, accept where u * q(d) < p(d), the residual max(0, p - q) (point-mass
+    drafts: p without the draft) and the bonus distribution drawn at every position by the
+    exponential race (argmax p / E, E ~ Exp(1): a multinomial draw without multinomial's
+    per-row setup), then the accepted prefix assembled. Number parameters; (tokens [B, S + 1]
+    with -1 after the emitted ones, num_accepted [B])."""
+    batch, positions, vocab = target_logits.shape
+    drafts = positions - 1
+    mask = None if bitmask is None else bitmask.reshape(batch * positions, -1)
+    kept = kept_probs(target_logits.reshape(batch * positions, vocab), temperature, top_k, top_p, min_p,
+                      bitmask=mask).view(batch, positions, vocab)
+    probs = kept / kept.sum(-1, keepdim=True)
+    ids = draft_token_ids.unsqueeze(-1)
+    target_p = probs[:, :drafts].gather(-1, ids).squeeze(-1)
+    if draft_probs is None:
+        draft_p = torch.ones_like(target_p)
+        residual = probs[:, :drafts].scatter(-1, ids, 0.0)
+    else:
+        draft_p = draft_probs.gather(-1, ids).squeeze(-1)
+        residual = (probs[:, :drafts] - draft_probs).clamp_min(0.0)
+    uniform = torch.rand(target_p.shape, device=target_p.device, generator=generator)
+    accepted = uniform * draft_p < target_p
+    num_accepted = accepted.to(torch.int64).cumprod(1).sum(1)
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    candidates = torch.cat([residual, probs[:, drafts:]], 1)  # the residuals, then the bonus distribution
+    last = (candidates / race).argmax(-1)  # [B, S + 1]: the token each position would emit last
+    columns = torch.arange(positions, device=target_logits.device)
+    padded = torch.cat([draft_token_ids, draft_token_ids.new_zeros(batch, 1)], 1)
+    tokens = torch.where(columns < num_accepted[:, None], padded, -1)
+    tokens.scatter_(1, num_accepted[:, None], last.gather(1, num_accepted[:, None]))
+    return tokens, num_accepted

@@ -20,6 +20,8 @@
 #include "fast_math.h"
 #include "philox.h"
 
+#include <memory>
+
 #if defined(CUDA_KERNEL) || defined(__CUDACC__)
 #include <cuda_runtime_api.h>
 #endif
@@ -163,7 +165,10 @@ LP_HOST_DEVICE uint32_t min_p_key(float s_max, float min_p) {
 }
 
 // Random bits for tokens 4g .. 4g + 3: one Philox call, counter (g, stream, offset), serves
-// four tokens, word i % 4 for token i.
+// four tokens, word i % 4 for token i. The counter's words: 0 the group g (< 2^29; the top
+// bit set for the top cells' refinement, below), 1 the stream (the row for a shared seed, 0
+// for per-row seeds; verify_draft's streams set the top bit, and its acceptance uniforms
+// use group 2^30: see verify.h), 2-3 the offset.
 LP_HOST_DEVICE Philox4 noise_bits(const RowParams& r, int64_t group) {
   const Philox4 counter = {{static_cast<uint32_t>(group), r.stream, r.offset_lo, r.offset_hi}};
   return philox4x32_10(counter, r.key0, r.key1);
@@ -266,6 +271,35 @@ LP_HOST_DEVICE float token_logprob(float s, float s_max, double log_z) {
 constexpr int64_t kNoRank = 0;
 
 void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for);
+
+// A row's processed distribution, as the log-probabilities define it: the candidates with
+// scores[i] >= floor (and > -inf), logprob_i = token_logprob(scores[i], s_max, log_z).
+struct ProcessedDistribution {
+  const float* scores;
+  float floor;
+  float s_max;
+  double log_z;
+};
+
+// sample_cpu's row sampler, for the CPU ops that decide from sample's distributions
+// (verify_cpu.cpp). One per thread: it holds its scratch, and the IEEE float mode of
+// sampling_cpu.cpp for its lifetime. Each call reads row `row` of `p` under `r`.
+class CpuRowSampler {
+ public:
+  explicit CpuRowSampler(int64_t vocab);
+  ~CpuRowSampler();
+  CpuRowSampler(const CpuRowSampler&) = delete;
+  CpuRowSampler& operator=(const CpuRowSampler&) = delete;
+  // sample's token (greedy rows: the argmax); -1 if nothing is allowed.
+  int64_t sample(const SamplingParams& p, int64_t row, const RowParams& r);
+  // A row that is not greedy: its distribution into `d` (valid until the next call); false
+  // if nothing is allowed.
+  bool distribution(const SamplingParams& p, int64_t row, const RowParams& r, ProcessedDistribution& d);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 #if defined(CUDA_KERNEL) || defined(__CUDACC__)
 // How many blocks share each row (1 unless the batch is small against the GPU). When more

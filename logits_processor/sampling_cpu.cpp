@@ -189,7 +189,9 @@ template <Dtype D>
 class RowSampler {
  public:
   RowSampler(const SamplingParams& p, int64_t row, Scratch& scratch)
-      : p_(p), row_(row), r_(row_params(p, row)), scratch_(scratch), scores_(scratch.scores.data()) {}
+      : RowSampler(p, row, row_params(p, row), scratch) {}
+  RowSampler(const SamplingParams& p, int64_t row, const RowParams& r, Scratch& scratch)
+      : p_(p), row_(row), r_(r), scratch_(scratch), scores_(scratch.scores.data()) {}
 
   // The token `sample` returns.
   int64_t sample() {
@@ -198,6 +200,14 @@ class RowSampler {
     if (r_.greedy) return first_index_of(s_max_);
     cutoff_ = cutoff();
     return cutoff_.gathered ? gumbel_over_kept(cutoff_.threshold) : gumbel_over_row(cutoff_.threshold);
+  }
+
+  // The processed distribution of a row that is not greedy, without a draw; false if it
+  // has no candidate.
+  bool processed(ProcessedDistribution& d) {
+    if (!distribution(false)) return false;
+    d = {scores_, floor_score(), s_max_, log_z()};
+    return true;
   }
 
   // token_logprobs: the given token's log-probability.
@@ -458,6 +468,28 @@ class RowSampler {
 };
 
 }  // namespace
+
+struct CpuRowSampler::State {
+  explicit State(int64_t vocab) : scratch(vocab) {}
+  const IeeeFloatMode mode;
+  Scratch scratch;
+};
+
+CpuRowSampler::CpuRowSampler(int64_t vocab) : state_(std::make_unique<State>(vocab)) {}
+CpuRowSampler::~CpuRowSampler() = default;
+
+int64_t CpuRowSampler::sample(const SamplingParams& p, int64_t row, const RowParams& r) {
+  int64_t token = -1;
+  dispatch_dtype(p.dtype, [&]<Dtype D>() { token = RowSampler<D>(p, row, r, state_->scratch).sample(); });
+  return token;
+}
+
+bool CpuRowSampler::distribution(const SamplingParams& p, int64_t row, const RowParams& r,
+                                 ProcessedDistribution& d) {
+  bool found = false;
+  dispatch_dtype(p.dtype, [&]<Dtype D>() { found = RowSampler<D>(p, row, r, state_->scratch).processed(d); });
+  return found;
+}
 
 void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for) {
   dispatch_dtype(params.dtype, [&]<Dtype D>() {

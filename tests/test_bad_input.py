@@ -47,6 +47,12 @@ def inputs() -> SimpleNamespace:
         ids2=torch.full((2 * B,), 5, dtype=torch.int64),
         row_f32=torch.full((B,), 0.5),
         row_i64=torch.full((B,), 3, dtype=torch.int64),
+        # verify_draft: two drafts per row
+        target=torch.randn(B, 3, V, generator=g),
+        drafts=torch.full((B, 2), 5, dtype=torch.int64),
+        draft_probs=torch.full((B, 2, V), 1 / V),
+        position_mask=torch.full((B, 3, 2), -1, dtype=torch.int32),
+        verified=torch.full((B, 3), 7, dtype=torch.int64),
         prompt_mask=torch.randint(-(2**31), 2**31, (B + 2, 2), generator=g, dtype=torch.int64).to(torch.int32),
         counts=torch.randint(0, 3, (B + 2, V), generator=g, dtype=torch.int32),
         state_rows=torch.tensor([5, 0, 2, 1]),
@@ -259,6 +265,46 @@ def _logprobs_cases() -> list[Case]:
     return [Case(*c) for c in cases]
 
 
+def verify(target=lambda t: t.target, drafts=lambda t: t.drafts, **kwargs) -> Callable:
+    return _op("verify_draft", target, drafts, **kwargs)
+
+
+def _verify_cases() -> list[Case]:
+    cases = [
+        ("verify-target-2d", "target_logits", verify(target=lambda t: t.logits)),
+        ("verify-target-float64", "target_logits", verify(target=lambda t: t.target.double())),
+        ("verify-target-strided-vocab", "target_logits", verify(target=lambda t: t.target[..., ::2])),
+        ("verify-target-too-many-positions", "target_logits", verify(target=torch.zeros(1, 258, 1))),
+        ("verify-drafts-one-too-few", "draft_token_ids", verify(drafts=lambda t: t.drafts[:, :1])),
+        ("verify-drafts-wrong-rows", "draft_token_ids", verify(drafts=lambda t: t.drafts[:3])),
+        ("verify-drafts-int32", "draft_token_ids", verify(drafts=lambda t: t.drafts.int())),
+        ("verify-drafts-past-vocab", "draft_token_ids", verify(drafts=torch.full((B, 2), V))),
+        ("verify-drafts-negative", "draft_token_ids", verify(drafts=torch.full((B, 2), -1))),
+        ("verify-drafts-meta-device", "draft_token_ids", verify(drafts=lambda t: t.drafts.to("meta"))),
+        ("verify-num_draft_tokens-above-drafts", "num_draft_tokens", verify(num_draft_tokens=torch.full((B,), 3))),
+        ("verify-num_draft_tokens-negative", "num_draft_tokens", verify(num_draft_tokens=torch.full((B,), -1))),
+        ("verify-num_draft_tokens-wrong-length", "num_draft_tokens", verify(num_draft_tokens=lambda t: t.ids2)),
+        ("verify-num_draft_tokens-float", "num_draft_tokens", verify(num_draft_tokens=lambda t: t.row_f32)),
+        ("verify-draft_probs-narrow", "draft_probs", verify(draft_probs=lambda t: t.draft_probs[..., :V - 1])),
+        ("verify-draft_probs-one-position", "draft_probs", verify(draft_probs=lambda t: t.draft_probs[:, :1])),
+        ("verify-draft_probs-float16", "draft_probs", verify(draft_probs=lambda t: t.draft_probs.half())),
+        ("verify-draft_probs-strided-vocab", "draft_probs", verify(
+            draft_probs=lambda t: torch.full((B, 2, 2 * V), 0.5)[..., ::2])),
+        ("verify-bitmask-2d", "bitmask", verify(bitmask=lambda t: t.mask)),
+        ("verify-bitmask-two-positions", "bitmask", verify(bitmask=lambda t: t.position_mask[:, :2])),
+        ("verify-bitmask-int64", "bitmask", verify(bitmask=lambda t: t.position_mask.long())),
+        ("verify-top_p-above-1", "top_p", verify(top_p=1.5)),
+        ("verify-temperature-nan", "temperature", verify(temperature=float("nan"))),
+        ("verify-seed-rows-wrong-length", "seed", verify(seed=lambda t: t.ids2)),
+        ("verify-out-tokens-one-column-short", "tokens", verify(
+            out=lambda t: (t.verified[:, :2], t.row_i64))),
+        ("verify-out-tokens-float", "tokens", verify(out=lambda t: (t.target[:, :, 0], t.row_i64))),
+        ("verify-out-num_accepted-int32", "num_accepted", verify(
+            out=lambda t: (t.verified, t.row_i64.view(torch.int32)[:B]))),
+    ]
+    return [Case(*c) for c in cases]
+
+
 def _penalty_cases() -> list[Case]:
     nan = float("nan")
     bias = dict(logit_bias_ids=lambda t: t.bias_ids, logit_bias_values=lambda t: t.bias_values)
@@ -349,7 +395,8 @@ def _penalty_cases() -> list[Case]:
     return [Case(*c) for c in cases]
 
 
-CASES = {c.id: c for c in _bitmask_cases() + _sampler_cases() + _penalty_cases() + _logprobs_cases()}
+CASES = {c.id: c for c in _bitmask_cases() + _sampler_cases() + _penalty_cases() + _logprobs_cases()
+         + _verify_cases()}
 # Not part of the matrix: checks that the harness turns a crash into that case's failure.
 PROBES = {"crash-probe": Case("crash-probe", "-", lambda lp, t: os.abort())}
 

@@ -1,7 +1,8 @@
 """The examples end to end: XGrammar fills the bitmask, the package masks and samples, outputs are valid.
 
-Runs the demo's decoding loop small, the transformers generate() example and the CUDA-graph
-decode loop (eagerly without a GPU), all offline with the tiny random model.
+Runs the demo's decoding loop small, the transformers generate() example, the CUDA-graph
+decode loop (eagerly without a GPU) and the speculative-decoding example, all offline with
+the tiny random model.
 """
 
 import json
@@ -18,6 +19,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import _offline  # noqa: E402
 import cuda_graph_decode  # noqa: E402
 import demo  # noqa: E402
+import speculative_demo  # noqa: E402
 import transformers_logits_processor  # noqa: E402
 
 # The longest output any grammar of the demo allows ("order" with three items) is about 130
@@ -115,3 +117,19 @@ def test_cuda_graph_example_outputs_follow_their_grammars(lp, offline_pair, devi
             jsonschema.validate(json.loads(text), cuda_graph_decode.POINT)
         else:
             assert re.fullmatch(cuda_graph_decode.HEX_COLOR, text), text
+
+
+@pytest.mark.parametrize("device", devices())
+def test_speculative_example_outputs_follow_their_grammars(lp, offline_pair, device):
+    """n-gram drafts verified under per-position grammar masks: valid outputs, and the draft
+    statistics add up (each step emits its accepted drafts plus one token)."""
+    tokenizer, model = offline_pair
+    model = model.to(device)
+    info = _offline.tokenizer_info(tokenizer, _offline.model_vocab_size(model))
+    proposed = 0
+    for request in [r for r in demo.REQUESTS if r.name in ("order", "date", "ticket")]:
+        text, finished, stats = speculative_demo.generate(lp, model, tokenizer, info, request, 4, MAX_TOKENS)
+        assert finished and request.check(text) is None, (request.name, text)
+        assert 0 <= stats.accepted <= stats.proposed <= 4 * stats.steps
+        proposed += stats.proposed
+    assert proposed > 0  # the n-gram draft did propose, so verification ran with drafts

@@ -44,7 +44,8 @@ SHARED_OBJ = OUT / ".obj" / "shared"
 EMULATED_KERNELS = ["logits_processor/bitmask_cuda.cu", "logits_processor/sampling_cuda.cu",
                     "logits_processor/penalties_cuda.cu"]
 SHARED_SOURCES = ["torch-ext/torch_binding.cpp", "logits_processor/bitmask_cpu.cpp",
-                  "logits_processor/sampling_cpu.cpp", "logits_processor/penalties_cpu.cpp"]
+                  "logits_processor/sampling_cpu.cpp", "logits_processor/penalties_cpu.cpp",
+                  "logits_processor/verify_cpu.cpp"]
 
 SANITIZE_ADDRESS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                     "-fno-omit-frame-pointer"]

@@ -66,3 +66,16 @@ void token_logprobs(const torch::stable::Tensor& logits, const torch::stable::Te
                     double top_p_value, const std::optional<torch::stable::Tensor>& min_p,
                     double min_p_value, const std::optional<torch::stable::Tensor>& bitmask,
                     const std::string& logprobs_mode, const torch::stable::Tensor& out);
+
+void verify_draft(const torch::stable::Tensor& target_logits,
+                  const torch::stable::Tensor& draft_token_ids,
+                  const std::optional<torch::stable::Tensor>& num_draft_tokens,
+                  const std::optional<torch::stable::Tensor>& draft_probs,
+                  const std::optional<torch::stable::Tensor>& temperature, double temperature_value,
+                  const std::optional<torch::stable::Tensor>& top_k, int64_t top_k_value,
+                  const std::optional<torch::stable::Tensor>& top_p, double top_p_value,
+                  const std::optional<torch::stable::Tensor>& min_p, double min_p_value,
+                  const std::optional<torch::stable::Tensor>& seed, int64_t seed_value,
+                  const std::optional<torch::stable::Tensor>& offset, int64_t offset_value,
+                  const std::optional<torch::stable::Tensor>& bitmask,
+                  const torch::stable::Tensor& tokens, const torch::stable::Tensor& num_accepted);

@@ -11,9 +11,11 @@ from ._bitmask import (
 )
 from ._penalties import PenaltyState, apply_penalties_, penalty_state_from_tokens, update_output_counts_
 from ._sampling import SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
+from ._verify import VerifiedDraft, verify_draft
 
 __all__ = [
     "SampleWithLogprobs",
+    "VerifiedDraft",
     "allocate_token_bitmask",
     "apply_packed_bitmask",
     "apply_penalties_",
@@ -27,5 +29,6 @@ __all__ = [
     "sample",
     "sample_with_logprobs",
     "token_logprobs",
+    "verify_draft",
     "update_output_counts_",
 ]

@@ -1,0 +1,144 @@
+// Speculative decoding: verify a row's draft tokens d_0..d_{n-1} against the target's
+// distributions p_0..p_n (one per position, each sample's processed distribution: bitmask,
+// temperature, top-k ∩ top-p ∩ min-p, see sampling.h) and emit the longest accepted prefix
+// plus one token. Everything that decides a token is defined here, for the CPU and the CUDA
+// implementation.
+//
+// Row b walks its positions j = 0, 1, ...:
+// - draft probabilities q_j given (a row with temperature > 0): accept d_j iff
+//   U_j < p_j(d_j) / q_j(d_j) (compared as ln U_j < ln p_j(d_j) - ln q_j(d_j), p from the
+//   log-probability of sampling.h), U_j = (k + 1/2) 2^-32 from the position's acceptance
+//   word. On rejection emit the Gumbel-max draw over r_v = max(0, p_j(v) - q_j(v)) and stop.
+// - no draft probabilities (q_j the point mass at d_j), and greedy rows: emit t_j = sample's
+//   draw from p_j at the position's noise (greedy: the argmax); accept d_j iff t_j == d_j,
+//   else emit t_j and stop. (t_j ~ p_j, so d_j is accepted with probability p_j(d_j), and a
+//   rejection's t_j is distributed as p_j without d_j: exactly the point-mass rejection rule.)
+// - all n accepted: emit the bonus t_n, sample's draw from p_n.
+// A draft outside p_j's support (forbidden by the bitmask, filtered out, NaN logit, outside
+// [0, V)) has p_j(d_j) = 0: always rejected. A position with nothing allowed emits -1 and
+// stops the row.
+//
+// RNG: sample's Philox, keyed by the seed, with its counter's stream word replaced by
+//   0x80000000 | position << 22 | sample's stream (the row for a shared seed, 0 for per-row
+//   seeds),
+// so every position has its own noise (words (group, stream, offset), as sample's) and the
+// acceptance word is word 0 of counter (kAcceptanceGroup, stream, offset), a group no token
+// reaches. sample's streams (rows < 2^31) never set the top bit: the two ops draw disjoint
+// numbers. Hence at most kMaxVerifyPositions positions and kMaxVerifyRows rows.
+#pragma once
+
+#include "sampling.h"
+
+namespace logits_processor {
+
+constexpr int64_t kMaxVerifyPositions = 256;       // S + 1 (8 bits of the stream word)
+constexpr int64_t kMaxVerifyRows = int64_t{1} << 22;  // 22 bits of the stream word hold the row
+constexpr uint32_t kAcceptanceGroup = 0x40000000u;   // above V / 4, below the top cells' groups
+
+struct VerifyParams {
+  // The target's per-row parameters (temperature, filters, seed, offset) and position 0's
+  // logits and bitmask rows; position j's are j `*_position_stride` elements further.
+  SamplingParams target;
+  int64_t positions;  // S + 1
+  int64_t logits_position_stride;
+  int64_t bitmask_position_stride;
+  const int64_t* draft_tokens;  // [rows, S], strided
+  int64_t draft_row_stride, draft_position_stride;
+  const int64_t* num_draft_tokens;  // [rows], or null: S each
+  const float* draft_probs;  // [rows, S, V] contiguous in V, or null (point masses)
+  int64_t draft_probs_row_stride, draft_probs_position_stride;
+  int64_t* tokens;        // [rows, S + 1] contiguous
+  int64_t* num_accepted;  // [rows]
+};
+
+// Position j of the target, as sample's parameters (its rows are the batch's rows).
+LP_HOST_DEVICE SamplingParams position_target(const VerifyParams& v, int64_t position) {
+  SamplingParams p = v.target;
+  p.logits = static_cast<const char*>(p.logits) + position * v.logits_position_stride * dtype_size(p.dtype);
+  if (p.bitmask) p.bitmask += position * v.bitmask_position_stride;
+  return p;
+}
+
+// Row `row`'s parameters at `position`: sample's, with the position's stream.
+LP_HOST_DEVICE RowParams position_params(const VerifyParams& v, int64_t row, int64_t position) {
+  RowParams r = row_params(v.target, row);
+  r.stream = 0x80000000u | (static_cast<uint32_t>(position) << 22) | r.stream;
+  return r;
+}
+
+// The row's draft count, clamped to [0, S] (device tensors are not checked on the host).
+LP_HOST_DEVICE int64_t row_draft_count(const VerifyParams& v, int64_t row) {
+  const int64_t drafts = v.positions - 1;
+  if (!v.num_draft_tokens) return drafts;
+  const int64_t n = v.num_draft_tokens[row];
+  return n < 0 ? 0 : (n < drafts ? n : drafts);
+}
+
+LP_HOST_DEVICE int64_t draft_token(const VerifyParams& v, int64_t row, int64_t position) {
+  return v.draft_tokens[row * v.draft_row_stride + position * v.draft_position_stride];
+}
+
+// q_j(token) for a token in [0, V).
+LP_HOST_DEVICE float draft_prob(const VerifyParams& v, int64_t row, int64_t position, int64_t token) {
+  return v.draft_probs[row * v.draft_probs_row_stride + position * v.draft_probs_position_stride + token];
+}
+
+constexpr float kMinNormal = 1.17549435e-38f;
+
+// Whether a draft with log-probability `logprob` under p_j (-inf outside the support) and
+// draft probability q is accepted. q <= 0 or NaN (a proposal the draft gave no mass) makes
+// the ratio infinite: accepted if p_j allows it.
+LP_HOST_DEVICE bool draft_accepted(const RowParams& r, float logprob, float q) {
+  if (!(logprob > kNegInf)) return false;
+  if (!(q > 0.0f)) return true;
+  const Philox4 counter = {{kAcceptanceGroup, r.stream, r.offset_lo, r.offset_hi}};
+  const uint32_t k = philox4x32_10(counter, r.key0, r.key1).v[0];
+  const float log_u = lp_log(cell_midpoint(k, 2.3283064365386963e-10f));  // 2^-32
+  const float log_q = lp_log(q < kMinNormal ? kMinNormal : (q < kMaxFinite ? q : kMaxFinite));
+  return log_u < lp_add(logprob, -log_q);
+}
+
+// ln max(0, p - q) for a token of p_j's support with log-probability `logprob` and draft
+// probability q, or -inf: where q is 0 (or negative or NaN) it is the log-probability
+// itself, so the residual's far tail is as exact as sample's; a positive difference below
+// the smallest normal float counts as 0.
+LP_HOST_DEVICE float residual_log_weight(float logprob, float q) {
+  if (!(q > 0.0f)) return logprob;
+  const float r = lp_add(lp_exp_nonpositive(logprob), -q);
+  return r >= kMinNormal ? lp_log(r) : kNegInf;
+}
+
+// The draw at a position whose draft was rejected: the Gumbel-max over the residual
+// max(0, p - q) without the draft, the position's noise, lowest index on ties; if rounding
+// left the residual empty, the same draw over p without the draft. Each device offers it
+// every token of the support but the draft, in any order.
+struct ResidualDraw {
+  uint64_t residual = kNoToken;
+  uint64_t target = kNoToken;
+
+  LP_HOST_DEVICE void offer(int64_t token, float logprob, float gumbel, float q) {
+    const float weight = residual_log_weight(logprob, q);
+    const uint64_t as_residual = pack_argmax(score_key(perturbed_score(weight, gumbel)), token);
+    const uint64_t as_target = pack_argmax(score_key(perturbed_score(logprob, gumbel)), token);
+    if (weight > kNegInf && as_residual > residual) residual = as_residual;
+    if (as_target > target) target = as_target;
+  }
+
+  LP_HOST_DEVICE int64_t token() const {
+    const uint64_t best = residual != kNoToken ? residual : target;
+    return best == kNoToken ? -1 : unpack_index(best);
+  }
+};
+
+// Row b's output row, [S + 1] contiguous.
+LP_HOST_DEVICE int64_t* row_tokens(const VerifyParams& v, int64_t row) { return v.tokens + row * v.positions; }
+
+void verify_cpu(const VerifyParams& params, const ParallelFor& parallel_for);
+
+#if defined(CUDA_KERNEL) || defined(__CUDACC__)
+// One launch for the batch, a block per row walking its positions; no scratch memory and no
+// host synchronisation (sampling_cuda.cu).
+void verify_cuda(const VerifyParams& params, cudaStream_t stream);
+#endif
+
+}  // namespace logits_processor

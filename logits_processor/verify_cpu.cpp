@@ -1,0 +1,62 @@
+// CPU verify_draft: rows in parallel, each walking its positions with sample's row sampler
+// (sampling_cpu.cpp); the decisions are verify.h's.
+#include <algorithm>
+
+#include "verify.h"
+
+namespace logits_processor {
+namespace {
+
+// ResidualDraw over the row, the draft excluded.
+int64_t residual_draw(const VerifyParams& v, int64_t row, int64_t position, const RowParams& r,
+                      const ProcessedDistribution& d, int64_t draft) {
+  ResidualDraw draw;
+  Philox4 bits{};
+  int64_t group = -1;  // the group `bits` holds: drawn only for groups with a kept token
+  for (int64_t i = 0; i < v.target.vocab; ++i) {
+    const float s = d.scores[i];
+    if (!(s > kNegInf) || !(s >= d.floor) || i == draft) continue;
+    if (i >> 2 != group) group = i >> 2, bits = noise_bits(r, group);
+    draw.offer(i, token_logprob(s, d.s_max, d.log_z), token_gumbel(r, i, bits.v[i & 3]), draft_prob(v, row, position, i));
+  }
+  return draw.token();
+}
+
+// Row `row`'s walk: returns the number of accepted drafts, the emitted tokens written.
+int64_t verify_row(const VerifyParams& v, int64_t row, CpuRowSampler& sampler) {
+  int64_t* tokens = row_tokens(v, row);
+  std::fill(tokens, tokens + v.positions, int64_t{-1});
+  const int64_t drafts = row_draft_count(v, row);
+  const int64_t vocab = v.target.vocab;
+  for (int64_t j = 0; j < drafts; ++j) {
+    const SamplingParams target = position_target(v, j);
+    const RowParams r = position_params(v, row, j);
+    const int64_t draft = draft_token(v, row, j);
+    int64_t emitted;
+    if (!v.draft_probs || r.greedy) {
+      emitted = sampler.sample(target, row, r);
+    } else {
+      ProcessedDistribution d;
+      if (!sampler.distribution(target, row, r, d)) return j;  // nothing allowed: -1
+      const bool in_support = draft >= 0 && draft < vocab && d.scores[draft] > kNegInf && d.scores[draft] >= d.floor;
+      const float logprob = in_support ? token_logprob(d.scores[draft], d.s_max, d.log_z) : kNegInf;
+      const float q = in_support ? draft_prob(v, row, j, draft) : 0.0f;
+      emitted = draft_accepted(r, logprob, q) ? draft : residual_draw(v, row, j, r, d, draft);
+    }
+    tokens[j] = emitted;
+    if (emitted < 0 || emitted != draft) return j;
+  }
+  tokens[drafts] = sampler.sample(position_target(v, drafts), row, position_params(v, row, drafts));
+  return drafts;
+}
+
+}  // namespace
+
+void verify_cpu(const VerifyParams& params, const ParallelFor& parallel_for) {
+  parallel_for(0, params.target.rows, 1, [&](int64_t begin, int64_t end) {
+    CpuRowSampler sampler(params.target.vocab);
+    for (int64_t row = begin; row < end; ++row) params.num_accepted[row] = verify_row(params, row, sampler);
+  });
+}
+
+}  // namespace logits_processor
