@@ -3,8 +3,8 @@
 
   forward   the tests marked `emulation` on fibers, threads in forward order
   reversed  the same in reversed order (an order can hide a missing barrier)
-  tsan      tests/test_cuda_emulation.py and tests/test_logprobs_cuda.py under ThreadSanitizer,
-            an OS thread per CUDA thread
+  tsan      the emulated tests of every kernel family (SANITIZED_FILES) under ThreadSanitizer,
+            an OS thread per CUDA thread, on their smaller cases
   asan      the same under AddressSanitizer + UBSan
   mutants   the mutation check (mutations.py): the emulation must catch planted bugs
 
@@ -46,11 +46,15 @@ def sanitizer_environment(flavor: str) -> dict[str, str]:
     return {"LP_EMULATION": "fibers"}
 
 
+# One file per kernel family: bitmask and sample, logprobs, penalties, verify_draft.
+SANITIZED_FILES = ["tests/test_cuda_emulation.py", "tests/test_logprobs_cuda.py",
+                   "tests/test_penalties.py", "tests/test_verify.py"]
+
 PARTS = {
     "forward": (PYTEST + ["tests"], {**sanitizer_environment("fibers"), "LP_EMULATION_SCHEDULE": "forward"}),
     "reversed": (PYTEST + ["tests"], {**sanitizer_environment("fibers"), "LP_EMULATION_SCHEDULE": "reversed"}),
-    "tsan": (PYTEST + ["tests/test_cuda_emulation.py", "tests/test_logprobs_cuda.py"], sanitizer_environment("tsan")),
-    "asan": (PYTEST + ["tests/test_cuda_emulation.py", "tests/test_logprobs_cuda.py"], sanitizer_environment("asan")),
+    "tsan": (PYTEST + SANITIZED_FILES, sanitizer_environment("tsan")),
+    "asan": (PYTEST + SANITIZED_FILES, sanitizer_environment("asan")),
     "mutants": ([sys.executable, "tests/cuda_emulation/mutations.py"], {}),
 }
 
