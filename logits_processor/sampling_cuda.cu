@@ -1,9 +1,14 @@
 // CUDA sampler: one 256-thread block per row (grid-stride over rows), one launch for the
-// whole chain, no sort and no float atomics. Each step is a pass over the row:
-//   1. max score and candidate count (or, greedy, the argmax: done);
-//   2. top-k: a radix select, 8 bits a pass, of the k-th largest score key;
-//   3. top-p: the integer masses' total, then a radix select on masses above the cutoff;
-//   4. the Gumbel-max draw over the kept set.
+// whole chain, no sort and no float atomics. Passes over the row (Row::cut):
+//   greedy, unfiltered: one (the argmax, or the Gumbel-max over every candidate);
+//   1. max score, candidate count and, with top-k, a 4096-bin histogram of the score keys'
+//      top 12 bits: s_max gives min-p's cutoff, the histogram top-k's key bin;
+//   2. top-p: the integer masses per key bin: Z and top-p's key bin;
+//   3. the Gumbel-max draw over the kept set; when top-k's or top-p's cutoff lies in the
+//      highest of the cutoffs' bins, the same pass gathers that bin's candidates into shared
+//      memory, where the exact cutoff is selected, and the draw finishes over them.
+// So top-k and min-p take 2 passes, top-p and all three 3 (a boundary bin too large for
+// shared memory takes up to 3 more, a radix select over the row's keys in that bin).
 // The integer histograms make every decision independent of thread timing, and the
 // arithmetic is sampling.h's, so the CPU sampler returns the same tokens.
 //
@@ -19,6 +24,8 @@
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "cuda_utils.cuh"
 #include "sampling.h"
 #include "verify.h"
@@ -26,11 +33,20 @@
 namespace logits_processor {
 namespace {
 
-constexpr int kThreads = 256;  // also the radix: thread t owns bin 255 - t when scanning
+constexpr int kThreads = 256;  // also the radix: thread t owns digit 255 - t when scanning
 constexpr int kRadixBits = 8;
+// The first pass's histogram: key bins on the top 12 bits of a score key (sign, exponent and
+// 3 mantissa bits), each thread scanning kBinsPerThread consecutive bins.
+constexpr int kBinBits = 12;
+constexpr int kBins = 1 << kBinBits;
+constexpr int kBinShift = 32 - kBinBits;
+constexpr int kBinsPerThread = kBins / kThreads;
+// The boundary bin's candidates that fit in shared memory (8 bytes each, over the histogram).
+constexpr int kBinCapacity = 4096;
 constexpr int64_t kMinSplitTokens = 8192;  // a chunk smaller than this is not worth a block
 constexpr int64_t kMaxSplits = 64;
 constexpr int kTopChunk = 20;  // top-N tokens found per pass over the row (the fast path: N <= 20)
+constexpr uint32_t kNoDigit = ~0u;
 
 struct MaxOp {
   __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a > b ? a : b; }
@@ -39,15 +55,30 @@ struct MaxOp {
 using BlockReduce = cub::BlockReduce<uint64_t, kThreads>;
 using BlockScan = cub::BlockScan<uint64_t, kThreads>;
 
+// A candidate of the boundary bin, gathered into shared memory.
+struct BinEntry {
+  uint32_t key;
+  uint32_t index;
+};
+
 struct SharedState {
   union {
     BlockReduce::TempStorage reduce;
     BlockScan::TempStorage scan;
   } cub;
-  unsigned long long histogram[kThreads];
+  // One row's wide data, each dead before the next is written: the key bins' candidate
+  // counts (first pass), their top-p masses (second), the boundary bin's candidates (last).
+  union {
+    unsigned int counts[kBins];
+    unsigned long long masses[kBins];
+    BinEntry entries[kBinCapacity];
+  } wide;
+  unsigned long long histogram[kThreads];  // a radix digit's bins
+  unsigned int entry_count;                // candidates offered to `entries` (may exceed it)
   uint64_t broadcast;
   uint32_t digit;
   uint64_t above;
+  int bin;
   uint64_t top[kTopChunk];  // a chunk of the top-N log-probabilities' tokens, packed
 };
 
@@ -70,6 +101,105 @@ __device__ uint64_t block_sum(uint64_t v, SharedState& sh) {
   return v;
 }
 
+__device__ uint32_t key_bin(uint32_t key) { return key >> kBinShift; }
+
+// The first key of bin b (b <= kBins: kBins is past the top key).
+__device__ uint64_t bin_start(int64_t b) { return static_cast<uint64_t>(b) << kBinShift; }
+
+// The key bins thread t scans, from the top: kBins - 1 - kBinsPerThread t downwards.
+__device__ int first_own_bin() { return kBins - 1 - kBinsPerThread * static_cast<int>(threadIdx.x); }
+
+template <typename Count>
+__device__ void zero_bins(Count* bins) {
+  for (int b = threadIdx.x; b < kBins; b += kThreads) bins[b] = 0;
+  __syncthreads();
+}
+
+// The sum of this thread's key bins.
+template <typename Count>
+__device__ uint64_t own_bins_sum(const Count* bins) {
+  uint64_t mine = 0;
+  for (int j = 0; j < kBinsPerThread; ++j) mine += bins[first_own_bin() - j];
+  return mine;
+}
+
+// Where a cutoff lies among the key bins: the highest bin whose bins at or above it reach
+// `target`, and the sum of the bins above it; bin -1 if the total falls short.
+struct BinCut {
+  int bin;
+  uint64_t above;
+};
+
+template <typename Count>
+__device__ BinCut find_bin(const Count* bins, uint64_t target, SharedState& sh) {
+  const uint64_t mine = own_bins_sum(bins);
+  // Defaults in case no bin qualifies; the scan's barrier orders them before the finder's.
+  if (threadIdx.x == 0) sh.bin = -1, sh.above = 0;
+  uint64_t inclusive;
+  BlockScan(sh.cub.scan).InclusiveSum(mine, inclusive);
+  uint64_t above = inclusive - mine;
+  if (above < target && inclusive >= target) {
+    for (int j = 0; j < kBinsPerThread; ++j) {
+      const int b = first_own_bin() - j;
+      if (above + bins[b] >= target) {
+        sh.bin = b, sh.above = above;
+        break;
+      }
+      above += bins[b];
+    }
+  }
+  __syncthreads();
+  const BinCut cut{sh.bin, sh.above};
+  __syncthreads();  // read by all before the next writer
+  return cut;
+}
+
+// The largest key t in bin `bin` whose stat (the count of keys, or with kMass their
+// token_mass sum) over the keys >= t in that bin, plus `above`, reaches `target`; kNoKey if
+// none does. for_each_key(f) calls f(key) for each key of the source (any bin): the row's
+// candidates (a pass over the row per digit) or the gathered bin (shared memory). A radix
+// select on the 20 bits below the bin's, 8 at a time.
+template <bool kMass, typename ForEachKey>
+__device__ uint32_t radix_select(ForEachKey&& for_each_key, int bin, uint64_t above, uint64_t target,
+                                 float s_max, SharedState& sh) {
+  uint32_t prefix = static_cast<uint32_t>(bin_start(bin));
+  for (int low = kBinShift; low > 0;) {  // bits [low, 32) decided
+    const int shift = low > kRadixBits ? low - kRadixBits : 0;
+    const uint32_t decided = ~0u << low;
+    sh.histogram[threadIdx.x] = 0;
+    __syncthreads();
+    for_each_key([&](uint32_t key) {
+      if ((key & decided) == prefix)
+        atomicAdd(&sh.histogram[(key >> shift) & (kThreads - 1)],
+                  kMass ? static_cast<unsigned long long>(token_mass(key_score(key), s_max)) : 1ull);
+    });
+    __syncthreads();
+    const uint32_t digit = kThreads - 1 - threadIdx.x;  // the scan runs from the top digit down
+    const uint64_t mine = sh.histogram[digit];
+    if (threadIdx.x == 0) sh.digit = kNoDigit, sh.above = above;  // ordered by the scan's barrier
+    uint64_t inclusive;
+    BlockScan(sh.cub.scan).InclusiveSum(mine, inclusive);
+    if (above + inclusive - mine < target && above + inclusive >= target) {
+      sh.digit = digit;
+      sh.above = above + inclusive - mine;
+    }
+    __syncthreads();
+    const uint32_t chosen = sh.digit;
+    above = sh.above;
+    __syncthreads();
+    if (chosen == kNoDigit) return kNoKey;  // (the same for every thread)
+    prefix |= chosen << shift;
+    low = shift;
+  }
+  return prefix;
+}
+
+// The Gumbel-max draw, when the cut's last pass could make it (Row::cut).
+struct Draw {
+  bool done;
+  uint64_t winner;  // packed, kNoToken if no candidate
+};
+
 template <Dtype D>
 struct Row {
   const SamplingParams& p;
@@ -88,6 +218,11 @@ struct Row {
     }
   }
 
+  // f(key) for each candidate's score key (radix_select's source).
+  __device__ auto candidate_keys() const {
+    return [this](auto&& f) { for_each_candidate([&](int64_t, float s) { f(score_key(s)); }); };
+  }
+
   // Whether one pass decides the row: greedy, or no filter that could drop a candidate.
   __device__ bool single_pass() const {
     return r.greedy || ((r.top_k <= 0 || r.top_k >= p.vocab) && r.top_p >= 1.0f && r.min_p <= 0.0f);
@@ -95,7 +230,7 @@ struct Row {
 
   // That pass over tokens [begin, end): the packed winner, kNoToken if none.
   __device__ uint64_t single_pass_winner(int64_t begin, int64_t end, SharedState& sh) const {
-    return r.greedy ? greedy_argmax(sh, begin, end) : gumbel_argmax(kNoKey, sh, begin, end);
+    return r.greedy ? greedy_argmax(sh, begin, end) : gumbel_argmax(at_least(kNoKey), sh, begin, end);
   }
 
   __device__ uint64_t greedy_argmax(SharedState& sh, int64_t begin, int64_t end) const {
@@ -107,14 +242,18 @@ struct Row {
     return block_max(best, sh);
   }
 
-  // Over tokens [begin, end), begin a multiple of 4: each thread takes 4 consecutive
-  // tokens at a time, which one Philox call covers.
-  __device__ uint64_t gumbel_argmax(uint32_t threshold, SharedState& sh, int64_t begin,
-                                    int64_t end) const {
+  __device__ static auto at_least(uint32_t threshold) {
+    return [threshold](int64_t, uint32_t key) { return key >= threshold; };
+  }
+
+  // Over the candidates of tokens [begin, end) (begin a multiple of 4) for which drawn(i, key)
+  // holds: each thread takes 4 consecutive tokens at a time, which one Philox call covers.
+  template <typename Drawn>
+  __device__ uint64_t gumbel_argmax(Drawn&& drawn, SharedState& sh, int64_t begin, int64_t end) const {
     uint64_t best = kNoToken;
     for (int64_t group = begin / 4 + threadIdx.x; 4 * group < end; group += kThreads) {
       Philox4 bits;
-      bool drawn = false;
+      bool have_bits = false;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int64_t i = 4 * group + j;
@@ -122,93 +261,108 @@ struct Row {
         const float x = candidate_logit<D>(p, logits, bitmask, i);
         if (!(x > kNegInf)) continue;
         const float s = score(x, r.temperature);
-        if (score_key(s) < threshold) continue;
-        if (!drawn) bits = noise_bits(r, group), drawn = true;
+        if (!drawn(i, score_key(s))) continue;
+        if (!have_bits) bits = noise_bits(r, group), have_bits = true;
         best = max(best, pack_argmax(score_key(perturbed_score(s, token_gumbel(r, i, bits.v[j]))), i));
       }
     }
     return block_max(best, sh);
   }
 
-  // The largest key t with stat(candidates with key >= t) >= target, where stat counts them
-  // (kMass false) or sums their masses, among the candidates with key >= lower. The caller
-  // guarantees that those reach the target.
-  template <bool kMass>
-  __device__ uint32_t radix_select(uint32_t lower, uint64_t target, SharedState& sh) const {
-    uint32_t prefix = 0;
-    uint64_t above = 0;  // stat of the candidates above the bins still in play
-    for (int shift = 32 - kRadixBits; shift >= 0; shift -= kRadixBits) {
-      const uint32_t decided = shift + kRadixBits == 32 ? 0u : ~0u << (shift + kRadixBits);
-      sh.histogram[threadIdx.x] = 0;
-      __syncthreads();
-      for_each_candidate([&](int64_t, float s) {
-        const uint32_t key = score_key(s);
-        if (key >= lower && (key & decided) == prefix)
-          atomicAdd(&sh.histogram[(key >> shift) & (kThreads - 1)],
-                    kMass ? static_cast<unsigned long long>(token_mass(s, s_max)) : 1ull);
-      });
-      __syncthreads();
-      const uint32_t bin = kThreads - 1 - threadIdx.x;  // the scan runs from the top bin down
-      const uint64_t mine = sh.histogram[bin];
-      // Defaults in case no bin qualifies (the caller's guarantee failed): a wrong
-      // threshold then, never a stale digit. The scan's own barrier orders these writes.
-      if (threadIdx.x == 0) sh.digit = 0, sh.above = above;
-      uint64_t inclusive;
-      BlockScan(sh.cub.scan).InclusiveSum(mine, inclusive);
-      if (above + inclusive - mine < target && above + inclusive >= target) {
-        sh.digit = bin;
-        sh.above = above + inclusive - mine;
-      }
-      __syncthreads();
-      prefix |= (sh.digit & (kThreads - 1)) << shift;
-      above = sh.above;
-      __syncthreads();
-    }
-    return prefix;
-  }
-
   __device__ int64_t sample(SharedState& sh) {
     if (r.greedy) return unpack_or_none(greedy_argmax(sh, 0, p.vocab));
-    if (!cut(sh)) return -1;
-    return unpack_or_none(gumbel_argmax(threshold, sh, 0, p.vocab));
+    if (single_pass()) return unpack_or_none(gumbel_argmax(at_least(kNoKey), sh, 0, p.vocab));
+    Draw draw{false, kNoToken};
+    if (!cut(sh, &draw)) return -1;
+    return unpack_or_none(draw.done ? draw.winner : gumbel_argmax(at_least(threshold), sh, 0, p.vocab));
   }
 
   // s_max and the kept set's threshold key for this row's filters; false if the row has no
-  // candidate.
-  __device__ bool cut(SharedState& sh) {
+  // candidate. The cutoffs t_k, t_minp and t_p (sampling.h) are found independently, each
+  // over all candidates, and the threshold is their maximum:
+  //   pass 1: s_max (so t_minp), the candidate count, and with top-k the key bins' counts,
+  //           which give t_k's bin;
+  //   pass 2 (top-p): the key bins' masses, which give Z and t_p's bin;
+  //   pass 3 (a cutoff lies in the highest of those bins, the boundary bin): the bin's
+  //           candidates gathered into shared memory, where t_k and t_p are resolved. With
+  //           `draw`, this pass also draws over the tokens above the bin, and the gathered
+  //           kept ones complete the draw. A bin too large for shared memory is resolved by
+  //           passes over the row instead (and the draw left to the caller).
+  __device__ bool cut(SharedState& sh, Draw* draw = nullptr) {
+    const bool top_k = r.top_k > 0 && r.top_k < p.vocab;
+    if (top_k) zero_bins(sh.wide.counts);
     uint64_t max_key = kNoKey, candidates = 0;
     for_each_candidate([&](int64_t, float s) {
-      max_key = max(max_key, static_cast<uint64_t>(score_key(s)));
+      const uint32_t key = score_key(s);
+      max_key = max(max_key, static_cast<uint64_t>(key));
       ++candidates;
+      if (top_k) atomicAdd(&sh.wide.counts[key_bin(key)], 1u);
     });
+    // (The reductions' barriers also complete the counts.)
     max_key = block_max(max_key, sh);
     candidates = block_sum(candidates, sh);
     if (candidates == 0) return false;
     s_max = key_score(static_cast<uint32_t>(max_key));
     const uint32_t lower = min_p_key(s_max, r.min_p);
     threshold = lower;
-    if (r.top_k > 0 && static_cast<uint64_t>(r.top_k) < candidates) {
-      uint64_t at_or_above = candidates;
-      if (lower != kNoKey) {
-        uint64_t mine = 0;
-        for_each_candidate([&](int64_t, float s) { mine += score_key(s) >= lower; });
-        at_or_above = block_sum(mine, sh);
-      }
-      // Fewer than k candidates at or above the min-p cutoff: top-k keeps all of them.
-      if (at_or_above >= static_cast<uint64_t>(r.top_k))
-        threshold = radix_select<false>(lower, static_cast<uint64_t>(r.top_k), sh);
-    }
+    BinCut k_cut{-1, 0}, p_cut{-1, 0};
+    if (top_k && static_cast<uint64_t>(r.top_k) < candidates)
+      k_cut = find_bin(sh.wide.counts, static_cast<uint64_t>(r.top_k), sh);
+    uint64_t p_target = 0;
     if (r.top_p < 1.0f) {
-      uint64_t total = 0, above_threshold = 0;
+      zero_bins(sh.wide.masses);
       for_each_candidate([&](int64_t, float s) {
-        const uint64_t mass = token_mass(s, s_max);
-        total += mass;
-        above_threshold += score_key(s) >= threshold ? mass : 0;
+        atomicAdd(&sh.wide.masses[key_bin(score_key(s))], static_cast<unsigned long long>(token_mass(s, s_max)));
       });
-      const uint64_t target = top_p_target(r.top_p, block_sum(total, sh));
-      if (block_sum(above_threshold, sh) >= target)
-        threshold = radix_select<true>(threshold, target, sh);
+      __syncthreads();
+      p_target = top_p_target(r.top_p, block_sum(own_bins_sum(sh.wide.masses), sh));
+      p_cut = find_bin(sh.wide.masses, p_target, sh);
     }
+    const int lower_bin = lower == kNoKey ? -1 : static_cast<int>(key_bin(lower));
+    const int bin = max(lower_bin, max(k_cut.bin, p_cut.bin));
+    if (bin < 0 || (k_cut.bin != bin && p_cut.bin != bin)) return true;  // the threshold is t_minp
+    // Pass 3: gather the boundary bin's candidates at or above t_minp.
+    if (threadIdx.x == 0) sh.entry_count = 0;
+    __syncthreads();
+    const uint64_t next_bin = bin_start(bin + 1);
+    auto gather = [&](int64_t i, uint32_t key) {
+      if (key >= next_bin) return true;  // above the bin: kept, drawn now
+      if (key_bin(key) == static_cast<uint32_t>(bin) && key >= lower) {
+        const unsigned int slot = atomicAdd(&sh.entry_count, 1u);
+        if (slot < kBinCapacity) sh.wide.entries[slot] = {key, static_cast<uint32_t>(i)};
+      }
+      return false;
+    };
+    uint64_t above_bin = kNoToken;
+    if (draw)
+      above_bin = gumbel_argmax(gather, sh, 0, p.vocab);  // (its reduction completes the gathering)
+    else {
+      for_each_candidate([&](int64_t i, float s) { gather(i, score_key(s)); });
+      __syncthreads();
+    }
+    const unsigned int gathered = sh.entry_count;
+    const bool fits = gathered <= kBinCapacity;
+    auto bin_keys = [&](auto&& f) {
+      for (unsigned int e = threadIdx.x; e < gathered; e += kThreads) f(sh.wide.entries[e].key);
+    };
+    auto resolve = [&](const BinCut& c, uint64_t target, auto mass) {
+      if (c.bin != bin) return;
+      const uint32_t t = fits ? radix_select<decltype(mass)::value>(bin_keys, bin, c.above, target, s_max, sh)
+                              : radix_select<decltype(mass)::value>(candidate_keys(), bin, c.above, target, s_max, sh);
+      threshold = max(threshold, t);
+    };
+    resolve(k_cut, static_cast<uint64_t>(r.top_k), std::false_type());
+    resolve(p_cut, p_target, std::true_type());
+    if (!draw || !fits) return true;
+    uint64_t best = above_bin;
+    for (unsigned int e = threadIdx.x; e < gathered; e += kThreads) {
+      const BinEntry c = sh.wide.entries[e];
+      if (c.key < threshold) continue;
+      const uint32_t bits = noise_bits(r, c.index >> 2).v[c.index & 3];
+      const float g = perturbed_score(key_score(c.key), token_gumbel(r, c.index, bits));
+      best = max(best, pack_argmax(score_key(g), c.index));
+    }
+    *draw = {true, block_max(best, sh)};
     return true;
   }
 
@@ -297,7 +451,8 @@ __device__ int merge_top(const TopList& list, int n, SharedState& sh) {
 
 // sample_with_logprobs / token_logprobs for one row, by the whole block: the draw, then one
 // pass for ln Z, the rank and the first kTopChunk of the top-N (N > kTopChunk: one more pass
-// per kTopChunk tokens). Greedy and raw rows first find their distribution's s_max (`cut`).
+// per kTopChunk tokens). Greedy, unfiltered and raw rows first find their distribution's s_max
+// and threshold (`cut`).
 template <Dtype D>
 __device__ void row_logprobs(const SamplingParams& p, Row<D>& sampler, int64_t row, SharedState& sh) {
   const LogprobsParams& out = p.logprobs;
@@ -321,7 +476,8 @@ __device__ void row_logprobs(const SamplingParams& p, Row<D>& sampler, int64_t r
   for (int64_t c = threadIdx.x; c < columns; c += kThreads) logprobs[c] = kNegInf, ids[c] = -1;
   if (token < 0) return;
   Row<D> d = sampler.logprob_row(out.raw);
-  if ((out.raw || sampler.r.greedy) && !d.cut(sh)) return;
+  // (sample cut the row unless one pass decided it: greedy or unfiltered.)
+  if ((out.raw || sampler.single_pass()) && !d.cut(sh)) return;
   const float s_token = d.kept_score(token);
   uint64_t bound = ~uint64_t{0};
   int n = static_cast<int>(out.num_logprobs < kTopChunk ? out.num_logprobs : kTopChunk);

@@ -128,6 +128,98 @@ def test_sampler_narrow_bitmask_and_strided_rows(emulation, lp_cpu):
     assert torch.equal(got, lp_cpu.sample(logits, bitmask=bitmask, **params))
 
 
+# --- the sampler's cutoffs: key bins, the gathered boundary bin and its fallback ------------
+# The filtered paths find each cutoff's key bin (the top 12 bits of the score key) in one or
+# two passes, gather the boundary bin's candidates into shared memory (4096 of them at most)
+# and resolve the cutoffs there; a larger bin is resolved by passes over the row.
+
+BIN_CAPACITY = 4096
+BIN_PATHS = {
+    "top_k_1": dict(top_k=1),
+    "top_k_50": dict(top_k=50),
+    "top_k_1024": dict(top_k=1024),
+    "top_k_in_crowd": dict(top_k=2500),
+    "top_p": dict(top_p=0.5),
+    "top_p_0.99": dict(top_p=0.99),
+    "min_p": dict(min_p=0.9),
+    "top_k_top_p": dict(top_k=2500, top_p=0.7),
+    "all": dict(top_k=2000, top_p=0.9, min_p=0.95),
+}
+
+
+def crowded_logits(rows: int, vocab: int, crowd: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """`crowd` logits of each row in one key bin, [1, 1.125) (at temperature 1), above the
+    rest, rounded to 2^-12 so that many tie; some exactly at the bin's edges 1 and 1.125 (the
+    next bin's first key), the rest of the row far below."""
+    x = torch.randn(rows, vocab, generator=g) - 4
+    crowd_values = torch.floor((1 + torch.rand(rows, crowd, generator=g) / 8) * 4096) / 4096
+    crowd_values[:, :7] = 1.0
+    crowd_values[:, 7:10] = 1.125
+    for r in range(rows):
+        x[r, torch.randperm(vocab, generator=g)[:crowd]] = crowd_values[r]
+    return x.to(dtype)
+
+
+def unaligned_rows(logits: torch.Tensor) -> torch.Tensor:
+    """The same values as rows of a buffer whose row stride is odd, starting one element in."""
+    rows, vocab = logits.shape
+    buffer = torch.zeros(rows, vocab + 3, dtype=logits.dtype)
+    buffer[:, 1 : 1 + vocab] = logits
+    return buffer[:, 1 : 1 + vocab]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("crowd", [3000, 6000] if not SANITIZED else [3000])
+@pytest.mark.parametrize("path", list(BIN_PATHS))
+def test_sampler_boundary_bin_agrees_with_cpu(emulation, lp_cpu, dtype, crowd, path):
+    """Cutoffs inside a crowded key bin, gathered (3000 candidates) or too many to gather
+    (6000), with ties at the cutoffs and at the bin's edges, odd V, unaligned strided rows,
+    with and without a bitmask: the CPU's tokens."""
+    rows, vocab = 5, 12289 if not SANITIZED else 5001
+    g = torch.Generator().manual_seed(crowd + len(path))
+    logits = crowded_logits(rows, vocab, min(crowd, vocab // 2), dtype, g)
+    seeds = dict(seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
+    for extra in [{}, dict(bitmask=random_bitmask(rows, vocab, g, "words"))]:
+        for rows_of in [lambda t: t, unaligned_rows]:
+            kwargs = dict(BIN_PATHS[path], **seeds, **extra)
+            with emulation.gpu(8) as lp:
+                got = lp.sample(rows_of(logits), **kwargs)
+            assert torch.equal(got, lp_cpu.sample(logits, **kwargs)), (extra.keys(), rows_of)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [1000, 9001] if not SANITIZED else [1000])
+def test_sampler_all_equal_rows_agree_with_cpu(emulation, lp_cpu, dtype, vocab):
+    """Every logit of a row equal (one bin holds the whole row, past the gathering's capacity
+    at V = 9001): every cutoff is a tie of all candidates; the lowest index wins the draw's
+    ties (equal noise never occurs, the noise decides)."""
+    g = torch.Generator().manual_seed(vocab)
+    rows = len(PATHS)
+    logits = torch.full((rows, vocab), 0.75).to(dtype)
+    params = row_params(rows, g)
+    with emulation.gpu(8) as lp:
+        got = lp.sample(logits, **params)
+    assert torch.equal(got, lp_cpu.sample(logits, **params))
+
+
+@pytest.mark.skipif(SANITIZED, reason="only the fibers build counts global-memory traffic")
+def test_sampler_gathers_the_boundary_bin_unless_it_overflows(emulation, lp_cpu):
+    """Top-k in a crowded bin takes two passes when the bin fits in shared memory, and more
+    (the fallback's passes over the row) when it does not, with the CPU's token either way."""
+    vocab = 12289
+    g = torch.Generator().manual_seed(1)
+    for crowd, fits in [(BIN_CAPACITY - 100, True), (BIN_CAPACITY + 100, False)]:
+        logits = crowded_logits(1, vocab, crowd, torch.float32, g)
+        kwargs = dict(top_k=crowd // 2, seed=3)
+        with emulation.gpu(8) as lp:
+            emulation.reset_traffic()
+            got = lp.sample(logits, **kwargs)
+            read, written = emulation.traffic()
+        passes = (read + written) / (4 * vocab)
+        assert (passes < 2.01) == fits, (crowd, passes)
+        assert torch.equal(got, lp_cpu.sample(logits, **kwargs))
+
+
 # --- bitmask -------------------------------------------------------------------------------
 
 BITMASK_VOCABS = [1, 33, 1027] if SANITIZED else [1, 31, 33, 1000, 1027, 128257]

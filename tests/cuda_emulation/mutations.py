@@ -44,17 +44,20 @@ MUTANTS = [
     # The histogram is zeroed by each thread and filled by all: without the barrier between,
     # a thread's counts land in bins another thread has yet to zero.
     Mutant("histogram-barrier", SAMPLER,
-           "      sh.histogram[threadIdx.x] = 0;\n      __syncthreads();\n",
-           "      sh.histogram[threadIdx.x] = 0;\n", "fibers", AGREEMENT),
+           "    sh.histogram[threadIdx.x] = 0;\n    __syncthreads();\n",
+           "    sh.histogram[threadIdx.x] = 0;\n", "fibers", AGREEMENT),
     Mutant("histogram-barrier-tsan", SAMPLER,
-           "      sh.histogram[threadIdx.x] = 0;\n      __syncthreads();\n",
-           "      sh.histogram[threadIdx.x] = 0;\n", "tsan", "ThreadSanitizer: data race"),
+           "    sh.histogram[threadIdx.x] = 0;\n    __syncthreads();\n",
+           "    sh.histogram[threadIdx.x] = 0;\n", "tsan", "ThreadSanitizer: data race"),
     # A radix digit off by one: each key counted in the next bin.
     Mutant("radix-digit", SAMPLER, "(key >> shift) & (kThreads - 1)",
            "((key >> shift) + 1) & (kThreads - 1)", "fibers", AGREEMENT),
     # The cutoff comparison off by one: tokens exactly at the threshold dropped.
-    Mutant("cutoff", SAMPLER, "if (score_key(s) < threshold) continue;",
-           "if (score_key(s) <= threshold) continue;", "fibers", AGREEMENT),
+    Mutant("cutoff", SAMPLER, "{ return key >= threshold; }", "{ return key > threshold; }", "fibers",
+           AGREEMENT),
+    # The key bin of a cutoff off by one: the bin above the one that reaches the target.
+    Mutant("bin-select", SAMPLER, "sh.bin = b, sh.above = above;", "sh.bin = b + 1, sh.above = above;",
+           "fibers", AGREEMENT, "boundary_bin"),
     # A read one past each row's end: past the allocation at the last row.
     Mutant("row-end", SAMPLER, "i < p.vocab; i += kThreads", "i <= p.vocab; i += kThreads",
            "asan", "AddressSanitizer: heap-buffer-overflow"),

@@ -3,6 +3,7 @@ as passes over the row (bytes per row / the row's bytes), counted by the CUDA em
 (traffic.cpp) on an emulated H200: fp32, V = 128256, random logits, B = 1 and 256. One line
 each, `<path> <passes> B=<b>`, for scripts. Counted are the loads and stores the kernels
 issue (logits, bitmask, per-row parameters, scratch, outputs), not DRAM traffic after caches.
+A path over its target (TARGETS, the issue's) is reported and fails the run.
 
   python tests/cuda_emulation/traffic.py
 """
@@ -27,6 +28,11 @@ PATHS = {
     "min_p": dict(min_p=0.05),
     "all": dict(top_k=50, top_p=0.9, min_p=0.05),
 }
+# The most passes each path may take, at every batch size (the bitmask op: a quarter pass
+# read, half a pass written).
+TARGETS = {"greedy": 1, "unfiltered": 1, "top_k": 2, "top_p": 3, "min_p": 2, "all": 3, "bitmask": 0.75}
+# (Per-row parameters and outputs add a few bytes to a pass.)
+SLACK = 0.005
 
 
 def passes(emulation: Emulation, rows: int, run) -> float:
@@ -36,7 +42,8 @@ def passes(emulation: Emulation, rows: int, run) -> float:
     return (read + written) / rows / (VOCAB * 4)
 
 
-def lines(emulation: Emulation) -> list[str]:
+def measure(emulation: Emulation) -> list[tuple[str, float, int]]:
+    """(path, passes, B) for each path and batch size."""
     g = torch.Generator().manual_seed(0)
     out = []
     for rows in BATCHES:
@@ -45,16 +52,30 @@ def lines(emulation: Emulation) -> list[str]:
                                 dtype=torch.int64).to(torch.int32)
         for path, kwargs in PATHS.items():
             p = passes(emulation, rows, lambda: emulation.lp.sample(logits, seed=1, **kwargs))
-            out.append(f"{path} {p:.2f} B={rows}")
+            out.append((path, p, rows))
         work = logits.clone()
         p = passes(emulation, rows, lambda: emulation.lp.apply_token_bitmask_inplace(work, bitmask))
-        out.append(f"bitmask {p:.2f} B={rows}")
+        out.append(("bitmask", p, rows))
     return out
 
 
+def line(path: str, passes: float, rows: int) -> str:
+    return f"{path} {passes:.2f} B={rows}"
+
+
+def lines(emulation: Emulation) -> list[str]:
+    """The printed lines (`make bench` prints them too)."""
+    return [line(*m) for m in measure(emulation)]
+
+
 def main() -> None:
-    for line in lines(Emulation()):
-        print(line, flush=True)
+    over = []
+    for path, p, rows in measure(Emulation()):
+        print(line(path, p, rows), flush=True)
+        if p > TARGETS[path] + SLACK:
+            over.append(f"{path} at B={rows}: {p:.2f} passes, target {TARGETS[path]}")
+    if over:
+        raise SystemExit("[traffic] over target: " + "; ".join(over))
 
 
 if __name__ == "__main__":
