@@ -22,16 +22,21 @@ LP_HOST_DEVICE float bfloat16_bits_to_float(uint16_t h) {
   return bits_float(static_cast<uint32_t>(h) << 16);
 }
 
-LP_HOST_DEVICE int64_t dtype_size(Dtype dtype) { return dtype == Dtype::Float32 ? 4 : 2; }
+LP_HOST_DEVICE constexpr int64_t dtype_size(Dtype dtype) { return dtype == Dtype::Float32 ? 4 : 2; }
+
+// A 16-bit dtype's logit from its storage bits.
+template <Dtype D>
+LP_HOST_DEVICE float logit_from_bits(uint16_t h) {
+  static_assert(D != Dtype::Float32, "float32 logits are their own bits");
+  return D == Dtype::Float16 ? half_bits_to_float(h) : bfloat16_bits_to_float(h);
+}
 
 template <Dtype D>
 LP_HOST_DEVICE float load_logit(const void* row, int64_t i) {
   if constexpr (D == Dtype::Float32) {
     return static_cast<const float*>(row)[i];
-  } else if constexpr (D == Dtype::Float16) {
-    return half_bits_to_float(static_cast<const uint16_t*>(row)[i]);
   } else {
-    return bfloat16_bits_to_float(static_cast<const uint16_t*>(row)[i]);
+    return logit_from_bits<D>(static_cast<const uint16_t*>(row)[i]);
   }
 }
 

@@ -127,14 +127,25 @@ LP_HOST_DEVICE const int32_t* row_bitmask(const SamplingParams& p, int64_t row) 
 
 constexpr float kNegInf = -__builtin_huge_valf();
 
-// Token i's logit as float, or -inf when it is not a candidate (masked, NaN or -inf).
+// The bitmask word holding token i's bit; all allowed without a bitmask or past its width.
+LP_HOST_DEVICE uint32_t allowed_word(const SamplingParams& p, const int32_t* bitmask_row, int64_t i) {
+  return bitmask_row && (i >> 5) < p.bitmask_width ? static_cast<uint32_t>(bitmask_row[i >> 5]) : 0xffffffffu;
+}
+
+// Token i's value from its logit x and the bitmask word holding its bit: x, or -inf when it
+// is not a candidate (masked, NaN or -inf). Every read of a token goes through here, whether
+// its logit came alone (candidate_logit) or in a vector (the CUDA sampler's 16-byte loads).
+LP_HOST_DEVICE float candidate_from_logit(const SamplingParams& p, int64_t i, float x, uint32_t allowed) {
+  (void)p;  // (the row's parameters: what the read applies to a logit)
+  if (!((allowed >> (i & 31)) & 1u)) return kNegInf;
+  return x > kNegInf ? x : kNegInf;  // NaN fails the compare
+}
+
+// Token i's logit as float, or -inf when it is not a candidate.
 template <Dtype D>
 LP_HOST_DEVICE float candidate_logit(const SamplingParams& p, const void* row,
                                      const int32_t* bitmask_row, int64_t i) {
-  if (bitmask_row && (i >> 5) < p.bitmask_width && !token_allowed(bitmask_row, i))
-    return kNegInf;
-  const float x = load_logit<D>(row, i);
-  return x > kNegInf ? x : kNegInf;  // NaN fails the compare
+  return candidate_from_logit(p, i, load_logit<D>(row, i), allowed_word(p, bitmask_row, i));
 }
 
 constexpr float kMaxFinite = 3.402823466e38f;

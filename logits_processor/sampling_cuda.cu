@@ -9,6 +9,9 @@
 //      memory, where the exact cutoff is selected, and the draw finishes over them.
 // So top-k and min-p take 2 passes, top-p and all three 3 (a boundary bin too large for
 // shared memory takes up to 3 more, a radix select over the row's keys in that bin).
+// Every pass reads the logits by 16-byte loads where the row is aligned (scalar loads at its
+// edges; Row::for_each_logit), the bitmask staged in shared memory a tile at a time, also by
+// 16-byte loads, and each token goes through sampling.h's candidate_from_logit.
 // The integer histograms make every decision independent of thread timing, and the
 // arithmetic is sampling.h's, so the CPU sampler returns the same tokens.
 //
@@ -43,6 +46,9 @@ constexpr int kBinShift = 32 - kBinBits;
 constexpr int kBinsPerThread = kBins / kThreads;
 // The boundary bin's candidates that fit in shared memory (8 bytes each, over the histogram).
 constexpr int kBinCapacity = 4096;
+// A row's bitmask words are staged in shared memory a tile at a time (16-byte loads, one
+// read of the bitmask per pass), so a thread's tokens need no word loads of their own.
+constexpr int64_t kStagedWords = 4 * kThreads;
 constexpr int64_t kMinSplitTokens = 8192;  // a chunk smaller than this is not worth a block
 constexpr int64_t kMaxSplits = 64;
 constexpr int kTopChunk = 20;  // top-N tokens found per pass over the row (the fast path: N <= 20)
@@ -74,6 +80,7 @@ struct SharedState {
     BinEntry entries[kBinCapacity];
   } wide;
   unsigned long long histogram[kThreads];  // a radix digit's bins
+  uint32_t staged_words[kStagedWords];      // a tile of the row's bitmask (Row::for_each_logit)
   unsigned int entry_count;                // candidates offered to `entries` (may exceed it)
   uint64_t broadcast;
   uint32_t digit;
@@ -194,6 +201,54 @@ __device__ uint32_t radix_select(ForEachKey&& for_each_key, int bin, uint64_t ab
   return prefix;
 }
 
+// This thread's share of elements [begin, end) of a read-only array of kSize-byte elements at
+// `base` (element-aligned): vector(first, v) for each 16-byte aligned load v of elements first ..
+// first + 16 / kSize - 1, scalar(i) for the elements before the first 16-byte boundary and
+// after the last whole vector.
+template <int64_t kSize, typename Scalar, typename Vector>
+__device__ void for_each_aligned(const char* base, int64_t begin, int64_t end, Scalar&& scalar, Vector&& vector) {
+  constexpr int64_t kPerVector = 16 / kSize;
+  const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(base + begin * kSize) % 16);
+  int64_t head = misaligned == 0 ? 0 : (16 - misaligned) / kSize;
+  head = head < end - begin ? head : end - begin;
+  const int64_t vectors = (end - begin - head) / kPerVector;
+  const int64_t body = begin + head;
+  const int64_t tail = body + vectors * kPerVector;
+  for (int64_t e = threadIdx.x; e < head + (end - tail); e += kThreads) scalar(e < head ? begin + e : tail + (e - head));
+  for (int64_t v = threadIdx.x; v < vectors; v += kThreads) {
+    const int64_t first = body + v * kPerVector;
+    vector(first, __ldg(reinterpret_cast<const uint4*>(base + first * kSize)));
+  }
+}
+
+// The logits one 16-byte load holds, and the j-th of them (little-endian: a word's lower
+// half is the lower address). Selects rather than an indexed array, which would live in
+// local memory when j varies.
+template <Dtype D>
+constexpr int kVector = 16 / dtype_size(D);
+
+template <Dtype D>
+__device__ float vector_logit(const uint4& v, int j) {
+  const int w = D == Dtype::Float32 ? j : j >> 1;
+  const uint32_t word = w < 2 ? (w == 0 ? v.x : v.y) : (w == 2 ? v.z : v.w);
+  if constexpr (D == Dtype::Float32) return bits_float(word);
+  else return logit_from_bits<D>(static_cast<uint16_t>(j & 1 ? word >> 16 : word));
+}
+
+// A thread's Philox words for consecutive tokens: one call per group of 4 (noise_bits),
+// reused while the tokens stay in it.
+struct NoiseWords {
+  Philox4 bits;
+  int64_t group = -1;
+
+  __device__ uint32_t operator()(const RowParams& r, int64_t token) {
+    if (token >> 2 != group) group = token >> 2, bits = noise_bits(r, group);
+    // (Selects, not bits.v[token & 3]: a variable index would put `bits` in local memory.)
+    const int64_t j = token & 3;
+    return j < 2 ? (j == 0 ? bits.v[0] : bits.v[1]) : (j == 2 ? bits.v[2] : bits.v[3]);
+  }
+};
+
 // The Gumbel-max draw, when the cut's last pass could make it (Row::cut).
 struct Draw {
   bool done;
@@ -208,14 +263,63 @@ struct Row {
   const int32_t* bitmask;
   float s_max;
   uint32_t threshold;  // the kept set's, once `cut` ran
+  uint32_t* staged_words;  // the block's SharedState::staged_words
+
+  // f(i, x) for each token i of this thread's share of [begin, end), x its candidate_logit,
+  // by 16-byte loads (kVector<D> consecutive tokens each) where the row is aligned: rows need
+  // only be element-aligned (any stride, any view offset). With a bitmask, the tokens go by
+  // tiles of kStagedWords words, each tile's words staged in shared memory first (called by
+  // the whole block: the staging has barriers).
+  template <typename F>
+  __device__ void for_each_logit(int64_t begin, int64_t end, F&& f) const {
+    if (!bitmask) {
+      logits_in(begin, end, [](int64_t) { return ~0u; }, f);
+      return;
+    }
+    for (int64_t word0 = begin >> 5; 32 * word0 < end; word0 += kStagedWords) {
+      const int64_t tile_end = 32 * (word0 + kStagedWords) < end ? 32 * (word0 + kStagedWords) : end;
+      stage_words(word0, (tile_end + 31) >> 5);
+      logits_in(32 * word0 > begin ? 32 * word0 : begin, tile_end,
+                [&](int64_t i) { return staged_words[(i >> 5) - word0]; }, f);
+    }
+  }
+
+  // Bitmask words [word0, word_end) (at most kStagedWords) into staged_words, all allowed
+  // past the bitmask's width.
+  __device__ void stage_words(int64_t word0, int64_t word_end) const {
+    __syncthreads();  // the previous tile's words are no longer read
+    const int64_t loaded = word_end < p.bitmask_width ? word_end : p.bitmask_width;
+    for (int64_t w = (loaded > word0 ? loaded : word0) + threadIdx.x; w < word_end; w += kThreads)
+      staged_words[w - word0] = ~0u;
+    for_each_aligned<4>(reinterpret_cast<const char*>(bitmask), word0, loaded,
+                        [&](int64_t w) { staged_words[w - word0] = static_cast<uint32_t>(bitmask[w]); },
+                        [&](int64_t first, const uint4& v) {
+                          uint32_t* to = staged_words + (first - word0);
+                          to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+                        });
+    __syncthreads();
+  }
+
+  // for_each_logit over [begin, end) with word(i) the bitmask word holding token i's bit.
+  template <typename Word, typename F>
+  __device__ void logits_in(int64_t begin, int64_t end, Word&& word, F&& f) const {
+    for_each_aligned<dtype_size(D)>(
+        static_cast<const char*>(logits), begin, end,
+        [&](int64_t i) { f(i, candidate_from_logit(p, i, load_logit<D>(logits, i), word(i))); },
+        [&](int64_t first, const uint4& v) {
+          // (Not unrolled: f can be large, the Gumbel noise's Philox calls among it.)
+#pragma unroll 1
+          for (int j = 0; j < kVector<D>; ++j)
+            f(first + j, candidate_from_logit(p, first + j, vector_logit<D>(v, j), word(first + j)));
+        });
+  }
 
   // f(i, s) for each candidate token of this thread's share of the row.
   template <typename F>
   __device__ void for_each_candidate(F&& f) const {
-    for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
-      const float x = candidate_logit<D>(p, logits, bitmask, i);
+    for_each_logit(0, p.vocab, [&](int64_t i, float x) {
       if (x > kNegInf) f(i, score(x, r.temperature));
-    }
+    });
   }
 
   // f(key) for each candidate's score key (radix_select's source).
@@ -235,10 +339,9 @@ struct Row {
 
   __device__ uint64_t greedy_argmax(SharedState& sh, int64_t begin, int64_t end) const {
     uint64_t best = kNoToken;
-    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-      const float x = candidate_logit<D>(p, logits, bitmask, i);
+    for_each_logit(begin, end, [&](int64_t i, float x) {
       if (x > kNegInf) best = max(best, pack_argmax(score_key(x), i));
-    }
+    });
     return block_max(best, sh);
   }
 
@@ -246,30 +349,22 @@ struct Row {
     return [threshold](int64_t, uint32_t key) { return key >= threshold; };
   }
 
-  // Over the candidates of tokens [begin, end) (begin a multiple of 4) for which drawn(i, key)
-  // holds: each thread takes 4 consecutive tokens at a time, which one Philox call covers.
+  // Over the candidates of tokens [begin, end) for which drawn(i, key) holds.
   template <typename Drawn>
   __device__ uint64_t gumbel_argmax(Drawn&& drawn, SharedState& sh, int64_t begin, int64_t end) const {
     uint64_t best = kNoToken;
-    for (int64_t group = begin / 4 + threadIdx.x; 4 * group < end; group += kThreads) {
-      Philox4 bits;
-      bool have_bits = false;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t i = 4 * group + j;
-        if (i >= end) break;
-        const float x = candidate_logit<D>(p, logits, bitmask, i);
-        if (!(x > kNegInf)) continue;
-        const float s = score(x, r.temperature);
-        if (!drawn(i, score_key(s))) continue;
-        if (!have_bits) bits = noise_bits(r, group), have_bits = true;
-        best = max(best, pack_argmax(score_key(perturbed_score(s, token_gumbel(r, i, bits.v[j]))), i));
-      }
-    }
+    NoiseWords noise;
+    for_each_logit(begin, end, [&](int64_t i, float x) {
+      if (!(x > kNegInf)) return;
+      const float s = score(x, r.temperature);
+      if (!drawn(i, score_key(s))) return;
+      best = max(best, pack_argmax(score_key(perturbed_score(s, token_gumbel(r, i, noise(r, i)))), i));
+    });
     return block_max(best, sh);
   }
 
-  __device__ int64_t sample(SharedState& sh) {
+  // (Inlined into each kernel: a call would copy the kernel's parameters to the stack.)
+  __device__ __forceinline__ int64_t sample(SharedState& sh) {
     if (r.greedy) return unpack_or_none(greedy_argmax(sh, 0, p.vocab));
     if (single_pass()) return unpack_or_none(gumbel_argmax(at_least(kNoKey), sh, 0, p.vocab));
     Draw draw{false, kNoToken};
@@ -541,7 +636,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Spli
   for (int64_t work = blockIdx.x; work < p.rows * split.splits; work += gridDim.x) {
     const int64_t row = work / split.splits;
     const int64_t chunk = work % split.splits;
-    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row), 0.0f, kNoKey};
+    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row), 0.0f, kNoKey, sh.staged_words};
     if (split.splits == 1 || !sampler.single_pass()) {
       if (chunk != 0) continue;
       const int64_t token = sampler.sample(sh);
@@ -560,7 +655,7 @@ template <Dtype D>
 __global__ void __launch_bounds__(kThreads) logprobs_kernel(SamplingParams p) {
   __shared__ SharedState sh;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row), 0.0f, kNoKey};
+    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row), 0.0f, kNoKey, sh.staged_words};
     row_logprobs(p, sampler, row, sh);
   }
 }
@@ -604,20 +699,12 @@ template <Dtype D>
 __device__ int64_t residual_draw(const VerifyParams& v, int64_t b, int64_t position, const Row<D>& row,
                                  double log_z, int64_t draft, SharedState& sh) {
   ResidualDraw draw;
-  for (int64_t group = threadIdx.x; 4 * group < row.p.vocab; group += kThreads) {
-    Philox4 bits;
-    bool drawn = false;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t i = 4 * group + j;
-      if (i >= row.p.vocab) break;
-      const float s = row.kept_score(i);
-      if (!(s > kNegInf) || i == draft) continue;
-      if (!drawn) bits = noise_bits(row.r, group), drawn = true;
-      draw.offer(i, token_logprob(s, row.s_max, log_z), token_gumbel(row.r, i, bits.v[j]),
-                 draft_prob(v, b, position, i));
-    }
-  }
+  NoiseWords noise;
+  row.for_each_candidate([&](int64_t i, float s) {
+    if (score_key(s) < row.threshold || i == draft) return;
+    draw.offer(i, token_logprob(s, row.s_max, log_z), token_gumbel(row.r, i, noise(row.r, i)),
+               draft_prob(v, b, position, i));
+  });
   draw.residual = block_max(draw.residual, sh);
   draw.target = block_max(draw.target, sh);
   return draw.token();
@@ -628,7 +715,7 @@ template <Dtype D>
 __device__ int64_t position_token(const VerifyParams& v, int64_t b, int64_t position, int64_t draft,
                                   SharedState& sh) {
   const SamplingParams target = position_target(v, position);
-  Row<D> row{target, position_params(v, b, position), row_logits(target, b), row_bitmask(target, b), 0.0f, kNoKey};
+  Row<D> row{target, position_params(v, b, position), row_logits(target, b), row_bitmask(target, b), 0.0f, kNoKey, sh.staged_words};
   if (!v.draft_probs || row.r.greedy || position == row_draft_count(v, b)) return row.sample(sh);
   if (!row.cut(sh)) return -1;
   const float s_draft = row.kept_score(draft);

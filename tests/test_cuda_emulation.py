@@ -320,3 +320,27 @@ def test_traffic_counts_exactly_the_global_bytes(emulation):
         scratch_read = 0 if splits == 1 else rows * splits * (4 + 8)
         scratch_written = 0 if splits == 1 else rows * splits * (8 + 4)
         assert (read, written) == (4 * rows * vocab + scratch_read, 8 * rows + scratch_written), sms
+
+
+@pytest.mark.skipif(SANITIZED, reason="only the fibers build counts global-memory traffic")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_traffic_counts_vector_loads(emulation, lp_cpu, dtype):
+    """The sampler reads logits and bitmask words by 16-byte loads wherever a row is aligned:
+    greedy over rows of an odd stride that start one element in, with a bitmask of an odd row
+    stride too, reads each logit and each word once, all but each row's edges (under 16 bytes
+    at each end) by 16-byte loads."""
+    g = torch.Generator().manual_seed(2)
+    rows, vocab = 3, 10001
+    size = torch.tensor([], dtype=dtype).element_size()
+    logits = unaligned_rows(torch.randn(rows, vocab, generator=g).to(dtype))
+    bitmask = random_bitmask(rows, vocab, g, "mixed")  # 313 words a row
+    for extra, words in [({}, 0), (dict(bitmask=bitmask), bitmask.shape[1])]:
+        with emulation.gpu(1) as lp:
+            emulation.reset_traffic()
+            got = lp.sample(logits, temperature=0.0, **extra)
+            read, written = emulation.traffic()
+            by_vectors = emulation.vector_read_bytes()
+        assert torch.equal(got, lp_cpu.sample(logits, temperature=0.0, **extra))
+        assert (read, written) == (rows * (vocab * size + 4 * words), 8 * rows), extra.keys()
+        edges = 2 * 15 * (2 if words else 1)
+        assert read - by_vectors <= rows * edges, (read, by_vectors)

@@ -68,6 +68,14 @@ inline uint4 make_uint4(unsigned int x, unsigned int y, unsigned int z, unsigned
   return uint4{x, y, z, w};
 }
 
+// CUDA's read-only 16-byte load: one 16-byte access here too (a vector type's load, which
+// the instrumentation sees as one, where a struct copy can be split or become a memcpy).
+inline uint4 __ldg(const uint4* address) {
+  using Vector = unsigned int __attribute__((vector_size(16)));
+  const Vector v = *reinterpret_cast<const Vector*>(address);
+  return uint4{v[0], v[1], v[2], v[3]};
+}
+
 using cudaStream_t = struct CUstream_st*;
 
 enum cudaError_t {

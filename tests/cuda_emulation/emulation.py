@@ -82,5 +82,11 @@ class Emulation:
         self._lib.lp_emulation_traffic(ctypes.byref(read), ctypes.byref(written))
         return read.value, written.value
 
+    def vector_read_bytes(self) -> int:
+        """The part of traffic()'s bytes read that 16-byte loads read."""
+        read = ctypes.c_uint64()
+        self._lib.lp_emulation_vector_traffic(ctypes.byref(read))
+        return read.value
+
     def reset_traffic(self) -> None:
         self._lib.lp_emulation_reset_traffic()

@@ -59,7 +59,7 @@ MUTANTS = [
     Mutant("bin-select", SAMPLER, "sh.bin = b, sh.above = above;", "sh.bin = b + 1, sh.above = above;",
            "fibers", AGREEMENT, "boundary_bin"),
     # A read one past each row's end: past the allocation at the last row.
-    Mutant("row-end", SAMPLER, "i < p.vocab; i += kThreads", "i <= p.vocab; i += kThreads",
+    Mutant("row-end", SAMPLER, "e < head + (end - tail); e += kThreads", "e <= head + (end - tail); e += kThreads",
            "asan", "AddressSanitizer: heap-buffer-overflow"),
     # One thread leaves a block reduction early: the block's barriers no longer match.
     Mutant("uneven-barrier", SAMPLER, "  v = BlockReduce(sh.cub.reduce).Sum(v);",

@@ -15,6 +15,7 @@ namespace {
 
 uint64_t bytes_read = 0;
 uint64_t bytes_written = 0;
+uint64_t bytes_read_by_vectors = 0;  // the part of bytes_read read by 16-byte loads
 
 inline void count(const volatile void* address, std::size_t size, uint64_t& total) {
   if (cuda_emulation::counting_global_accesses &&
@@ -42,8 +43,13 @@ LP_ACCESS_HOOKS(1)
 LP_ACCESS_HOOKS(2)
 LP_ACCESS_HOOKS(4)
 LP_ACCESS_HOOKS(8)
-LP_ACCESS_HOOKS(16)
 #undef LP_ACCESS_HOOKS
+
+void __tsan_read16(void* a) {
+  read(a, 16);
+  count(a, 16, bytes_read_by_vectors);
+}
+void __tsan_write16(void* a) { write(a, 16); }
 
 void __tsan_read_range(void* a, unsigned long size) { read(a, size); }
 void __tsan_write_range(void* a, unsigned long size) { write(a, size); }
@@ -74,6 +80,9 @@ void lp_emulation_traffic(uint64_t* read_bytes, uint64_t* written_bytes) {
   *written_bytes = bytes_written;
 }
 
-void lp_emulation_reset_traffic() { bytes_read = bytes_written = 0; }
+// The part of those bytes read by 16-byte loads.
+void lp_emulation_vector_traffic(uint64_t* read_bytes) { *read_bytes = bytes_read_by_vectors; }
+
+void lp_emulation_reset_traffic() { bytes_read = bytes_written = bytes_read_by_vectors = 0; }
 
 }  // extern "C"
