@@ -15,7 +15,8 @@ import torch
 
 from conftest import requires_cuda
 from reference import random_bitmask
-from test_cuda_emulation import PATHS, SANITIZED, row_params, special_bitmask, special_logits
+from test_cuda_emulation import (BIN_PATHS, PATHS, SANITIZED, crowded_logits, row_params, special_bitmask,
+                                 special_logits)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 MODES = ["processed", "raw"]
@@ -74,6 +75,26 @@ def test_scalar_parameters_and_any_token(cuda_target, lp_cpu, mode, path):
     ids = torch.randint(-2, vocab + 2, (rows,), generator=g)
     cpu = lp_cpu.token_logprobs(logits, ids, **kwargs)
     gpu = cuda_target.lp.token_logprobs(logits.to(device), ids.to(device), **on(device, **kwargs))
+    assert torch.equal(bits(gpu.cpu()), bits(cpu))
+
+
+@pytest.mark.parametrize("crowd", [3000, 6000] if not SANITIZED else [3000])
+@pytest.mark.parametrize("path", ["top_k_in_crowd", "top_p", "all"])
+def test_cutoffs_in_a_crowded_bin(cuda_target, lp_cpu, crowd, path):
+    """The cut without a draw (the log-probabilities' distribution, token_logprobs) when the
+    cutoffs lie in one crowded key bin, gathered into shared memory (3000) or not (6000)."""
+    g = torch.Generator().manual_seed(crowd)
+    rows, vocab = 3, 12289
+    logits = crowded_logits(rows, vocab, crowd, torch.float32, g)
+    kwargs = dict(BIN_PATHS[path], logprobs_mode="processed")
+    device = cuda_target.device
+    expected = lp_cpu.sample_with_logprobs(logits, seed=5, num_logprobs=4, **kwargs)
+    got = cuda_target.lp.sample_with_logprobs(logits.to(device), seed=5, num_logprobs=4, **kwargs)
+    assert_same(got, expected, path)
+    ids = torch.randint(0, vocab, (rows,), generator=g)
+    ids[0] = expected.tokens[0]
+    cpu = lp_cpu.token_logprobs(logits, ids, **kwargs)
+    gpu = cuda_target.lp.token_logprobs(logits.to(device), ids.to(device), **kwargs)
     assert torch.equal(bits(gpu.cpu()), bits(cpu))
 
 
