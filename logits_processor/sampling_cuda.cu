@@ -171,6 +171,8 @@ __device__ uint32_t radix_select(ForEachKey&& for_each_key, int bin, uint64_t ab
                                  float s_max, SharedState& sh) {
   uint32_t prefix = static_cast<uint32_t>(bin_start(bin));
   for (int low = kBinShift; low > 0;) {  // bits [low, 32) decided
+    // (The last digit may be narrower: its bins then also hold decided bits, the prefix's
+    // own, which OR into the prefix unchanged.)
     const int shift = low > kRadixBits ? low - kRadixBits : 0;
     const uint32_t decided = ~0u << low;
     sh.histogram[threadIdx.x] = 0;
