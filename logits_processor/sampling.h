@@ -18,6 +18,7 @@
 #include "common.h"
 #include "dtype.h"
 #include "fast_math.h"
+#include "penalties.h"
 #include "philox.h"
 
 #include <memory>
@@ -40,12 +41,8 @@ struct LogprobsParams {
   int64_t* ranks;           // [rows], or null (token_logprobs)
 };
 
-struct SamplingParams {
-  const void* logits;
-  Dtype dtype;
-  int64_t rows;
-  int64_t vocab;
-  int64_t row_stride;  // in elements
+// The logits (LogitsView's fields: logits, dtype, rows, vocab, row_stride), only read.
+struct SamplingParams : LogitsView {
   // Each parameter is a per-row array, or nullptr and then the scalar beside it.
   const float* temperature;
   float temperature_value;
@@ -66,6 +63,9 @@ struct SamplingParams {
   int64_t bitmask_width;  // in words
   int64_t* out;  // the tokens drawn (null for token_logprobs, which draws none)
   LogprobsParams logprobs;
+  // Fused penalties (when enabled): each logit is read as apply_penalties_ would have left it
+  // (penalties.h), before the bitmask's and the filters' decisions; the logits are not written.
+  Penalties penalties;
 };
 
 // Fixed point of the masses: 2^32 keeps Z below 2^63 for any V < 2^31; top_p * Z is one
@@ -127,14 +127,22 @@ LP_HOST_DEVICE const int32_t* row_bitmask(const SamplingParams& p, int64_t row) 
 
 constexpr float kNegInf = -__builtin_huge_valf();
 
-// Token i's logit as float, or -inf when it is not a candidate (masked, NaN or -inf).
+// Token i's logit x, as loaded from the row, as the sampler sees it: -inf when it is not a
+// candidate (masked, NaN or -inf); with penalties, the value apply_penalties_ would have
+// stored (penalised, biased and rounded to D). Every token's value goes through here.
 template <Dtype D>
-LP_HOST_DEVICE float candidate_logit(const SamplingParams& p, const void* row,
-                                     const int32_t* bitmask_row, int64_t i) {
+LP_HOST_DEVICE float candidate_from_logit(const SamplingParams& p, const int32_t* bitmask_row,
+                                          const RowPenalty& penalty, int64_t i, float x) {
   if (bitmask_row && (i >> 5) < p.bitmask_width && !token_allowed(bitmask_row, i))
     return kNegInf;
-  const float x = load_logit<D>(row, i);
+  if (penalty.enabled) x = penalized_token<D>(penalty, i, x);
   return x > kNegInf ? x : kNegInf;  // NaN fails the compare
+}
+
+template <Dtype D>
+LP_HOST_DEVICE float candidate_logit(const SamplingParams& p, const void* row, const int32_t* bitmask_row,
+                                     const RowPenalty& penalty, int64_t i) {
+  return candidate_from_logit<D>(p, bitmask_row, penalty, i, load_logit<D>(row, i));
 }
 
 constexpr float kMaxFinite = 3.402823466e38f;

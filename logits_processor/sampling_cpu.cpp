@@ -174,6 +174,25 @@ int64_t count_above(const float* __restrict scores, int64_t vocab, float s) {
   return count;
 }
 
+// A token's score from its logit x (greedy: x itself), -inf for a NaN or -inf logit.
+inline float row_score(float x, bool greedy, float temperature) {
+  const float s = greedy ? x : score(x, temperature);
+  return x > kNegInf ? s : kNegInf;  // NaN fails the compare
+}
+
+template <Dtype D>
+void score_logits(const void* logits, int64_t vocab, bool greedy, float temperature, float* __restrict scores) {
+#pragma omp simd
+  for (int64_t i = 0; i < vocab; ++i) scores[i] = row_score(load_logit<D>(logits, i), greedy, temperature);
+}
+
+// In place, from penalised logits not yet stored in D.
+template <Dtype D>
+void score_penalized(float* __restrict scores, int64_t vocab, bool greedy, float temperature) {
+#pragma omp simd
+  for (int64_t i = 0; i < vocab; ++i) scores[i] = row_score(stored_logit<D>(scores[i]), greedy, temperature);
+}
+
 // Which scores a row's buffer holds: the draw's (greedy: the logits themselves, for the
 // argmax; sampling: x / T), or temperature 1 with the bitmask (a greedy row's processed
 // distribution, unfiltered) or without it (raw).
@@ -191,7 +210,8 @@ class RowSampler {
   RowSampler(const SamplingParams& p, int64_t row, Scratch& scratch)
       : RowSampler(p, row, row_params(p, row), scratch) {}
   RowSampler(const SamplingParams& p, int64_t row, const RowParams& r, Scratch& scratch)
-      : p_(p), row_(row), r_(r), scratch_(scratch), scores_(scratch.scores.data()) {}
+      : p_(p), row_(row), r_(r), penalty_(row_penalty(p.penalties, row)), scratch_(scratch),
+        scores_(scratch.scores.data()) {}
 
   // The token `sample` returns.
   int64_t sample() {
@@ -317,16 +337,18 @@ class RowSampler {
     return static_cast<int64_t>(top.size());
   }
 
-  // Scores for `mode`; -inf for a token that is not a candidate.
+  // Scores for `mode`; -inf for a token that is not a candidate. With penalties (not raw),
+  // the row is first penalised into the buffer (penalize_span_cpu: the biases are added there
+  // in list order, once per row), then scored from the values apply_penalties_ would store.
   void load_scores(Scores mode) {
     const void* logits = row_logits(p_, row_);
     const bool greedy = mode == Scores::Greedy;
     const float temperature = mode == Scores::Sampling ? r_.temperature : 1.0f;
-#pragma omp simd
-    for (int64_t i = 0; i < p_.vocab; ++i) {
-      const float x = load_logit<D>(logits, i);
-      const float s = greedy ? x : score(x, temperature);
-      scores_[i] = x > kNegInf ? s : kNegInf;  // NaN fails the compare
+    if (penalty_.enabled && mode != Scores::Raw) {
+      penalize_span_cpu<D>(penalty_, logits, 0, p_.vocab, scores_);
+      score_penalized<D>(scores_, p_.vocab, greedy, temperature);
+    } else {
+      score_logits<D>(logits, p_.vocab, greedy, temperature, scores_);
     }
     const int32_t* bitmask = row_bitmask(p_, row_);
     if (!bitmask || mode == Scores::Raw) return;
@@ -460,6 +482,7 @@ class RowSampler {
   const SamplingParams& p_;
   const int64_t row_;
   const RowParams r_;
+  const RowPenalty penalty_;
   Scratch& scratch_;
   float* scores_;
   float s_max_ = 0.0f;

@@ -49,6 +49,7 @@ struct SharedState {
   uint32_t digit;
   uint64_t above;
   uint64_t top[kTopChunk];  // a chunk of the top-N log-probabilities' tokens, packed
+  uint32_t bias_filter[kBiasFilterWords];  // the row's logit bias ids (penalties.h)
 };
 
 // Block-wide reductions whose result every thread gets.
@@ -70,12 +71,30 @@ __device__ uint64_t block_sum(uint64_t v, SharedState& sh) {
   return v;
 }
 
+// Row `row`'s penalties, with the filter of its bias ids built in shared memory by the whole
+// block (every thread calls this with the same row).
+__device__ RowPenalty block_row_penalty(const SamplingParams& p, int64_t row, SharedState& sh) {
+  RowPenalty q = row_penalty(p.penalties, row);
+  if (!q.enabled || q.bias_width == 0) return q;  // (the same for the whole block)
+  __syncthreads();  // every thread is done with the previous row's filter
+  for (int w = threadIdx.x; w < kBiasFilterWords; w += kThreads) sh.bias_filter[w] = 0;
+  __syncthreads();
+  for (int64_t k = threadIdx.x; k < q.bias_width; k += kThreads) {
+    const int64_t id = q.bias_ids[k];
+    if (id >= 0) atomicOr(&sh.bias_filter[(id >> 5) & (kBiasFilterWords - 1)], 1u << (id & 31));
+  }
+  __syncthreads();
+  q.bias_filter = sh.bias_filter;
+  return q;
+}
+
 template <Dtype D>
 struct Row {
   const SamplingParams& p;
   RowParams r;
   const void* logits;
   const int32_t* bitmask;
+  RowPenalty penalty;
   float s_max;
   uint32_t threshold;  // the kept set's, once `cut` ran
 
@@ -83,7 +102,7 @@ struct Row {
   template <typename F>
   __device__ void for_each_candidate(F&& f) const {
     for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
-      const float x = candidate_logit<D>(p, logits, bitmask, i);
+      const float x = candidate_logit<D>(p, logits, bitmask, penalty, i);
       if (x > kNegInf) f(i, score(x, r.temperature));
     }
   }
@@ -101,7 +120,7 @@ struct Row {
   __device__ uint64_t greedy_argmax(SharedState& sh, int64_t begin, int64_t end) const {
     uint64_t best = kNoToken;
     for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-      const float x = candidate_logit<D>(p, logits, bitmask, i);
+      const float x = candidate_logit<D>(p, logits, bitmask, penalty, i);
       if (x > kNegInf) best = max(best, pack_argmax(score_key(x), i));
     }
     return block_max(best, sh);
@@ -119,7 +138,7 @@ struct Row {
       for (int j = 0; j < 4; ++j) {
         const int64_t i = 4 * group + j;
         if (i >= end) break;
-        const float x = candidate_logit<D>(p, logits, bitmask, i);
+        const float x = candidate_logit<D>(p, logits, bitmask, penalty, i);
         if (!(x > kNegInf)) continue;
         const float s = score(x, r.temperature);
         if (score_key(s) < threshold) continue;
@@ -215,7 +234,7 @@ struct Row {
   // Token i's score if it is in the kept set {key >= threshold}, else -inf (i may be any id).
   __device__ float kept_score(int64_t i) const {
     if (i < 0 || i >= p.vocab) return kNegInf;
-    const float x = candidate_logit<D>(p, logits, bitmask, i);
+    const float x = candidate_logit<D>(p, logits, bitmask, penalty, i);
     if (!(x > kNegInf)) return kNegInf;
     const float s = score(x, r.temperature);
     return score_key(s) >= threshold ? s : kNegInf;
@@ -232,7 +251,7 @@ struct Row {
     d.r.top_k = 0;
     d.r.top_p = 1.0f;
     d.r.min_p = 0.0f;
-    if (raw) d.bitmask = nullptr;
+    if (raw) d.bitmask = nullptr, d.penalty.enabled = false;
     return d;
   }
 
@@ -385,7 +404,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Spli
   for (int64_t work = blockIdx.x; work < p.rows * split.splits; work += gridDim.x) {
     const int64_t row = work / split.splits;
     const int64_t chunk = work % split.splits;
-    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row), 0.0f, kNoKey};
+    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row),
+                   block_row_penalty(p, row, sh), 0.0f, kNoKey};
     if (split.splits == 1 || !sampler.single_pass()) {
       if (chunk != 0) continue;
       const int64_t token = sampler.sample(sh);
@@ -404,7 +424,8 @@ template <Dtype D>
 __global__ void __launch_bounds__(kThreads) logprobs_kernel(SamplingParams p) {
   __shared__ SharedState sh;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row), 0.0f, kNoKey};
+    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row),
+                   block_row_penalty(p, row, sh), 0.0f, kNoKey};
     row_logprobs(p, sampler, row, sh);
   }
 }
@@ -472,7 +493,8 @@ template <Dtype D>
 __device__ int64_t position_token(const VerifyParams& v, int64_t b, int64_t position, int64_t draft,
                                   SharedState& sh) {
   const SamplingParams target = position_target(v, position);
-  Row<D> row{target, position_params(v, b, position), row_logits(target, b), row_bitmask(target, b), 0.0f, kNoKey};
+  Row<D> row{target, position_params(v, b, position), row_logits(target, b), row_bitmask(target, b),
+             RowPenalty{}, 0.0f, kNoKey};  // (verify_draft has no penalties)
   if (!v.draft_probs || row.r.greedy || position == row_draft_count(v, b)) return row.sample(sh);
   if (!row.cut(sh)) return -1;
   const float s_draft = row.kept_score(draft);
