@@ -13,6 +13,9 @@
 // the result is rounded to nearest even once, at the end. Tokens the formula leaves alone
 // (not seen, no bias) keep their bits: the CUDA kernel does not write them, and the CPU,
 // which writes whole chunks, writes them back unchanged (the conversions round-trip exactly).
+// The sampler ops apply the same formula as they read each logit (SamplingParams::penalties,
+// sampling.h's candidate_from_logit), rounded as apply_penalties_ stores it (stored_logit),
+// so that sampling with fused penalties equals apply_penalties_ then sampling, bit for bit.
 #pragma once
 
 #include "common.h"

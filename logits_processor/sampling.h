@@ -2,6 +2,8 @@
 // draw, one row at a time. Everything that decides a token is defined here, once, for the
 // CPU and the CUDA implementation; both then return the same token on the same input.
 //
+// With penalties (SamplingParams::penalties), x_i is the logit as apply_penalties_ would have
+// left it (penalties.h), computed as it is read.
 // For a row with scores s_i = x_i / T over the candidates (allowed by the bitmask, logit not
 // NaN and not -inf; +inf and overflow clamp to FLT_MAX):
 //   t_k    = the k-th largest score                                 (top_k in (0, n))

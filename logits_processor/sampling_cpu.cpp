@@ -1,6 +1,7 @@
 // CPU sampler: rows in parallel. It decides exactly what the CUDA sampler decides (see
 // sampling.h); only the way it finds the cutoffs differs. Each row's scores go once into a
-// float buffer (a vectorised loop), every later pass reads that buffer, and the cutoffs
+// float buffer (a vectorised loop; with penalties, the row is penalised into it first),
+// every later pass reads that buffer, and the cutoffs
 // come from a coarse 2048-bin histogram of the score keys followed by an exact selection
 // among the few candidates above the coarse bound. The log-probability ops then read the
 // same buffer (reloaded at temperature 1 for greedy and raw rows) for ln Z, the rank and
@@ -174,6 +175,9 @@ int64_t count_above(const float* __restrict scores, int64_t vocab, float s) {
   return count;
 }
 
+// Tokens a row is penalised and scored in at a time (a multiple of 32: whole prompt-mask words).
+constexpr int64_t kPenaltyChunk = 4096;
+
 // A token's score from its logit x (greedy: x itself), -inf for a NaN or -inf logit.
 inline float row_score(float x, bool greedy, float temperature) {
   const float s = greedy ? x : score(x, temperature);
@@ -338,15 +342,18 @@ class RowSampler {
   }
 
   // Scores for `mode`; -inf for a token that is not a candidate. With penalties (not raw),
-  // the row is first penalised into the buffer (penalize_span_cpu: the biases are added there
-  // in list order, once per row), then scored from the values apply_penalties_ would store.
+  // each chunk of the row is first penalised into the buffer (penalize_span_cpu, which adds
+  // the biases in list order), then scored from the values apply_penalties_ would store.
   void load_scores(Scores mode) {
     const void* logits = row_logits(p_, row_);
     const bool greedy = mode == Scores::Greedy;
     const float temperature = mode == Scores::Sampling ? r_.temperature : 1.0f;
     if (penalty_.enabled && mode != Scores::Raw) {
-      penalize_span_cpu<D>(penalty_, logits, 0, p_.vocab, scores_);
-      score_penalized<D>(scores_, p_.vocab, greedy, temperature);
+      for (int64_t begin = 0; begin < p_.vocab; begin += kPenaltyChunk) {  // scored while in L1
+        const int64_t end = std::min(begin + kPenaltyChunk, p_.vocab);
+        penalize_span_cpu<D>(penalty_, logits, begin, end, scores_ + begin);
+        score_penalized<D>(scores_ + begin, end - begin, greedy, temperature);
+      }
     } else {
       score_logits<D>(logits, p_.vocab, greedy, temperature, scores_);
     }
