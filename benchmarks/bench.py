@@ -101,7 +101,7 @@ PENALTY_SHAPES = {
 PENALTY_MODE = "top-k+top-p"
 PROMPT_TOKENS, OUTPUT_TOKENS, BIASES = 1024, 256, 8
 SAMPLE_ALONE = f"{OURS} sample alone"
-UNFUSED = f"{OURS} apply_penalties_ + sample"
+UNFUSED = f"{OURS} copy + apply_penalties_ + sample"
 
 # sample_with_logprobs (raw, the engines' default, with top-k + top-p sampling) against the
 # engines' chain: (batch, vocab, dtype, num_logprobs); the first is the CPU target's case.
@@ -425,12 +425,14 @@ def sampler_case(lp, device: str, batch: int, vocab: int, dtype: str, mode: str,
 
 def penalty_case(lp, device: str, batch: int, vocab: int, dtype: str, bandwidth) -> Case:
     """sample(penalties=) (fused: the logits are read once and not written) against
-    apply_penalties_ + sample, `sample` alone (no penalties) and the torch chain engines run.
-    apply_penalties_ works in place on buffers of its own, whose penalised and biased tokens
-    drift from call to call; the others read the logits as generated."""
+    copy + apply_penalties_ + sample, `sample` alone (no penalties) and the torch chain engines
+    run. apply_penalties_ works in place on a copy of the logits: applied to the same buffers
+    call after call, the penalised values would drift (to subnormals, which the CPU computes
+    slowly, and away from the inputs the others see). An engine that may overwrite its logits
+    skips that copy: one more pass over them."""
     torch_dtype = DTYPES[dtype]
     element = torch.tensor([], dtype=torch_dtype).element_size()
-    nbuf = buffer_count(batch * vocab * (2 * element + 4), device)
+    nbuf = buffer_count(batch * vocab * (element + 4), device)
     logits = [torch.randn(batch, vocab, device=device).to(torch_dtype) for _ in range(nbuf)]
     prompt = torch.randint(-1, vocab, (batch, PROMPT_TOKENS), device=device)
     output = torch.randint(-1, vocab, (batch, OUTPUT_TOKENS), device=device)
@@ -447,11 +449,11 @@ def penalty_case(lp, device: str, batch: int, vocab: int, dtype: str, bandwidth)
     def ours(i: int) -> torch.Tensor:
         return lp.sample(logits[i], **params, seed=1234, offset=i, penalties=fused, out=out)
 
-    drifting = [x.clone() for x in logits]
+    work = torch.empty_like(logits[0])
 
     def unfused(i: int) -> torch.Tensor:
-        lp.apply_penalties_(drifting[i], *state, **penalties, **bias)
-        return lp.sample(drifting[i], **params, seed=1234, offset=i, out=out)
+        lp.apply_penalties_(work.copy_(logits[i]), *state, **penalties, **bias)
+        return lp.sample(work, **params, seed=1234, offset=i, out=out)
 
     def torch_chain(i: int) -> torch.Tensor:
         return sample_reference(penalize(logits[i], prompt, output, **penalties, **bias), **params,

@@ -54,6 +54,14 @@ void penalize_span_cpu(const RowPenalty& q, const void* logits, int64_t begin, i
     const int lanes = end - first < 32 ? static_cast<int>(end - first) : 32;
     float* v = value + (first - begin);
     const int32_t* counts = q.output_counts + first;
+    int32_t any_count = 0;
+#pragma omp simd reduction(| : any_count)
+    for (int l = 0; l < lanes; ++l) any_count |= counts[l];
+    if ((bits | static_cast<uint32_t>(any_count)) == 0) {  // nothing seen: the formula is x
+#pragma omp simd
+      for (int l = 0; l < lanes; ++l) v[l] = load_logit<D>(logits, first + l);
+      continue;
+    }
 #pragma omp simd
     for (int l = 0; l < lanes; ++l)
       v[l] = penalized_logit(load_logit<D>(logits, first + l), (bits & kLaneBit[l]) != 0, counts[l], q.values);

@@ -358,7 +358,7 @@ void apply_packed_bitmask(const Tensor& logits, const Tensor& bitmask, double fi
   run_bitmask(p, logits);
 }
 
-// --- penalty validation (apply_penalties_ and the sampler ops' fused penalties) --------------
+// --- penalties: checks shared by apply_penalties_, the state helpers and the fused sampler ops
 
 namespace {
 
