@@ -237,11 +237,15 @@ LP_HOST_DEVICE CountedToken counted_token(const TokenCountParams& p, int64_t k) 
 void apply_penalties_cpu(const LogitsView& logits, const Penalties& penalties, const ParallelFor& parallel_for);
 void count_tokens_cpu(const TokenCountParams& params);
 
-// CPU: tokens [begin, end) (begin a multiple of 32) of a logits row penalised and biased into
-// value[0, end - begin), in float, not yet stored (rounded): apply_penalties_'s pass and the
-// CPU sampler's read.
+// CPU: tokens [begin, end) (begin a multiple of 32, at most kPenaltySpan of them) of a
+// logits row penalised and biased into value[0, end - begin), in float; `stored`: as
+// apply_penalties_ stores them (stored_logit, applied only to the tokens that may have
+// changed), else not yet rounded. apply_penalties_'s pass and the CPU sampler's read.
+constexpr int64_t kPenaltySpan = 4096;
+
 template <Dtype D>
-void penalize_span_cpu(const RowPenalty& q, const void* logits, int64_t begin, int64_t end, float* value);
+void penalize_span_cpu(const RowPenalty& q, const void* logits, int64_t begin, int64_t end, float* value,
+                       bool stored);
 
 #if defined(CUDA_KERNEL) || defined(__CUDACC__)
 void apply_penalties_cuda(const LogitsView& logits, const Penalties& penalties, cudaStream_t stream);

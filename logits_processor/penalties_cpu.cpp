@@ -10,9 +10,8 @@
 namespace logits_processor {
 namespace {
 
-// Columns per work item (a multiple of 32); a thread takes at least kMinItemsPerThread items
+// Columns per work item: kPenaltySpan; a thread takes at least kMinItemsPerThread items
 // (64k columns): below that, waking a thread costs more than the work.
-constexpr int64_t kChunkColumns = 4096;
 constexpr int64_t kMinItemsPerThread = 16;
 
 // kLaneBit[l] = 1 << l: a table, since SSE2 has no per-lane variable shift.
@@ -24,9 +23,9 @@ constexpr std::array<uint32_t, 32> kLaneBit = [] {
 
 template <Dtype D>
 void penalize_chunk(const LogitsView& v, const RowPenalty& q, int64_t row, int64_t begin, int64_t end) {
-  float value[kChunkColumns];
+  float value[kPenaltySpan];
   void* logits = logits_row(v, row);
-  penalize_span_cpu<D>(q, logits, begin, end, value);
+  penalize_span_cpu<D>(q, logits, begin, end, value, false);
   // Stored a cache line at a time, and only where a token changed: most tokens are neither
   // seen nor biased, and a line never written is never written back to memory.
   using Bits = LogitBits<D>;
@@ -48,7 +47,9 @@ void penalize_chunk(const LogitsView& v, const RowPenalty& q, int64_t row, int64
 }  // namespace
 
 template <Dtype D>
-void penalize_span_cpu(const RowPenalty& q, const void* logits, int64_t begin, int64_t end, float* value) {
+void penalize_span_cpu(const RowPenalty& q, const void* logits, int64_t begin, int64_t end, float* value,
+                       bool stored) {
+  bool penalised[kPenaltySpan / 32];  // per 32-token group: whether the formula ran on it
   for (int64_t first = begin; first < end; first += 32) {
     const uint32_t bits = static_cast<uint32_t>(q.prompt_mask[first >> 5]);
     const int lanes = end - first < 32 ? static_cast<int>(end - first) : 32;
@@ -57,7 +58,8 @@ void penalize_span_cpu(const RowPenalty& q, const void* logits, int64_t begin, i
     int32_t any_count = 0;
 #pragma omp simd reduction(| : any_count)
     for (int l = 0; l < lanes; ++l) any_count |= counts[l];
-    if ((bits | static_cast<uint32_t>(any_count)) == 0) {  // nothing seen: the formula is x
+    penalised[(first - begin) >> 5] = (bits | static_cast<uint32_t>(any_count)) != 0;
+    if (!penalised[(first - begin) >> 5]) {  // nothing seen: the formula is x
 #pragma omp simd
       for (int l = 0; l < lanes; ++l) v[l] = load_logit<D>(logits, first + l);
       continue;
@@ -67,14 +69,28 @@ void penalize_span_cpu(const RowPenalty& q, const void* logits, int64_t begin, i
       v[l] = penalized_logit(load_logit<D>(logits, first + l), (bits & kLaneBit[l]) != 0, counts[l], q.values);
   }
   add_row_biases(q, begin, end, value, nullptr);
+  if (D == Dtype::Float32 || !stored) return;
+  // Rounded once each where the value may differ from the logit (stored_logit is idempotent,
+  // so a biased token of a penalised group may go through it twice).
+  for (int64_t first = begin; first < end; first += 32) {
+    if (!penalised[(first - begin) >> 5]) continue;
+    float* v = value + (first - begin);
+    const int lanes = end - first < 32 ? static_cast<int>(end - first) : 32;
+#pragma omp simd
+    for (int l = 0; l < lanes; ++l) v[l] = stored_logit<D>(v[l]);
+  }
+  for (int64_t k = 0; k < q.bias_width; ++k) {
+    const int64_t id = q.bias_ids[k];
+    if (id >= begin && id < end) value[id - begin] = stored_logit<D>(value[id - begin]);
+  }
 }
 
-template void penalize_span_cpu<Dtype::Float32>(const RowPenalty&, const void*, int64_t, int64_t, float*);
-template void penalize_span_cpu<Dtype::Float16>(const RowPenalty&, const void*, int64_t, int64_t, float*);
-template void penalize_span_cpu<Dtype::BFloat16>(const RowPenalty&, const void*, int64_t, int64_t, float*);
+template void penalize_span_cpu<Dtype::Float32>(const RowPenalty&, const void*, int64_t, int64_t, float*, bool);
+template void penalize_span_cpu<Dtype::Float16>(const RowPenalty&, const void*, int64_t, int64_t, float*, bool);
+template void penalize_span_cpu<Dtype::BFloat16>(const RowPenalty&, const void*, int64_t, int64_t, float*, bool);
 
 void apply_penalties_cpu(const LogitsView& logits, const Penalties& penalties, const ParallelFor& parallel_for) {
-  const int64_t chunks = (logits.vocab + kChunkColumns - 1) / kChunkColumns;
+  const int64_t chunks = (logits.vocab + kPenaltySpan - 1) / kPenaltySpan;
   if (chunks == 0) return;
   dispatch_dtype(logits.dtype, [&]<Dtype D>() {
     parallel_for(0, logits.rows * chunks, kMinItemsPerThread, [&](int64_t first, int64_t last) {
@@ -82,8 +98,8 @@ void apply_penalties_cpu(const LogitsView& logits, const Penalties& penalties, c
         const int64_t row = item / chunks;
         const RowPenalty q = row_penalty(penalties, row);
         if (!q.enabled) continue;  // a state row outside the state
-        const int64_t begin = (item - row * chunks) * kChunkColumns;
-        const int64_t end = begin + kChunkColumns < logits.vocab ? begin + kChunkColumns : logits.vocab;
+        const int64_t begin = (item - row * chunks) * kPenaltySpan;
+        const int64_t end = begin + kPenaltySpan < logits.vocab ? begin + kPenaltySpan : logits.vocab;
         penalize_chunk<D>(logits, q, row, begin, end);
       }
     });

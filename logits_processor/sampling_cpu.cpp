@@ -175,9 +175,6 @@ int64_t count_above(const float* __restrict scores, int64_t vocab, float s) {
   return count;
 }
 
-// Tokens a row is penalised and scored in at a time (a multiple of 32: whole prompt-mask words).
-constexpr int64_t kPenaltyChunk = 4096;
-
 // A token's score from its logit x (greedy: x itself), -inf for a NaN or -inf logit.
 inline float row_score(float x, bool greedy, float temperature) {
   const float s = greedy ? x : score(x, temperature);
@@ -190,11 +187,10 @@ void score_logits(const void* logits, int64_t vocab, bool greedy, float temperat
   for (int64_t i = 0; i < vocab; ++i) scores[i] = row_score(load_logit<D>(logits, i), greedy, temperature);
 }
 
-// In place, from penalised logits not yet stored in D.
-template <Dtype D>
-void score_penalized(float* __restrict scores, int64_t vocab, bool greedy, float temperature) {
+// In place, from the logits as apply_penalties_ stores them (penalize_span_cpu).
+void score_values(float* __restrict scores, int64_t vocab, bool greedy, float temperature) {
 #pragma omp simd
-  for (int64_t i = 0; i < vocab; ++i) scores[i] = row_score(stored_logit<D>(scores[i]), greedy, temperature);
+  for (int64_t i = 0; i < vocab; ++i) scores[i] = row_score(scores[i], greedy, temperature);
 }
 
 // Which scores a row's buffer holds: the draw's (greedy: the logits themselves, for the
@@ -349,10 +345,10 @@ class RowSampler {
     const bool greedy = mode == Scores::Greedy;
     const float temperature = mode == Scores::Sampling ? r_.temperature : 1.0f;
     if (penalty_.enabled && mode != Scores::Raw) {
-      for (int64_t begin = 0; begin < p_.vocab; begin += kPenaltyChunk) {  // scored while in L1
-        const int64_t end = std::min(begin + kPenaltyChunk, p_.vocab);
-        penalize_span_cpu<D>(penalty_, logits, begin, end, scores_ + begin);
-        score_penalized<D>(scores_ + begin, end - begin, greedy, temperature);
+      for (int64_t begin = 0; begin < p_.vocab; begin += kPenaltySpan) {  // scored while in L1
+        const int64_t end = std::min(begin + kPenaltySpan, p_.vocab);
+        penalize_span_cpu<D>(penalty_, logits, begin, end, scores_ + begin, true);
+        score_values(scores_ + begin, end - begin, greedy, temperature);
       }
     } else {
       score_logits<D>(logits, p_.vocab, greedy, temperature, scores_);
