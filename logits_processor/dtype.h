@@ -31,6 +31,20 @@ LP_HOST_DEVICE float logit_from_bits(uint16_t h) {
   return D == Dtype::Float16 ? half_bits_to_float(h) : bfloat16_bits_to_float(h);
 }
 
+// The logits [rows, vocab] as every op reads them (the sampler) or rewrites them
+// (apply_penalties_ alone writes through `logits`).
+struct LogitsView {
+  void* logits;
+  Dtype dtype;
+  int64_t rows;
+  int64_t vocab;
+  int64_t row_stride;  // in elements
+};
+
+LP_HOST_DEVICE void* logits_row(const LogitsView& v, int64_t row) {
+  return static_cast<char*>(v.logits) + row * v.row_stride * dtype_size(v.dtype);
+}
+
 template <Dtype D>
 LP_HOST_DEVICE float load_logit(const void* row, int64_t i) {
   if constexpr (D == Dtype::Float32) {

@@ -13,6 +13,9 @@
 // the result is rounded to nearest even once, at the end. Tokens the formula leaves alone
 // (not seen, no bias) keep their bits: the CUDA kernel does not write them, and the CPU,
 // which writes whole chunks, writes them back unchanged (the conversions round-trip exactly).
+// The sampler ops apply the same formula as they read each logit (SamplingParams::penalties,
+// sampling.h's candidate_from_logit), rounded as apply_penalties_ stores it (stored_logit),
+// so that sampling with fused penalties equals apply_penalties_ then sampling, bit for bit.
 #pragma once
 
 #include "common.h"
@@ -25,12 +28,10 @@
 
 namespace logits_processor {
 
-struct PenaltyParams {
-  void* logits;  // [rows, vocab], rewritten in place
-  Dtype dtype;
-  int64_t rows;
-  int64_t vocab;
-  int64_t row_stride;  // in elements
+// The penalties of a call: state, parameters and biases (the logits come separately, a
+// LogitsView). apply_penalties_ always has them; a sampler call has them when `enabled`.
+struct Penalties {
+  bool enabled;
   const int32_t* prompt_mask;
   int64_t prompt_mask_row_stride;  // in words
   const int32_t* output_counts;
@@ -63,19 +64,47 @@ struct RowPenalties {
 
 // Per-row values that no host check has seen (device tensors) are made harmless here: a NaN
 // or non-positive repetition penalty counts as 1, a NaN frequency or presence penalty as 0.
-LP_HOST_DEVICE RowPenalties row_penalties(const PenaltyParams& p, int64_t row) {
+LP_HOST_DEVICE RowPenalties row_penalties(const Penalties& p, int64_t row) {
   const float r = p.repetition ? p.repetition[row] : p.repetition_value;
   const float f = p.frequency ? p.frequency[row] : p.frequency_value;
   const float q = p.presence ? p.presence[row] : p.presence_value;
   return {r > 0.0f ? r : 1.0f, f == f ? f : 0.0f, q == q ? q : 0.0f};
 }
 
-LP_HOST_DEVICE int64_t penalty_state_row(const PenaltyParams& p, int64_t row) {
-  return p.state_row ? p.state_row[row] : row;
+// A bias filter: bit i % kBiasFilterBits set for each bias id i of a row (the CUDA sampler
+// builds one per row in shared memory), so that a token whose bit is clear skips the scan
+// of the row's bias list. Exact for any list length: a set bit only means "scan".
+constexpr int kBiasFilterWords = 64;
+constexpr int64_t kBiasFilterBits = 32 * kBiasFilterWords;
+
+LP_HOST_DEVICE bool bias_filter_hit(const uint32_t* filter, int64_t i) {
+  return (filter[(i >> 5) & (kBiasFilterWords - 1)] >> (i & 31)) & 1u;
 }
 
-LP_HOST_DEVICE bool state_row_in_range(const PenaltyParams& p, int64_t state_row) {
-  return state_row >= 0 && state_row < p.state_rows;
+// One logits row's penalties.
+struct RowPenalty {
+  bool enabled;  // false: the call has none, or the row's state row is outside the state
+  const int32_t* prompt_mask;    // the state row's
+  const int32_t* output_counts;  // the state row's
+  RowPenalties values;
+  const int64_t* bias_ids;  // the logits row's, bias_width of them
+  const float* bias_values;
+  int64_t bias_width;
+  const uint32_t* bias_filter;  // or nullptr: every token scans the bias list
+};
+
+LP_HOST_DEVICE RowPenalty row_penalty(const Penalties& p, int64_t row) {
+  const int64_t s = p.state_row ? p.state_row[row] : row;
+  if (!p.enabled || s < 0 || s >= p.state_rows) return RowPenalty{};
+  const bool biased = p.bias_width > 0;
+  return {true,
+          p.prompt_mask + s * p.prompt_mask_row_stride,
+          p.output_counts + s * p.output_counts_row_stride,
+          row_penalties(p, row),
+          biased ? p.bias_ids + row * p.bias_ids_row_stride : nullptr,
+          biased ? p.bias_values + row * p.bias_values_row_stride : nullptr,
+          p.bias_width,
+          nullptr};
 }
 
 LP_HOST_DEVICE bool token_seen(bool in_prompt, int32_t count) { return in_prompt || count > 0; }
@@ -136,30 +165,41 @@ LP_HOST_DEVICE auto logit_bits(float x) {
 template <Dtype D>
 using LogitBits = decltype(logit_bits<D>(0.0f));
 
-LP_HOST_DEVICE void* penalty_logits_row(const PenaltyParams& p, int64_t row) {
-  return static_cast<char*>(p.logits) + row * p.row_stride * dtype_size(p.dtype);
+// x as apply_penalties_ stores it in dtype D and the sampler then reads it back: rounded to
+// nearest even for the 16-bit types (exact for a value read from D and left unchanged).
+template <Dtype D>
+LP_HOST_DEVICE float stored_logit(float x) {
+  if constexpr (D == Dtype::Float32) {
+    return x;
+  } else {
+    const LogitBits<D> bits = logit_bits<D>(x);
+    return load_logit<D>(&bits, 0);
+  }
 }
 
-LP_HOST_DEVICE const int32_t* prompt_mask_row(const PenaltyParams& p, int64_t state_row) {
-  return p.prompt_mask + state_row * p.prompt_mask_row_stride;
-}
-
-LP_HOST_DEVICE const int32_t* output_counts_row(const PenaltyParams& p, int64_t state_row) {
-  return p.output_counts + state_row * p.output_counts_row_stride;
-}
-
-// Row `row`'s biases for tokens [begin, end), added in list order to value[i - begin]; each
+// The row's biases for tokens [begin, end), added in list order to value[i - begin]; each
 // biased token marked in touched[i - begin] when touched is not nullptr.
-LP_HOST_DEVICE void add_row_biases(const PenaltyParams& p, int64_t row, int64_t begin,
-                                   int64_t end, float* value, bool* touched) {
-  const int64_t* ids = p.bias_ids + row * p.bias_ids_row_stride;
-  const float* biases = p.bias_values + row * p.bias_values_row_stride;
-  for (int64_t k = 0; k < p.bias_width; ++k) {
-    const int64_t id = ids[k];
+LP_HOST_DEVICE void add_row_biases(const RowPenalty& q, int64_t begin, int64_t end, float* value,
+                                   bool* touched) {
+  for (int64_t k = 0; k < q.bias_width; ++k) {
+    const int64_t id = q.bias_ids[k];
     if (id < begin || id >= end) continue;  // (-1, the padding, among them)
-    value[id - begin] = lp_add(value[id - begin], biases[k]);
+    value[id - begin] = lp_add(value[id - begin], q.bias_values[k]);
     if (touched) touched[id - begin] = true;
   }
+}
+
+// Token i's logit x penalised and biased (in list order, as add_row_biases), then stored as
+// apply_penalties_ stores it: what the unfused sampler would read. The bias list is scanned
+// only where the filter (if any) says a bias may hit i.
+template <Dtype D>
+LP_HOST_DEVICE float penalized_token(const RowPenalty& q, int64_t i, float x) {
+  float y = penalized_logit(x, token_allowed(q.prompt_mask, i), q.output_counts[i], q.values);
+  if (q.bias_width > 0 && (!q.bias_filter || bias_filter_hit(q.bias_filter, i))) {
+    for (int64_t k = 0; k < q.bias_width; ++k)
+      if (q.bias_ids[k] == i) y = lp_add(y, q.bias_values[k]);
+  }
+  return stored_logit<D>(y);
 }
 
 // Token ids counted into state rows: output_counts[s, id] += 1 (counts) or the id's bit set
@@ -194,11 +234,21 @@ LP_HOST_DEVICE CountedToken counted_token(const TokenCountParams& p, int64_t k) 
   return {s * p.state_row_stride + (p.counts ? id : id >> 5), 1u << (id & 31)};
 }
 
-void apply_penalties_cpu(const PenaltyParams& params, const ParallelFor& parallel_for);
+void apply_penalties_cpu(const LogitsView& logits, const Penalties& penalties, const ParallelFor& parallel_for);
 void count_tokens_cpu(const TokenCountParams& params);
 
+// CPU: tokens [begin, end) (begin a multiple of 32, at most kPenaltySpan of them) of a
+// logits row penalised and biased into value[0, end - begin), in float; `stored`: as
+// apply_penalties_ stores them (stored_logit, applied only to the tokens that may have
+// changed), else not yet rounded. apply_penalties_'s pass and the CPU sampler's read.
+constexpr int64_t kPenaltySpan = 4096;
+
+template <Dtype D>
+void penalize_span_cpu(const RowPenalty& q, const void* logits, int64_t begin, int64_t end, float* value,
+                       bool stored);
+
 #if defined(CUDA_KERNEL) || defined(__CUDACC__)
-void apply_penalties_cuda(const PenaltyParams& params, cudaStream_t stream);
+void apply_penalties_cuda(const LogitsView& logits, const Penalties& penalties, cudaStream_t stream);
 void count_tokens_cuda(const TokenCountParams& params, cudaStream_t stream);
 #endif
 

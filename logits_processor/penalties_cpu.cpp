@@ -10,9 +10,8 @@
 namespace logits_processor {
 namespace {
 
-// Columns per work item (a multiple of 32); a thread takes at least kMinItemsPerThread items
+// Columns per work item: kPenaltySpan; a thread takes at least kMinItemsPerThread items
 // (64k columns): below that, waking a thread costs more than the work.
-constexpr int64_t kChunkColumns = 4096;
 constexpr int64_t kMinItemsPerThread = 16;
 
 // kLaneBit[l] = 1 << l: a table, since SSE2 has no per-lane variable shift.
@@ -23,23 +22,10 @@ constexpr std::array<uint32_t, 32> kLaneBit = [] {
 }();
 
 template <Dtype D>
-void penalize_chunk(const PenaltyParams& p, int64_t row, int64_t state_row, int64_t begin,
-                    int64_t end) {
-  float value[kChunkColumns];
-  void* logits = penalty_logits_row(p, row);
-  const int32_t* prompt_mask = prompt_mask_row(p, state_row);
-  const int32_t* output_counts = output_counts_row(p, state_row);
-  const RowPenalties r = row_penalties(p, row);
-  for (int64_t first = begin; first < end; first += 32) {
-    const uint32_t bits = static_cast<uint32_t>(prompt_mask[first >> 5]);
-    const int lanes = end - first < 32 ? static_cast<int>(end - first) : 32;
-    float* v = value + (first - begin);
-    const int32_t* counts = output_counts + first;
-#pragma omp simd
-    for (int l = 0; l < lanes; ++l)
-      v[l] = penalized_logit(load_logit<D>(logits, first + l), (bits & kLaneBit[l]) != 0, counts[l], r);
-  }
-  add_row_biases(p, row, begin, end, value, nullptr);
+void penalize_chunk(const LogitsView& v, const RowPenalty& q, int64_t row, int64_t begin, int64_t end) {
+  float value[kPenaltySpan];
+  void* logits = logits_row(v, row);
+  penalize_span_cpu<D>(q, logits, begin, end, value, false);
   // Stored a cache line at a time, and only where a token changed: most tokens are neither
   // seen nor biased, and a line never written is never written back to memory.
   using Bits = LogitBits<D>;
@@ -60,18 +46,61 @@ void penalize_chunk(const PenaltyParams& p, int64_t row, int64_t state_row, int6
 
 }  // namespace
 
-void apply_penalties_cpu(const PenaltyParams& params, const ParallelFor& parallel_for) {
-  const int64_t chunks = (params.vocab + kChunkColumns - 1) / kChunkColumns;
+template <Dtype D>
+void penalize_span_cpu(const RowPenalty& q, const void* logits, int64_t begin, int64_t end, float* value,
+                       bool stored) {
+  bool penalised[kPenaltySpan / 32];  // per 32-token group: whether the formula ran on it
+  for (int64_t first = begin; first < end; first += 32) {
+    const uint32_t bits = static_cast<uint32_t>(q.prompt_mask[first >> 5]);
+    const int lanes = end - first < 32 ? static_cast<int>(end - first) : 32;
+    float* v = value + (first - begin);
+    const int32_t* counts = q.output_counts + first;
+    int32_t any_count = 0;
+#pragma omp simd reduction(| : any_count)
+    for (int l = 0; l < lanes; ++l) any_count |= counts[l];
+    penalised[(first - begin) >> 5] = (bits | static_cast<uint32_t>(any_count)) != 0;
+    if (!penalised[(first - begin) >> 5]) {  // nothing seen: the formula is x
+#pragma omp simd
+      for (int l = 0; l < lanes; ++l) v[l] = load_logit<D>(logits, first + l);
+      continue;
+    }
+#pragma omp simd
+    for (int l = 0; l < lanes; ++l)
+      v[l] = penalized_logit(load_logit<D>(logits, first + l), (bits & kLaneBit[l]) != 0, counts[l], q.values);
+  }
+  add_row_biases(q, begin, end, value, nullptr);
+  if (D == Dtype::Float32 || !stored) return;
+  // Rounded once each where the value may differ from the logit (stored_logit is idempotent,
+  // so a biased token of a penalised group may go through it twice).
+  for (int64_t first = begin; first < end; first += 32) {
+    if (!penalised[(first - begin) >> 5]) continue;
+    float* v = value + (first - begin);
+    const int lanes = end - first < 32 ? static_cast<int>(end - first) : 32;
+#pragma omp simd
+    for (int l = 0; l < lanes; ++l) v[l] = stored_logit<D>(v[l]);
+  }
+  for (int64_t k = 0; k < q.bias_width; ++k) {
+    const int64_t id = q.bias_ids[k];
+    if (id >= begin && id < end) value[id - begin] = stored_logit<D>(value[id - begin]);
+  }
+}
+
+template void penalize_span_cpu<Dtype::Float32>(const RowPenalty&, const void*, int64_t, int64_t, float*, bool);
+template void penalize_span_cpu<Dtype::Float16>(const RowPenalty&, const void*, int64_t, int64_t, float*, bool);
+template void penalize_span_cpu<Dtype::BFloat16>(const RowPenalty&, const void*, int64_t, int64_t, float*, bool);
+
+void apply_penalties_cpu(const LogitsView& logits, const Penalties& penalties, const ParallelFor& parallel_for) {
+  const int64_t chunks = (logits.vocab + kPenaltySpan - 1) / kPenaltySpan;
   if (chunks == 0) return;
-  dispatch_dtype(params.dtype, [&]<Dtype D>() {
-    parallel_for(0, params.rows * chunks, kMinItemsPerThread, [&](int64_t first, int64_t last) {
+  dispatch_dtype(logits.dtype, [&]<Dtype D>() {
+    parallel_for(0, logits.rows * chunks, kMinItemsPerThread, [&](int64_t first, int64_t last) {
       for (int64_t item = first; item < last; ++item) {
         const int64_t row = item / chunks;
-        const int64_t state_row = penalty_state_row(params, row);
-        if (!state_row_in_range(params, state_row)) continue;
-        const int64_t begin = (item - row * chunks) * kChunkColumns;
-        const int64_t end = begin + kChunkColumns < params.vocab ? begin + kChunkColumns : params.vocab;
-        penalize_chunk<D>(params, row, state_row, begin, end);
+        const RowPenalty q = row_penalty(penalties, row);
+        if (!q.enabled) continue;  // a state row outside the state
+        const int64_t begin = (item - row * chunks) * kPenaltySpan;
+        const int64_t end = begin + kPenaltySpan < logits.vocab ? begin + kPenaltySpan : logits.vocab;
+        penalize_chunk<D>(logits, q, row, begin, end);
       }
     });
   });

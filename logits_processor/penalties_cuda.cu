@@ -15,29 +15,26 @@ constexpr int kThreads = 256;
 constexpr int64_t kChunkColumns = 2048;
 
 template <Dtype D>
-__global__ void __launch_bounds__(kThreads) apply_penalties_kernel(PenaltyParams p, int64_t chunks) {
+__global__ void __launch_bounds__(kThreads) apply_penalties_kernel(LogitsView v, Penalties p, int64_t chunks) {
   __shared__ float value[kChunkColumns];
   __shared__ bool touched[kChunkColumns];
-  for (int64_t item = blockIdx.x; item < p.rows * chunks; item += gridDim.x) {
+  for (int64_t item = blockIdx.x; item < v.rows * chunks; item += gridDim.x) {
     const int64_t row = item / chunks;
-    const int64_t state_row = penalty_state_row(p, row);
-    if (!state_row_in_range(p, state_row)) continue;  // the same for the whole block
+    const RowPenalty q = row_penalty(p, row);
+    if (!q.enabled) continue;  // a state row outside the state: the same for the whole block
     const int64_t begin = (item - row * chunks) * kChunkColumns;
-    const int64_t n = begin + kChunkColumns < p.vocab ? kChunkColumns : p.vocab - begin;
-    void* logits = penalty_logits_row(p, row);
-    const RowPenalties r = row_penalties(p, row);
-    const int32_t* prompt_mask = prompt_mask_row(p, state_row);
-    const int32_t* output_counts = output_counts_row(p, state_row);
+    const int64_t n = begin + kChunkColumns < v.vocab ? kChunkColumns : v.vocab - begin;
+    void* logits = logits_row(v, row);
     for (int64_t j = threadIdx.x; j < n; j += kThreads) {
       const int64_t i = begin + j;
-      const bool in_prompt = token_allowed(prompt_mask, i);  // (the bitmask layout)
-      const int32_t count = output_counts[i];
-      value[j] = penalized_logit(load_logit<D>(logits, i), in_prompt, count, r);
+      const bool in_prompt = token_allowed(q.prompt_mask, i);  // (the bitmask layout)
+      const int32_t count = q.output_counts[i];
+      value[j] = penalized_logit(load_logit<D>(logits, i), in_prompt, count, q.values);
       touched[j] = token_seen(in_prompt, count);
     }
-    if (p.bias_width > 0) {
+    if (q.bias_width > 0) {
       __syncthreads();
-      if (threadIdx.x == 0) add_row_biases(p, row, begin, begin + n, value, touched);
+      if (threadIdx.x == 0) add_row_biases(q, begin, begin + n, value, touched);
       __syncthreads();
     }
     // (Without biases each thread reads back only what it wrote. With them, the next item's
@@ -65,14 +62,14 @@ __global__ void count_tokens_kernel(TokenCountParams p) {
 
 }  // namespace
 
-void apply_penalties_cuda(const PenaltyParams& params, cudaStream_t stream) {
-  const int64_t chunks = (params.vocab + kChunkColumns - 1) / kChunkColumns;
-  const int64_t work = params.rows * chunks;
+void apply_penalties_cuda(const LogitsView& logits, const Penalties& penalties, cudaStream_t stream) {
+  const int64_t chunks = (logits.vocab + kChunkColumns - 1) / kChunkColumns;
+  const int64_t work = logits.rows * chunks;
   if (work == 0) return;
   const int64_t limit = resident_block_limit(8);
   const unsigned int blocks = static_cast<unsigned int>(work < limit ? work : limit);
-  dispatch_dtype(params.dtype, [&]<Dtype D>() {
-    launch_kernel("penalties", apply_penalties_kernel<D>, blocks, kThreads, stream, params, chunks);
+  dispatch_dtype(logits.dtype, [&]<Dtype D>() {
+    launch_kernel("penalties", apply_penalties_kernel<D>, blocks, kThreads, stream, logits, penalties, chunks);
   });
 }
 

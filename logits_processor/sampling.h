@@ -2,6 +2,8 @@
 // draw, one row at a time. Everything that decides a token is defined here, once, for the
 // CPU and the CUDA implementation; both then return the same token on the same input.
 //
+// With penalties (SamplingParams::penalties), x_i is the logit as apply_penalties_ would have
+// left it (penalties.h), computed as it is read.
 // For a row with scores s_i = x_i / T over the candidates (allowed by the bitmask, logit not
 // NaN and not -inf; +inf and overflow clamp to FLT_MAX):
 //   t_k    = the k-th largest score                                 (top_k in (0, n))
@@ -18,6 +20,7 @@
 #include "common.h"
 #include "dtype.h"
 #include "fast_math.h"
+#include "penalties.h"
 #include "philox.h"
 
 #include <memory>
@@ -40,12 +43,8 @@ struct LogprobsParams {
   int64_t* ranks;           // [rows], or null (token_logprobs)
 };
 
-struct SamplingParams {
-  const void* logits;
-  Dtype dtype;
-  int64_t rows;
-  int64_t vocab;
-  int64_t row_stride;  // in elements
+// The logits (LogitsView's fields: logits, dtype, rows, vocab, row_stride), only read.
+struct SamplingParams : LogitsView {
   // Each parameter is a per-row array, or nullptr and then the scalar beside it.
   const float* temperature;
   float temperature_value;
@@ -66,6 +65,9 @@ struct SamplingParams {
   int64_t bitmask_width;  // in words
   int64_t* out;  // the tokens drawn (null for token_logprobs, which draws none)
   LogprobsParams logprobs;
+  // Fused penalties (when enabled): each logit is read as apply_penalties_ would have left it
+  // (penalties.h), before the bitmask's and the filters' decisions; the logits are not written.
+  Penalties penalties;
 };
 
 // Fixed point of the masses: 2^32 keeps Z below 2^63 for any V < 2^31; top_p * Z is one
@@ -132,20 +134,23 @@ LP_HOST_DEVICE uint32_t allowed_word(const SamplingParams& p, const int32_t* bit
   return bitmask_row && (i >> 5) < p.bitmask_width ? static_cast<uint32_t>(bitmask_row[i >> 5]) : 0xffffffffu;
 }
 
-// Token i's value from its logit x and the bitmask word holding its bit: x, or -inf when it
-// is not a candidate (masked, NaN or -inf). Every read of a token goes through here, whether
-// its logit came alone (candidate_logit) or in a vector (the CUDA sampler's 16-byte loads).
-LP_HOST_DEVICE float candidate_from_logit(const SamplingParams& p, int64_t i, float x, uint32_t allowed) {
-  (void)p;  // (the row's parameters: what the read applies to a logit)
+// Token i's value from its logit x and the bitmask word holding its bit, as the sampler sees
+// it: -inf when it is not a candidate (masked, NaN or -inf); with penalties, the value
+// apply_penalties_ would have stored (penalised, biased and rounded to D). Every read of a
+// token goes through here, whether its logit came alone (candidate_logit) or in a vector
+// (the CUDA sampler's 16-byte loads).
+template <Dtype D>
+LP_HOST_DEVICE float candidate_from_logit(const RowPenalty& penalty, int64_t i, float x, uint32_t allowed) {
   if (!((allowed >> (i & 31)) & 1u)) return kNegInf;
+  if (penalty.enabled) x = penalized_token<D>(penalty, i, x);
   return x > kNegInf ? x : kNegInf;  // NaN fails the compare
 }
 
 // Token i's logit as float, or -inf when it is not a candidate.
 template <Dtype D>
-LP_HOST_DEVICE float candidate_logit(const SamplingParams& p, const void* row,
-                                     const int32_t* bitmask_row, int64_t i) {
-  return candidate_from_logit(p, i, load_logit<D>(row, i), allowed_word(p, bitmask_row, i));
+LP_HOST_DEVICE float candidate_logit(const SamplingParams& p, const void* row, const int32_t* bitmask_row,
+                                     const RowPenalty& penalty, int64_t i) {
+  return candidate_from_logit<D>(penalty, i, load_logit<D>(row, i), allowed_word(p, bitmask_row, i));
 }
 
 constexpr float kMaxFinite = 3.402823466e38f;

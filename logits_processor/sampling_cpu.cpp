@@ -1,6 +1,7 @@
 // CPU sampler: rows in parallel. It decides exactly what the CUDA sampler decides (see
 // sampling.h); only the way it finds the cutoffs differs. Each row's scores go once into a
-// float buffer (a vectorised loop), every later pass reads that buffer, and the cutoffs
+// float buffer (a vectorised loop; with penalties, the row is penalised into it first),
+// every later pass reads that buffer, and the cutoffs
 // come from a coarse 2048-bin histogram of the score keys followed by an exact selection
 // among the few candidates above the coarse bound. The log-probability ops then read the
 // same buffer (reloaded at temperature 1 for greedy and raw rows) for ln Z, the rank and
@@ -174,6 +175,24 @@ int64_t count_above(const float* __restrict scores, int64_t vocab, float s) {
   return count;
 }
 
+// A token's score from its logit x (greedy: x itself), -inf for a NaN or -inf logit.
+inline float row_score(float x, bool greedy, float temperature) {
+  const float s = greedy ? x : score(x, temperature);
+  return x > kNegInf ? s : kNegInf;  // NaN fails the compare
+}
+
+template <Dtype D>
+void score_logits(const void* logits, int64_t vocab, bool greedy, float temperature, float* __restrict scores) {
+#pragma omp simd
+  for (int64_t i = 0; i < vocab; ++i) scores[i] = row_score(load_logit<D>(logits, i), greedy, temperature);
+}
+
+// In place, from the logits as apply_penalties_ stores them (penalize_span_cpu).
+void score_values(float* __restrict scores, int64_t vocab, bool greedy, float temperature) {
+#pragma omp simd
+  for (int64_t i = 0; i < vocab; ++i) scores[i] = row_score(scores[i], greedy, temperature);
+}
+
 // Which scores a row's buffer holds: the draw's (greedy: the logits themselves, for the
 // argmax; sampling: x / T), or temperature 1 with the bitmask (a greedy row's processed
 // distribution, unfiltered) or without it (raw).
@@ -191,7 +210,8 @@ class RowSampler {
   RowSampler(const SamplingParams& p, int64_t row, Scratch& scratch)
       : RowSampler(p, row, row_params(p, row), scratch) {}
   RowSampler(const SamplingParams& p, int64_t row, const RowParams& r, Scratch& scratch)
-      : p_(p), row_(row), r_(r), scratch_(scratch), scores_(scratch.scores.data()) {}
+      : p_(p), row_(row), r_(r), penalty_(row_penalty(p.penalties, row)), scratch_(scratch),
+        scores_(scratch.scores.data()) {}
 
   // The token `sample` returns.
   int64_t sample() {
@@ -317,16 +337,21 @@ class RowSampler {
     return static_cast<int64_t>(top.size());
   }
 
-  // Scores for `mode`; -inf for a token that is not a candidate.
+  // Scores for `mode`; -inf for a token that is not a candidate. With penalties (not raw),
+  // each chunk of the row is first penalised into the buffer (penalize_span_cpu, which adds
+  // the biases in list order), then scored from the values apply_penalties_ would store.
   void load_scores(Scores mode) {
     const void* logits = row_logits(p_, row_);
     const bool greedy = mode == Scores::Greedy;
     const float temperature = mode == Scores::Sampling ? r_.temperature : 1.0f;
-#pragma omp simd
-    for (int64_t i = 0; i < p_.vocab; ++i) {
-      const float x = load_logit<D>(logits, i);
-      const float s = greedy ? x : score(x, temperature);
-      scores_[i] = x > kNegInf ? s : kNegInf;  // NaN fails the compare
+    if (penalty_.enabled && mode != Scores::Raw) {
+      for (int64_t begin = 0; begin < p_.vocab; begin += kPenaltySpan) {  // scored while in L1
+        const int64_t end = std::min(begin + kPenaltySpan, p_.vocab);
+        penalize_span_cpu<D>(penalty_, logits, begin, end, scores_ + begin, true);
+        score_values(scores_ + begin, end - begin, greedy, temperature);
+      }
+    } else {
+      score_logits<D>(logits, p_.vocab, greedy, temperature, scores_);
     }
     const int32_t* bitmask = row_bitmask(p_, row_);
     if (!bitmask || mode == Scores::Raw) return;
@@ -460,6 +485,7 @@ class RowSampler {
   const SamplingParams& p_;
   const int64_t row_;
   const RowParams r_;
+  const RowPenalty penalty_;
   Scratch& scratch_;
   float* scores_;
   float s_max_ = 0.0f;

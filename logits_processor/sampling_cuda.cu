@@ -87,6 +87,7 @@ struct SharedState {
   uint64_t above;
   int bin;
   uint64_t top[kTopChunk];  // a chunk of the top-N log-probabilities' tokens, packed
+  uint32_t bias_filter[kBiasFilterWords];  // the row's logit bias ids (penalties.h)
 };
 
 // Block-wide reductions whose result every thread gets.
@@ -257,12 +258,30 @@ struct Draw {
   uint64_t winner;  // packed, kNoToken if no candidate
 };
 
+// Row `row`'s penalties, with the filter of its bias ids built in shared memory by the whole
+// block (every thread calls this with the same row).
+__device__ RowPenalty block_row_penalty(const SamplingParams& p, int64_t row, SharedState& sh) {
+  RowPenalty q = row_penalty(p.penalties, row);
+  if (!q.enabled || q.bias_width == 0) return q;  // (the same for the whole block)
+  __syncthreads();  // every thread is done with the previous row's filter
+  for (int w = threadIdx.x; w < kBiasFilterWords; w += kThreads) sh.bias_filter[w] = 0;
+  __syncthreads();
+  for (int64_t k = threadIdx.x; k < q.bias_width; k += kThreads) {
+    const int64_t id = q.bias_ids[k];
+    if (id >= 0) atomicOr(&sh.bias_filter[(id >> 5) & (kBiasFilterWords - 1)], 1u << (id & 31));
+  }
+  __syncthreads();
+  q.bias_filter = sh.bias_filter;
+  return q;
+}
+
 template <Dtype D>
 struct Row {
   const SamplingParams& p;
   RowParams r;
   const void* logits;
   const int32_t* bitmask;
+  RowPenalty penalty;
   float s_max;
   uint32_t threshold;  // the kept set's, once `cut` ran
   uint32_t* staged_words;  // the block's SharedState::staged_words
@@ -307,12 +326,12 @@ struct Row {
   __device__ void logits_in(int64_t begin, int64_t end, Word&& word, F&& f) const {
     for_each_aligned<dtype_size(D)>(
         static_cast<const char*>(logits), begin, end,
-        [&](int64_t i) { f(i, candidate_from_logit(p, i, load_logit<D>(logits, i), word(i))); },
+        [&](int64_t i) { f(i, candidate_from_logit<D>(penalty, i, load_logit<D>(logits, i), word(i))); },
         [&](int64_t first, const uint4& v) {
           // (Not unrolled: f can be large, the Gumbel noise's Philox calls among it.)
 #pragma unroll 1
           for (int j = 0; j < kVector<D>; ++j)
-            f(first + j, candidate_from_logit(p, first + j, vector_logit<D>(v, j), word(first + j)));
+            f(first + j, candidate_from_logit<D>(penalty, first + j, vector_logit<D>(v, j), word(first + j)));
         });
   }
 
@@ -466,7 +485,7 @@ struct Row {
   // Token i's score if it is in the kept set {key >= threshold}, else -inf (i may be any id).
   __device__ float kept_score(int64_t i) const {
     if (i < 0 || i >= p.vocab) return kNegInf;
-    const float x = candidate_logit<D>(p, logits, bitmask, i);
+    const float x = candidate_logit<D>(p, logits, bitmask, penalty, i);
     if (!(x > kNegInf)) return kNegInf;
     const float s = score(x, r.temperature);
     return score_key(s) >= threshold ? s : kNegInf;
@@ -483,7 +502,7 @@ struct Row {
     d.r.top_k = 0;
     d.r.top_p = 1.0f;
     d.r.min_p = 0.0f;
-    if (raw) d.bitmask = nullptr;
+    if (raw) d.bitmask = nullptr, d.penalty.enabled = false;
     return d;
   }
 
@@ -638,7 +657,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Spli
   for (int64_t work = blockIdx.x; work < p.rows * split.splits; work += gridDim.x) {
     const int64_t row = work / split.splits;
     const int64_t chunk = work % split.splits;
-    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row), 0.0f, kNoKey, sh.staged_words};
+    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row),
+                   block_row_penalty(p, row, sh), 0.0f, kNoKey, sh.staged_words};
     if (split.splits == 1 || !sampler.single_pass()) {
       if (chunk != 0) continue;
       const int64_t token = sampler.sample(sh);
@@ -657,7 +677,8 @@ template <Dtype D>
 __global__ void __launch_bounds__(kThreads) logprobs_kernel(SamplingParams p) {
   __shared__ SharedState sh;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row), 0.0f, kNoKey, sh.staged_words};
+    Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row),
+                   block_row_penalty(p, row, sh), 0.0f, kNoKey, sh.staged_words};
     row_logprobs(p, sampler, row, sh);
   }
 }
@@ -717,7 +738,8 @@ template <Dtype D>
 __device__ int64_t position_token(const VerifyParams& v, int64_t b, int64_t position, int64_t draft,
                                   SharedState& sh) {
   const SamplingParams target = position_target(v, position);
-  Row<D> row{target, position_params(v, b, position), row_logits(target, b), row_bitmask(target, b), 0.0f, kNoKey, sh.staged_words};
+  Row<D> row{target, position_params(v, b, position), row_logits(target, b), row_bitmask(target, b),
+             RowPenalty{}, 0.0f, kNoKey, sh.staged_words};  // (verify_draft has no penalties)
   if (!v.draft_probs || row.r.greedy || position == row_draft_count(v, b)) return row.sample(sh);
   if (!row.cut(sh)) return -1;
   const float s_draft = row.kept_score(draft);

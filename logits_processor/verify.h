@@ -54,7 +54,7 @@ struct VerifyParams {
 // Position j of the target, as sample's parameters (its rows are the batch's rows).
 LP_HOST_DEVICE SamplingParams position_target(const VerifyParams& v, int64_t position) {
   SamplingParams p = v.target;
-  p.logits = static_cast<const char*>(p.logits) + position * v.logits_position_stride * dtype_size(p.dtype);
+  p.logits = static_cast<char*>(p.logits) + position * v.logits_position_stride * dtype_size(p.dtype);
   if (p.bitmask) p.bitmask += position * v.bitmask_position_stride;
   return p;
 }

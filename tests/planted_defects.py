@@ -80,6 +80,11 @@ DEFECTS: dict[str, tuple[str, Callable]] = {
     "sample-ignores-top_p": ("sample", _rerun_with(top_p=None, top_p_value=1.0)),
     "sample-ignores-min_p": ("sample", _rerun_with(min_p=None, min_p_value=0.0)),
     "sample-ignores-bitmask": ("sample", _rerun_with(bitmask=None)),
+    # The fused penalties dropped: sample as if called without penalties=.
+    "sample-ignores-penalties": ("sample", _rerun_with(
+        prompt_mask=None, output_counts=None, repetition_penalty=None, repetition_penalty_value=1.0,
+        frequency_penalty=None, frequency_penalty_value=0.0, presence_penalty=None, presence_penalty_value=0.0,
+        logit_bias_ids=None, logit_bias_values=None, penalty_rows=None)),
     "penalties-ignore-bias": ("apply_penalties_", _in_place_with(logit_bias_ids=None, logit_bias_values=None)),
     "penalties-ignore-frequency": ("apply_penalties_",
                                    _in_place_with(frequency_penalty=None, frequency_penalty_value=0.0)),

@@ -95,6 +95,18 @@ def penalties(logits=lambda t: t.logits, prompt_mask=lambda t: t.prompt_mask, ou
     return _op("apply_penalties_", logits, prompt_mask, output_counts, **kwargs)
 
 
+def fused(op: str = "sample", **kwargs) -> Callable:
+    """A sampler op with penalties=Penalties(...): the inputs' state and rows unless given."""
+    def call(lp, t):
+        fields = {"prompt_mask": t.prompt_mask, "output_counts": t.counts, "rows": t.state_rows}
+        fields |= {k: v(t) if callable(v) else v for k, v in kwargs.items()}
+        penalties = lp.Penalties(**fields)
+        if op == "token_logprobs":
+            return lp.token_logprobs(t.logits, t.ids, penalties=penalties)
+        return getattr(lp, op)(t.logits, penalties=penalties)
+    return call
+
+
 def count_update(output_counts=lambda t: t.counts, token_ids=lambda t: t.token_ids, **kwargs) -> Callable:
     kwargs.setdefault("rows", lambda t: t.state_rows)
     return _op("update_output_counts_", output_counts, token_ids, **kwargs)
@@ -364,6 +376,24 @@ def _penalty_cases() -> list[Case]:
          penalties(**bias | dict(logit_bias_values=lambda t: t.bias_ids))),
         ("penalties-logit_bias_values-meta-device", "logit_bias_values",
          penalties(**bias | dict(logit_bias_values=lambda t: t.bias_values.to("meta")))),
+        # the sampler ops' fused penalties: the same validation as apply_penalties_
+        ("fused-prompt_mask-too-narrow", "prompt_mask", fused(prompt_mask=lambda t: t.prompt_mask[:, :1])),
+        ("fused-prompt_mask-meta-device", "prompt_mask", fused(prompt_mask=lambda t: t.prompt_mask.to("meta"))),
+        ("fused-output_counts-wrong-width", "output_counts", fused(output_counts=lambda t: t.counts[:, 1:])),
+        ("fused-output_counts-rows-unmapped", "output_counts", fused(rows=None)),
+        ("fused-rows-past-state", "rows", fused(rows=[0, 1, 2, B + 2])),
+        ("fused-rows-negative", "rows", fused("sample_with_logprobs", rows=[0, 1, -1, 2])),
+        ("fused-repetition_penalty-zero", "repetition_penalty", fused(repetition_penalty=0.0)),
+        ("fused-repetition_penalty-rows-nan", "repetition_penalty",
+         fused("token_logprobs", repetition_penalty=lambda t: t.row_f32 + torch.tensor([0.0, 0.0, nan, 0.0]))),
+        ("fused-frequency_penalty-nan", "frequency_penalty", fused("sample_with_logprobs", frequency_penalty=nan)),
+        ("fused-presence_penalty-rows-wrong-length", "presence_penalty",
+         fused(presence_penalty=lambda t: t.row_f32[:3])),
+        ("fused-logit_bias_ids-past-vocab", "logit_bias_ids",
+         fused(**bias | dict(logit_bias_ids=lambda t: t.bias_ids + torch.tensor([[0, 0], [1, 0], [0, 0], [0, 0]])))),
+        ("fused-logit_bias_ids-alone", "logit_bias_values", fused(logit_bias_ids=lambda t: t.bias_ids)),
+        ("fused-logit_bias_values-nan", "logit_bias_values", fused(
+            "token_logprobs", **bias | dict(logit_bias_values=lambda t: t.bias_values + torch.tensor([[0.0, nan]] * B)))),
         # update_output_counts_
         ("counts-output_counts-int64", "output_counts", count_update(output_counts=lambda t: t.counts.long())),
         ("counts-output_counts-1d", "output_counts", count_update(output_counts=lambda t: t.counts[0])),

@@ -2,8 +2,10 @@
 
 apply_penalties_ must equal tests/reference.py's penalties_reference bit for bit (NaN logits
 compare as NaN: their payload is not part of the semantics); the state helpers must equal
-bincounts and packed presence bits. The emulation tests run the same calls through the CUDA
-kernels, emulated, and require the CPU's bits.
+bincounts and packed presence bits. The fused sampler ops (`penalties=`) must equal the same
+ops on the reference's penalised logits, token for token and logprob for logprob, and leave
+the logits alone. The emulation tests run the same calls through the CUDA kernels, emulated,
+and require the CPU's bits and tokens.
 """
 
 from __future__ import annotations
@@ -224,6 +226,7 @@ def test_decode_loop_equals_reference_loop(lp):
 
 
 def test_opcheck_and_compile(lp):
+    """The ops, the fused sampler ops included, under opcheck and torch.compile(fullgraph=True)."""
     g = torch.Generator().manual_seed(16)
     ops = lp._ops.ops
     logits = torch.randn(4, 300, generator=g)
@@ -253,6 +256,167 @@ def test_opcheck_and_compile(lp):
     lp.update_output_counts_(eager_counts, expected, rows=rows)
     assert torch.equal(step(logits, prompt_mask, counts, repetition, rows, torch.full((4,), 5)), expected)
     assert torch.equal(counts, eager_counts)
+
+    # the fused ops
+    penalty_args = (prompt_mask, counts, torch.rand(4) + 0.5, 1.0, None, 0.2, torch.rand(4), 0.0,
+                    bias["logit_bias_ids"], bias["logit_bias_values"], rows)
+    bitmask = random_bitmask(4, 300, g, "mixed")
+    filter_args = (torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0)
+    torch.library.opcheck(ops.sample, (logits, *filter_args, torch.arange(4), 0, None, 3, bitmask, *penalty_args,
+                                       torch.empty(4, dtype=torch.int64)))
+    outs = (torch.empty(4, dtype=torch.int64), torch.empty(4, 3), torch.empty(4, 3, dtype=torch.int64),
+            torch.empty(4, dtype=torch.int64))
+    torch.library.opcheck(ops.sample_with_logprobs, (logits, *filter_args, torch.arange(4), 0, None, 3, bitmask,
+                                                     *penalty_args, 2, "processed", *outs))
+    torch.library.opcheck(ops.token_logprobs, (logits, torch.randint(0, 300, (4,), generator=g), *filter_args, bitmask,
+                                               *penalty_args, "processed", torch.empty(4)))
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def fused_step(x, prompt_mask, counts, repetition, rows, offset):
+        penalties = lp.Penalties(prompt_mask, counts, repetition, 0.1, 0.2, rows=rows, **bias)
+        result = lp.sample_with_logprobs(x, temperature=0.7, top_k=20, seed=3, offset=offset, penalties=penalties,
+                                         num_logprobs=2)
+        lp.update_output_counts_(counts, result.tokens, rows=rows)
+        return result
+
+    eager_counts = counts.clone()
+    x = lp.apply_penalties_(logits.clone(), prompt_mask, eager_counts, repetition, 0.1, 0.2, rows=rows, **bias)
+    expected = lp.sample_with_logprobs(x, temperature=0.7, top_k=20, seed=3, offset=torch.full((4,), 5), num_logprobs=2)
+    lp.update_output_counts_(eager_counts, expected.tokens, rows=rows)
+    compiled = fused_step(logits, prompt_mask, counts, repetition, rows, torch.full((4,), 5))
+    assert all(torch.equal(a, b) for a, b in zip(compiled, expected))
+    assert torch.equal(counts, eager_counts)
+
+
+# --- fused into the sampler ops --------------------------------------------------------------
+
+# The sampler paths the fused tests cycle through (greedy, the single-pass draw, filters).
+FUSED_SAMPLING = [dict(temperature=0.0), dict(temperature=0.8),
+                  dict(temperature=0.9, top_k=20, top_p=0.9), dict(temperature=1.1, top_p=0.8, min_p=0.05)]
+
+
+def fused_cases(rows: int, vocab: int, dtype: torch.dtype, g: torch.Generator, combinations=COMBINATIONS,
+                bias_width: int = 6):
+    """(logits, prompt_mask, counts, penalty kwargs, sampler kwargs) for each combination of the
+    penalties and the bias, numbers or per-row tensors, with or without rows, a sampler path and
+    a bitmask (or none) each."""
+    for i, combination in enumerate(combinations):
+        logits, prompt_mask, counts, kwargs = penalty_case(rows, vocab, dtype, combination[:3] + (False,),
+                                                           i % 2 == 0, i % 3 == 0, g)
+        if combination[3]:
+            kwargs.update(random_bias(rows, vocab, g, width=bias_width))
+        sampling = dict(FUSED_SAMPLING[i % len(FUSED_SAMPLING)], seed=torch.randint(0, 2**40, (rows,), generator=g),
+                        offset=i)
+        if i % 4 < 2:
+            sampling["bitmask"] = random_bitmask(rows, vocab, g, "mixed")
+        yield logits, prompt_mask, counts, kwargs, sampling
+
+
+def filters(sampling: dict) -> dict:
+    """The arguments token_logprobs takes of a sample call's."""
+    return {k: v for k, v in sampling.items() if k not in ("seed", "offset")}
+
+
+def raw_ranks(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """1 + the tokens strictly above each row's token in the logits as given (NaN as -inf, +inf as
+    the largest float); 0 where the token is -1."""
+    x = logits.float().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float32).max)
+    mine = x.gather(1, tokens.clamp(min=0).unsqueeze(1))
+    return torch.where(tokens >= 0, 1 + (x > mine).sum(1), 0)
+
+
+def check_fused(lp, logits, prompt_mask, counts, kwargs, sampling, context, expected_lp=None) -> None:
+    """sample, sample_with_logprobs (processed and raw) and token_logprobs with penalties= against
+    the same ops (of expected_lp, default lp) on the reference's penalised logits; the logits unchanged."""
+    expected_lp = expected_lp or lp
+    before = logits.clone()
+    penalised = penalties_reference(logits, prompt_mask, counts, **kwargs)
+    penalties = lp.Penalties(prompt_mask, counts, **kwargs)
+    tokens = lp.sample(logits, **sampling, penalties=penalties)
+    assert torch.equal(tokens, expected_lp.sample(penalised, **sampling)), context
+    got = lp.sample_with_logprobs(logits, **sampling, penalties=penalties, num_logprobs=3)
+    expected = expected_lp.sample_with_logprobs(penalised, **sampling, num_logprobs=3)
+    for name, a, b in zip(got._fields, got, expected):
+        assert torch.equal(bits(a), bits(b)), (context, name)
+    got_lp = lp.token_logprobs(logits, tokens, **filters(sampling), penalties=penalties)
+    assert torch.equal(bits(got_lp), bits(expected.logprobs[:, 0])), context
+    # raw: the tokens are the penalised draw's, the log-probabilities those of the logits as given
+    raw = lp.sample_with_logprobs(logits, **sampling, penalties=penalties, num_logprobs=3, logprobs_mode="raw")
+    unpenalised = expected_lp.sample_with_logprobs(logits, **sampling, num_logprobs=3, logprobs_mode="raw")
+    assert torch.equal(raw.tokens, tokens), context
+    given = expected_lp.token_logprobs(logits, tokens, logprobs_mode="raw")
+    assert torch.equal(bits(raw.logprobs[:, 0]), bits(given)), context
+    assert torch.equal(bits(raw.logprobs[:, 1:]), bits(unpenalised.logprobs[:, 1:])), context
+    assert torch.equal(raw.logprob_token_ids[:, 1:], unpenalised.logprob_token_ids[:, 1:]), context
+    assert torch.equal(raw.ranks, raw_ranks(logits, tokens)), context
+    assert torch.equal(bits(logits), bits(before)), context
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [33, 4097, 10007])
+def test_fused_equals_unfused(lp, dtype, vocab):
+    """Every combination of the penalties and the bias, per-row or not, rows mapped or not, V not
+    a multiple of 32, each sampler path, with and without a bitmask: the fused ops equal the
+    unfused ones on the reference's penalised logits, bit for bit (16-bit logits: the penalised
+    value rounded to the dtype, as apply_penalties_ stores it)."""
+    g = torch.Generator().manual_seed(20 + vocab)
+    for case in fused_cases(6, vocab, dtype, g):
+        check_fused(lp, *case, context=(dtype, vocab, case[3].keys(), case[4].keys()))
+
+
+def test_fused_bias_lists_longer_than_the_filter(lp):
+    """Long bias lists (ids repeated and colliding in any filter), added in list order."""
+    g = torch.Generator().manual_seed(21)
+    for logits, prompt_mask, counts, kwargs, sampling in fused_cases(3, 5000, torch.bfloat16, g, COMBINATIONS[1::2],
+                                                                     bias_width=3000):
+        kwargs["logit_bias_ids"][:, 100:200] = kwargs["logit_bias_ids"][:, :1]
+        kwargs["logit_bias_values"][:, :300] = 0.1
+        check_fused(lp, logits, prompt_mask, counts, kwargs, sampling, context=sampling.keys())
+
+
+def fused_decode_loop(lp, device: str, steps: int = 50) -> None:
+    """`steps` decode steps with fused penalties (sample + update_output_counts_, the calls a CUDA
+    graph captures) on `device`, against a CPU loop that applies apply_penalties_ to a clone and
+    samples: the same tokens every step, and the same counts at the end."""
+    g = torch.Generator().manual_seed(22)
+    slots, vocab = 6, 3000
+    rows = torch.tensor([4, 0, 2, 5])
+    prompts = torch.randint(-1, vocab, (slots, 40), generator=g)
+    generated = torch.randint(-1, vocab, (slots, 10), generator=g)
+    state = lp.penalty_state_from_tokens(prompts.to(device), generated.to(device), vocab)
+    reference_state = lp.penalty_state_from_tokens(prompts, generated, vocab)
+    params = dict(repetition_penalty=torch.tensor([1.2, 1.0, 0.8, 1.5]), frequency_penalty=0.3,
+                  presence_penalty=torch.tensor([0.0, 0.5, -0.2, 1.0]), **random_bias(4, vocab, g, width=3))
+    penalties = lp.Penalties(*state, **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in params.items()},
+                             rows=rows.to(device))
+    sampling = dict(temperature=0.8, top_p=0.95, seed=torch.tensor([3, 1, 4, 1]))
+    device_sampling = dict(sampling, seed=sampling["seed"].to(device))
+    for step in range(steps):
+        logits = (torch.randn(4, vocab, generator=g) * 2).to(torch.bfloat16 if step % 2 else torch.float32)
+        if step == 7:
+            logits[1] = float("-inf")  # no candidate: the row samples -1, which counts nothing
+        tokens = lp.sample(logits.to(device, copy=True), offset=step, **device_sampling, penalties=penalties)
+        lp.update_output_counts_(state.output_counts, tokens, rows=penalties.rows)
+        work = lp.apply_penalties_(logits.clone(), *reference_state, rows=rows, **params)
+        expected = lp.sample(work, offset=step, **sampling)
+        lp.update_output_counts_(reference_state.output_counts, expected, rows=rows)
+        assert torch.equal(tokens.cpu(), expected), step
+    assert torch.equal(state.output_counts.cpu(), reference_state.output_counts)
+
+
+def test_fused_decode_loop_equals_unfused_loop(lp):
+    fused_decode_loop(lp, "cpu")
+
+
+def test_fused_penalties_without_state_rejected(lp):
+    """penalties must be a Penalties; the ops refuse penalty values without the state."""
+    logits = torch.randn(2, 40)
+    with pytest.raises(TypeError, match="^penalties must"):
+        lp.sample(logits, penalties=(torch.zeros(2, 2, dtype=torch.int32), torch.zeros(2, 40, dtype=torch.int32)))
+    no_state = (None, None, None, 1.5, None, 0.0, None, 0.0, None, None, None)
+    with pytest.raises(RuntimeError, match="^penalties need their state"):
+        lp._ops.ops.sample(logits, None, 1.0, None, 0, None, 1.0, None, 0.0, None, 0, None, 0, None, *no_state,
+                           torch.empty(2, dtype=torch.int64))
 
 
 # --- the CUDA kernels, emulated ----------------------------------------------------------------
@@ -293,6 +457,31 @@ def test_emulated_cuda_state_helpers_equal_cpu(emulation, lp_cpu):
     emulation.lp.update_output_counts_(state.output_counts, ids, rows=rows)
     lp_cpu.update_output_counts_(expected.output_counts, ids, rows=rows)
     assert torch.equal(state.output_counts, expected.output_counts)
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
+@pytest.mark.parametrize("dtype", DTYPES)
+# (3, 20000) on 132 SMs: rows split over blocks (the single-pass paths), each building its filter.
+@pytest.mark.parametrize("rows,vocab", [(5, 33), (2, 9001)] if SANITIZED else [(7, 33), (4, 4097), (2, 20000)])
+def test_emulated_cuda_fused_equals_cpu(emulation, lp_cpu, sms, dtype, rows, vocab):
+    """The CUDA sampler kernels' fused penalties (per token, the biases behind the shared-memory
+    filter: 60 ids, so some share a filter bit) against the CPU's unfused ops on the reference's
+    penalised logits. Each (dtype, shape) takes a quarter of the combinations; together they
+    cover all of them."""
+    g = torch.Generator().manual_seed(rows * vocab + sms + 1)
+    combinations = COMBINATIONS[DTYPES.index(dtype) + (vocab % 2)::4]
+    with emulation.gpu(sms) as lp:
+        for case in fused_cases(rows, vocab, dtype, g, combinations, bias_width=60):
+            before = emulation.launches()
+            check_fused(lp, *case, context=(case[3].keys(), case[4].keys()), expected_lp=lp_cpu)
+            assert emulation.launches() > before, "the op did not launch an emulated kernel"
+
+
+@pytest.mark.emulation
+def test_emulated_cuda_fused_decode_loop(emulation):
+    with emulation.gpu(8):
+        fused_decode_loop(emulation.lp, "cpu", steps=10 if SANITIZED else 50)
 
 
 # --- CUDA only ---------------------------------------------------------------------------------
@@ -368,3 +557,30 @@ def test_cuda_graph_decode_step_with_penalties(lp):
         lp.update_output_counts_(state_cpu.output_counts, expected, rows=rows)
         assert torch.equal(out.cpu(), expected), step_index
     assert torch.equal(state.output_counts.cpu(), state_cpu.output_counts)
+
+
+def on_device(value, device: str):
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_fused_equals_cpu_unfused(lp, dtype):
+    """On the GPU, the fused ops return the CPU's unfused results on the reference's penalised
+    logits: tokens and log-probabilities."""
+    g = torch.Generator().manual_seed(24)
+    for logits, prompt_mask, counts, kwargs, sampling in fused_cases(6, 40000, dtype, g, bias_width=60):
+        penalised = penalties_reference(logits, prompt_mask, counts, **kwargs)
+        penalties = lp.Penalties(prompt_mask.cuda(), counts.cuda(), **{k: on_device(v, "cuda") for k, v in kwargs.items()})
+        cuda_sampling = {k: on_device(v, "cuda") for k, v in sampling.items()}
+        got = lp.sample_with_logprobs(logits.cuda(), **cuda_sampling, penalties=penalties, num_logprobs=3)
+        expected = lp.sample_with_logprobs(penalised, **sampling, num_logprobs=3)
+        for name, a, b in zip(got._fields, got, expected):
+            assert torch.equal(a.cpu(), b), (name, kwargs.keys(), sampling.keys())
+        assert torch.equal(lp.sample(logits.cuda(), **cuda_sampling, penalties=penalties).cpu(), expected.tokens)
+
+
+@requires_cuda
+def test_cuda_fused_decode_loop(lp):
+    fused_decode_loop(lp, "cuda")
+

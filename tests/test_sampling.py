@@ -263,7 +263,9 @@ def test_opcheck_and_compile(lp):
     logits = torch.randn(4, 300, generator=g)
     bitmask = random_bitmask(4, 300, g, "mixed")
     out = torch.empty(4, dtype=torch.int64)
-    args = (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, torch.arange(4), 0, None, 3, bitmask, out)
+    no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, None)
+    args = (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, torch.arange(4), 0, None, 3, bitmask,
+            *no_penalties, out)
     torch.library.opcheck(lp._ops.ops.sample, args)
 
     @torch.compile(fullgraph=True, backend="aot_eager")

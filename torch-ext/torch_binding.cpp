@@ -175,6 +175,11 @@ lp::Dtype kernel_dtype(ScalarType dtype) {
   return lp::Dtype::Float32;
 }
 
+// The logits as the kernels see them (checked by the caller).
+lp::LogitsView logits_view(const Tensor& logits, const RowView& lv) {
+  return {logits.data_ptr(), kernel_dtype(logits.scalar_type()), lv.rows, lv.width, lv.row_stride};
+}
+
 #if defined(LP_CUDA_EMULATION)
 // The CUDA emulation build (tests/cuda_emulation/) runs the CUDA kernels, emulated, on CPU
 // tensors: everything from validation to the launch is this file's CUDA path.
@@ -353,196 +358,7 @@ void apply_packed_bitmask(const Tensor& logits, const Tensor& bitmask, double fi
   run_bitmask(p, logits);
 }
 
-namespace {
-
-// A sampler call's parameters, validated, with the per-row tensors converted to the kernel's
-// dtypes (held here for the duration of the call).
-struct SamplingCall {
-  lp::SamplingParams params{};
-  std::optional<Tensor> temperature, top_k, top_p, min_p, seed, offset;
-};
-
-// Validation shared by the sampler ops: everything but their outputs.
-SamplingCall sampling_call(const Tensor& logits, const std::optional<Tensor>& temperature,
-                           double temperature_value, const std::optional<Tensor>& top_k,
-                           int64_t top_k_value, const std::optional<Tensor>& top_p,
-                           double top_p_value, const std::optional<Tensor>& min_p,
-                           double min_p_value, const std::optional<Tensor>& seed,
-                           int64_t seed_value, const std::optional<Tensor>& offset,
-                           int64_t offset_value, const std::optional<Tensor>& bitmask) {
-  check_logits_dtype(logits, "logits");
-  check_device_supported(logits, "logits");
-  CHECK_ARG(logits.dim() == 2, "logits must be 2-D [batch, vocab], got ", logits.dim(), "-D");
-  const RowView lv = row_view(logits, "logits");
-  CHECK_ARG(lv.width < (int64_t{1} << 31), "logits: vocab must be below 2^31, got ", lv.width);
-  CHECK_ARG(!std::isnan(temperature_value), "temperature must not be NaN");
-  CHECK_ARG(top_p_value >= 0.0 && top_p_value <= 1.0, "top_p must be in [0, 1], got ",
-            top_p_value);
-  CHECK_ARG(min_p_value <= 1.0, "min_p must be at most 1 (0 or less disables it), got ",
-            min_p_value);
-
-  SamplingCall call;
-  const auto param = [&](const std::optional<Tensor>& t, const char* name, ScalarType dtype) {
-    return t.has_value() ? std::optional(row_parameter(*t, logits, name, dtype)) : std::nullopt;
-  };
-  call.temperature = param(temperature, "temperature", ScalarType::Float);
-  call.top_k = param(top_k, "top_k", ScalarType::Long);
-  call.top_p = param(top_p, "top_p", ScalarType::Float);
-  call.min_p = param(min_p, "min_p", ScalarType::Float);
-  call.seed = param(seed, "seed", ScalarType::Long);
-  call.offset = param(offset, "offset", ScalarType::Long);
-
-  lp::SamplingParams& p = call.params;
-  if (bitmask.has_value()) {
-    const Tensor& m = *bitmask;
-    CHECK_ARG(m.scalar_type() == ScalarType::Int, "bitmask must be int32, got ", m.scalar_type());
-    CHECK_ARG(m.device() == logits.device(), "bitmask must be on the logits' device (",
-              device_name(logits.device()), "), got ", device_name(m.device()));
-    CHECK_ARG(m.dim() == 2, "bitmask must be 2-D [batch, words], got ", m.dim(), "-D");
-    const RowView bv = row_view(m, "bitmask");
-    CHECK_ARG(bv.rows >= lv.rows, "bitmask has ", bv.rows, " rows but logits has ", lv.rows);
-    p.bitmask = m.const_data_ptr<int32_t>();
-    p.bitmask_row_stride = bv.row_stride;
-    p.bitmask_width = bv.width;
-  }
-  p.logits = logits.data_ptr();
-  p.dtype = kernel_dtype(logits.scalar_type());
-  p.rows = lv.rows;
-  p.vocab = lv.width;
-  p.row_stride = lv.row_stride;
-  p.temperature = optional_data<float>(call.temperature);
-  p.temperature_value = static_cast<float>(temperature_value);
-  p.top_k = optional_data<int64_t>(call.top_k);
-  p.top_k_value = top_k_value;
-  p.top_p = optional_data<float>(call.top_p);
-  p.top_p_value = static_cast<float>(top_p_value);
-  p.min_p = optional_data<float>(call.min_p);
-  p.min_p_value = static_cast<float>(min_p_value);
-  p.seed = optional_data<int64_t>(call.seed);
-  p.seed_value = seed_value;
-  p.offset = optional_data<int64_t>(call.offset);
-  p.offset_value = offset_value;
-  return call;
-}
-
-// An output of the sampler ops: dtype, device, and contiguous of shape [rows] (columns < 0)
-// or [rows, columns].
-void check_output(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype,
-                  int64_t columns = -1) {
-  CHECK_ARG(t.scalar_type() == dtype, name, " must be ",
-            dtype == ScalarType::Long ? "int64" : "float32", ", got ", t.scalar_type());
-  CHECK_ARG(t.device() == logits.device(), name, " must be on the logits' device (",
-            device_name(logits.device()), "), got ", device_name(t.device()));
-  const int64_t rows = logits.size(0);
-  if (columns < 0) {
-    CHECK_ARG(t.dim() == 1 && t.size(0) == rows && t.is_contiguous(), name,
-              " must be a contiguous 1-D tensor of length ", rows, ", got shape ",
-              shape_name(t.sizes()));
-  } else {
-    CHECK_ARG(t.dim() == 2 && t.size(0) == rows && t.size(1) == columns && t.is_contiguous(), name,
-              " must be a contiguous tensor of shape [", rows, ", ", columns, "], got shape ",
-              shape_name(t.sizes()));
-  }
-}
-
-// "raw" or "processed": whether the log-probabilities are the raw ones.
-bool raw_logprobs(const std::string& logprobs_mode) {
-  CHECK_ARG(logprobs_mode == "raw" || logprobs_mode == "processed",
-            "logprobs_mode must be 'raw' or 'processed', got '", logprobs_mode, "'");
-  return logprobs_mode == "raw";
-}
-
-void run_sampling(const lp::SamplingParams& p, const Tensor& logits) {
-  if (!uses_cuda_kernels(logits)) {
-    lp::sample_cpu(p, run_parallel_for);
-    return;
-  }
-#if defined(CUDA_KERNEL)
-  const CudaLaunchContext context(logits);
-  // Scratch for small batches comes from PyTorch's caching allocator: capture-safe. The
-  // log-probability ops take each row whole in one block (never split).
-  const int64_t splits = p.logprobs.enabled ? 1 : lp::sample_cuda_splits(p.rows, p.vocab);
-  std::optional<Tensor> partials, arrivals;
-  if (splits > 1) {
-    partials = torch::stable::new_empty(logits, {p.rows * splits}, ScalarType::Long);
-    arrivals = torch::stable::new_zeros(logits, {p.rows}, ScalarType::Int);
-  }
-  lp::sample_cuda(
-      p, splits,
-      partials ? reinterpret_cast<unsigned long long*>(partials->mutable_data_ptr<int64_t>()) : nullptr,
-      arrivals ? reinterpret_cast<unsigned int*>(arrivals->mutable_data_ptr<int32_t>()) : nullptr,
-      context.stream());
-#endif
-}
-
-}  // namespace
-
-void sample(const Tensor& logits, const std::optional<Tensor>& temperature,
-            double temperature_value, const std::optional<Tensor>& top_k, int64_t top_k_value,
-            const std::optional<Tensor>& top_p, double top_p_value,
-            const std::optional<Tensor>& min_p, double min_p_value,
-            const std::optional<Tensor>& seed, int64_t seed_value,
-            const std::optional<Tensor>& offset, int64_t offset_value,
-            const std::optional<Tensor>& bitmask, const Tensor& out) {
-  SamplingCall call = sampling_call(logits, temperature, temperature_value, top_k, top_k_value,
-                                    top_p, top_p_value, min_p, min_p_value, seed, seed_value,
-                                    offset, offset_value, bitmask);
-  check_output(out, logits, "out", ScalarType::Long);
-  call.params.out = out.mutable_data_ptr<int64_t>();
-  run_sampling(call.params, logits);
-}
-
-void sample_with_logprobs(const Tensor& logits, const std::optional<Tensor>& temperature,
-                          double temperature_value, const std::optional<Tensor>& top_k,
-                          int64_t top_k_value, const std::optional<Tensor>& top_p,
-                          double top_p_value, const std::optional<Tensor>& min_p,
-                          double min_p_value, const std::optional<Tensor>& seed,
-                          int64_t seed_value, const std::optional<Tensor>& offset,
-                          int64_t offset_value, const std::optional<Tensor>& bitmask,
-                          int64_t num_logprobs, const std::string& logprobs_mode,
-                          const Tensor& tokens, const Tensor& logprobs,
-                          const Tensor& logprob_token_ids, const Tensor& ranks) {
-  SamplingCall call = sampling_call(logits, temperature, temperature_value, top_k, top_k_value,
-                                    top_p, top_p_value, min_p, min_p_value, seed, seed_value,
-                                    offset, offset_value, bitmask);
-  CHECK_ARG(num_logprobs >= 0 && num_logprobs <= call.params.vocab,
-            "num_logprobs must be in [0, ", call.params.vocab, "] (the vocabulary), got ",
-            num_logprobs);
-  const bool raw = raw_logprobs(logprobs_mode);
-  check_output(tokens, logits, "tokens", ScalarType::Long);
-  check_output(logprobs, logits, "logprobs", ScalarType::Float, 1 + num_logprobs);
-  check_output(logprob_token_ids, logits, "logprob_token_ids", ScalarType::Long, 1 + num_logprobs);
-  check_output(ranks, logits, "ranks", ScalarType::Long);
-  lp::SamplingParams& p = call.params;
-  p.out = tokens.mutable_data_ptr<int64_t>();
-  p.logprobs = {true, raw, nullptr, num_logprobs, logprobs.mutable_data_ptr<float>(),
-                logprob_token_ids.mutable_data_ptr<int64_t>(), ranks.mutable_data_ptr<int64_t>()};
-  run_sampling(p, logits);
-}
-
-void token_logprobs(const Tensor& logits, const Tensor& token_ids,
-                    const std::optional<Tensor>& temperature, double temperature_value,
-                    const std::optional<Tensor>& top_k, int64_t top_k_value,
-                    const std::optional<Tensor>& top_p, double top_p_value,
-                    const std::optional<Tensor>& min_p, double min_p_value,
-                    const std::optional<Tensor>& bitmask, const std::string& logprobs_mode,
-                    const Tensor& out) {
-  SamplingCall call = sampling_call(logits, temperature, temperature_value, top_k, top_k_value,
-                                    top_p, top_p_value, min_p, min_p_value, std::nullopt, 0,
-                                    std::nullopt, 0, bitmask);
-  CHECK_ARG(token_ids.dim() == 1 && token_ids.size(0) == logits.size(0),
-            "token_ids must be a 1-D tensor of length ", logits.size(0), " (one per row), got shape ",
-            shape_name(token_ids.sizes()));
-  const Tensor ids = row_parameter(token_ids, logits, "token_ids", ScalarType::Long);
-  const bool raw = raw_logprobs(logprobs_mode);
-  check_output(out, logits, "out", ScalarType::Float);
-  lp::SamplingParams& p = call.params;
-  p.logprobs = {true, raw, ids.const_data_ptr<int64_t>(), 0, out.mutable_data_ptr<float>(),
-                nullptr, nullptr};
-  run_sampling(p, logits);
-}
-
-// --- penalties -------------------------------------------------------------------------------
+// --- penalties: checks shared by apply_penalties_, the state helpers and the fused sampler ops
 
 namespace {
 
@@ -662,20 +478,21 @@ void check_output_counts(const Tensor& output_counts, const RowView& counts) {
             counts.width);
 }
 
-}  // namespace
+// A call's penalties, validated against the logits (dtype, device, 2-D: the caller's checks),
+// with the per-row tensors converted to the kernels' dtypes (held here for the call).
+struct PenaltyCall {
+  lp::Penalties penalties{};
+  std::optional<Tensor> rows, repetition, frequency, presence, bias_values;
+};
 
-void apply_penalties(const Tensor& logits, const Tensor& prompt_mask, const Tensor& output_counts,
-                     const std::optional<Tensor>& repetition_penalty, double repetition_penalty_value,
-                     const std::optional<Tensor>& frequency_penalty, double frequency_penalty_value,
-                     const std::optional<Tensor>& presence_penalty, double presence_penalty_value,
-                     const std::optional<Tensor>& logit_bias_ids,
-                     const std::optional<Tensor>& logit_bias_values, const std::optional<Tensor>& rows) {
-  check_logits_dtype(logits, "logits");
-  check_device_supported(logits, "logits");
-  CHECK_ARG(logits.dim() == 2, "logits must be 2-D [batch, vocab], got ", logits.dim(), "-D");
+// Validation shared by apply_penalties_ and the sampler ops' fused penalties.
+PenaltyCall penalty_call(const Tensor& logits, const Tensor& prompt_mask, const Tensor& output_counts,
+                         const std::optional<Tensor>& repetition_penalty, double repetition_penalty_value,
+                         const std::optional<Tensor>& frequency_penalty, double frequency_penalty_value,
+                         const std::optional<Tensor>& presence_penalty, double presence_penalty_value,
+                         const std::optional<Tensor>& logit_bias_ids,
+                         const std::optional<Tensor>& logit_bias_values, const std::optional<Tensor>& rows) {
   const RowView lv = row_view(logits, "logits");
-  CHECK_ARG(!has_internal_overlap(logits),
-            "logits must not have overlapping rows (e.g. an expanded tensor)");
   const RowView mv = state_view(prompt_mask, logits, "logits", "prompt_mask");
   check_prompt_mask_width(mv, lv.width);
   const RowView cv = state_view(output_counts, logits, "logits", "output_counts");
@@ -683,16 +500,16 @@ void apply_penalties(const Tensor& logits, const Tensor& prompt_mask, const Tens
             " columns (the logits' width), got ", cv.width);
   CHECK_ARG(cv.rows == mv.rows, "output_counts must have as many rows as prompt_mask (", mv.rows,
             "), got ", cv.rows);
-  const std::optional<Tensor> rows_t = state_rows(rows, logits, "logits", lv.rows, "output_counts", cv.rows);
-  const std::optional<Tensor> repetition =
+  PenaltyCall call;
+  call.rows = state_rows(rows, logits, "logits", lv.rows, "output_counts", cv.rows);
+  call.repetition =
       penalty_parameter(repetition_penalty, repetition_penalty_value, logits, "repetition_penalty", true);
-  const std::optional<Tensor> frequency =
+  call.frequency =
       penalty_parameter(frequency_penalty, frequency_penalty_value, logits, "frequency_penalty", false);
-  const std::optional<Tensor> presence =
+  call.presence =
       penalty_parameter(presence_penalty, presence_penalty_value, logits, "presence_penalty", false);
 
-  lp::PenaltyParams p{};
-  std::optional<Tensor> bias_values;
+  lp::Penalties& p = call.penalties;
   if (logit_bias_ids.has_value() || logit_bias_values.has_value()) {
     CHECK_ARG(logit_bias_ids.has_value(), "logit_bias_ids must be given with logit_bias_values");
     CHECK_ARG(logit_bias_values.has_value(), "logit_bias_values must be given with logit_bias_ids");
@@ -715,41 +532,295 @@ void apply_penalties(const Tensor& logits, const Tensor& prompt_mask, const Tens
               device_name(logits.device()), "), got ", device_name(values.device()));
     CHECK_ARG(values.sizes().equals(ids.sizes()), "logit_bias_values must have the shape of logit_bias_ids ",
               shape_name(ids.sizes()), ", got ", shape_name(values.sizes()));
-    bias_values = torch::stable::contiguous(torch::stable::to(values, ScalarType::Float));
-    if (bias_values->is_cpu()) {
-      const std::optional<float> bad = first_value_failing(*bias_values, is_not_nan);
+    call.bias_values = torch::stable::contiguous(torch::stable::to(values, ScalarType::Float));
+    if (call.bias_values->is_cpu()) {
+      const std::optional<float> bad = first_value_failing(*call.bias_values, is_not_nan);
       CHECK_ARG(!bad.has_value(), "logit_bias_values must not be NaN");
     }
     p.bias_ids = ids.const_data_ptr<int64_t>();
     p.bias_ids_row_stride = iv.row_stride;
-    p.bias_values = bias_values->const_data_ptr<float>();
+    p.bias_values = call.bias_values->const_data_ptr<float>();
     p.bias_values_row_stride = iv.width;
     p.bias_width = iv.width;
   }
-  p.logits = logits.data_ptr();
-  p.dtype = kernel_dtype(logits.scalar_type());
-  p.rows = lv.rows;
-  p.vocab = lv.width;
-  p.row_stride = lv.row_stride;
+  p.enabled = true;
   p.prompt_mask = prompt_mask.const_data_ptr<int32_t>();
   p.prompt_mask_row_stride = mv.row_stride;
   p.output_counts = output_counts.const_data_ptr<int32_t>();
   p.output_counts_row_stride = cv.row_stride;
   p.state_rows = cv.rows;
-  p.state_row = optional_data<int64_t>(rows_t);
-  p.repetition = optional_data<float>(repetition);
+  p.state_row = optional_data<int64_t>(call.rows);
+  p.repetition = optional_data<float>(call.repetition);
   p.repetition_value = static_cast<float>(repetition_penalty_value);
-  p.frequency = optional_data<float>(frequency);
+  p.frequency = optional_data<float>(call.frequency);
   p.frequency_value = static_cast<float>(frequency_penalty_value);
-  p.presence = optional_data<float>(presence);
+  p.presence = optional_data<float>(call.presence);
   p.presence_value = static_cast<float>(presence_penalty_value);
+  return call;
+}
+
+}  // namespace
+
+namespace {
+
+// A sampler call's parameters, validated, with the per-row tensors converted to the kernel's
+// dtypes (held here for the duration of the call).
+struct SamplingCall {
+  lp::SamplingParams params{};
+  std::optional<Tensor> temperature, top_k, top_p, min_p, seed, offset;
+  PenaltyCall penalty;
+};
+
+// Validation shared by the sampler ops: everything but their outputs.
+SamplingCall sampling_call(const Tensor& logits, const std::optional<Tensor>& temperature,
+                           double temperature_value, const std::optional<Tensor>& top_k,
+                           int64_t top_k_value, const std::optional<Tensor>& top_p,
+                           double top_p_value, const std::optional<Tensor>& min_p,
+                           double min_p_value, const std::optional<Tensor>& seed,
+                           int64_t seed_value, const std::optional<Tensor>& offset,
+                           int64_t offset_value, const std::optional<Tensor>& bitmask) {
+  check_logits_dtype(logits, "logits");
+  check_device_supported(logits, "logits");
+  CHECK_ARG(logits.dim() == 2, "logits must be 2-D [batch, vocab], got ", logits.dim(), "-D");
+  const RowView lv = row_view(logits, "logits");
+  CHECK_ARG(lv.width < (int64_t{1} << 31), "logits: vocab must be below 2^31, got ", lv.width);
+  CHECK_ARG(!std::isnan(temperature_value), "temperature must not be NaN");
+  CHECK_ARG(top_p_value >= 0.0 && top_p_value <= 1.0, "top_p must be in [0, 1], got ",
+            top_p_value);
+  CHECK_ARG(min_p_value <= 1.0, "min_p must be at most 1 (0 or less disables it), got ",
+            min_p_value);
+
+  SamplingCall call;
+  const auto param = [&](const std::optional<Tensor>& t, const char* name, ScalarType dtype) {
+    return t.has_value() ? std::optional(row_parameter(*t, logits, name, dtype)) : std::nullopt;
+  };
+  call.temperature = param(temperature, "temperature", ScalarType::Float);
+  call.top_k = param(top_k, "top_k", ScalarType::Long);
+  call.top_p = param(top_p, "top_p", ScalarType::Float);
+  call.min_p = param(min_p, "min_p", ScalarType::Float);
+  call.seed = param(seed, "seed", ScalarType::Long);
+  call.offset = param(offset, "offset", ScalarType::Long);
+
+  lp::SamplingParams& p = call.params;
+  if (bitmask.has_value()) {
+    const Tensor& m = *bitmask;
+    CHECK_ARG(m.scalar_type() == ScalarType::Int, "bitmask must be int32, got ", m.scalar_type());
+    CHECK_ARG(m.device() == logits.device(), "bitmask must be on the logits' device (",
+              device_name(logits.device()), "), got ", device_name(m.device()));
+    CHECK_ARG(m.dim() == 2, "bitmask must be 2-D [batch, words], got ", m.dim(), "-D");
+    const RowView bv = row_view(m, "bitmask");
+    CHECK_ARG(bv.rows >= lv.rows, "bitmask has ", bv.rows, " rows but logits has ", lv.rows);
+    p.bitmask = m.const_data_ptr<int32_t>();
+    p.bitmask_row_stride = bv.row_stride;
+    p.bitmask_width = bv.width;
+  }
+  static_cast<lp::LogitsView&>(p) = logits_view(logits, lv);
+  p.temperature = optional_data<float>(call.temperature);
+  p.temperature_value = static_cast<float>(temperature_value);
+  p.top_k = optional_data<int64_t>(call.top_k);
+  p.top_k_value = top_k_value;
+  p.top_p = optional_data<float>(call.top_p);
+  p.top_p_value = static_cast<float>(top_p_value);
+  p.min_p = optional_data<float>(call.min_p);
+  p.min_p_value = static_cast<float>(min_p_value);
+  p.seed = optional_data<int64_t>(call.seed);
+  p.seed_value = seed_value;
+  p.offset = optional_data<int64_t>(call.offset);
+  p.offset_value = offset_value;
+  return call;
+}
+
+// The sampler ops' fused penalties (apply_penalties_'s arguments, `rows` named penalty_rows):
+// every one of them with the state (prompt_mask and output_counts), none without it.
+void add_penalties(SamplingCall& call, const Tensor& logits, const std::optional<Tensor>& prompt_mask, const std::optional<Tensor>& output_counts,
+                   const std::optional<Tensor>& repetition_penalty, double repetition_penalty_value,
+                   const std::optional<Tensor>& frequency_penalty, double frequency_penalty_value,
+                   const std::optional<Tensor>& presence_penalty, double presence_penalty_value,
+                   const std::optional<Tensor>& logit_bias_ids, const std::optional<Tensor>& logit_bias_values,
+                   const std::optional<Tensor>& penalty_rows) {
+  if (!prompt_mask.has_value() && !output_counts.has_value()) {
+    CHECK_ARG(!repetition_penalty.has_value() && repetition_penalty_value == 1.0 && !frequency_penalty.has_value() &&
+                  frequency_penalty_value == 0.0 && !presence_penalty.has_value() && presence_penalty_value == 0.0 &&
+                  !logit_bias_ids.has_value() && !logit_bias_values.has_value() && !penalty_rows.has_value(),
+              "penalties need their state: pass prompt_mask and output_counts");
+    return;
+  }
+  CHECK_ARG(prompt_mask.has_value(), "prompt_mask must be given with output_counts");
+  CHECK_ARG(output_counts.has_value(), "output_counts must be given with prompt_mask");
+  call.penalty = penalty_call(logits, *prompt_mask, *output_counts, repetition_penalty, repetition_penalty_value,
+                              frequency_penalty, frequency_penalty_value, presence_penalty, presence_penalty_value,
+                              logit_bias_ids, logit_bias_values, penalty_rows);
+  call.params.penalties = call.penalty.penalties;
+}
+
+// An output of the sampler ops: dtype, device, and contiguous of shape [rows] (columns < 0)
+// or [rows, columns].
+void check_output(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype,
+                  int64_t columns = -1) {
+  CHECK_ARG(t.scalar_type() == dtype, name, " must be ",
+            dtype == ScalarType::Long ? "int64" : "float32", ", got ", t.scalar_type());
+  CHECK_ARG(t.device() == logits.device(), name, " must be on the logits' device (",
+            device_name(logits.device()), "), got ", device_name(t.device()));
+  const int64_t rows = logits.size(0);
+  if (columns < 0) {
+    CHECK_ARG(t.dim() == 1 && t.size(0) == rows && t.is_contiguous(), name,
+              " must be a contiguous 1-D tensor of length ", rows, ", got shape ",
+              shape_name(t.sizes()));
+  } else {
+    CHECK_ARG(t.dim() == 2 && t.size(0) == rows && t.size(1) == columns && t.is_contiguous(), name,
+              " must be a contiguous tensor of shape [", rows, ", ", columns, "], got shape ",
+              shape_name(t.sizes()));
+  }
+}
+
+// "raw" or "processed": whether the log-probabilities are the raw ones.
+bool raw_logprobs(const std::string& logprobs_mode) {
+  CHECK_ARG(logprobs_mode == "raw" || logprobs_mode == "processed",
+            "logprobs_mode must be 'raw' or 'processed', got '", logprobs_mode, "'");
+  return logprobs_mode == "raw";
+}
+
+void run_sampling(const lp::SamplingParams& p, const Tensor& logits) {
   if (!uses_cuda_kernels(logits)) {
-    lp::apply_penalties_cpu(p, run_parallel_for);
+    lp::sample_cpu(p, run_parallel_for);
     return;
   }
 #if defined(CUDA_KERNEL)
   const CudaLaunchContext context(logits);
-  lp::apply_penalties_cuda(p, context.stream());
+  // Scratch for small batches comes from PyTorch's caching allocator: capture-safe. The
+  // log-probability ops take each row whole in one block (never split).
+  const int64_t splits = p.logprobs.enabled ? 1 : lp::sample_cuda_splits(p.rows, p.vocab);
+  std::optional<Tensor> partials, arrivals;
+  if (splits > 1) {
+    partials = torch::stable::new_empty(logits, {p.rows * splits}, ScalarType::Long);
+    arrivals = torch::stable::new_zeros(logits, {p.rows}, ScalarType::Int);
+  }
+  lp::sample_cuda(
+      p, splits,
+      partials ? reinterpret_cast<unsigned long long*>(partials->mutable_data_ptr<int64_t>()) : nullptr,
+      arrivals ? reinterpret_cast<unsigned int*>(arrivals->mutable_data_ptr<int32_t>()) : nullptr,
+      context.stream());
+#endif
+}
+
+}  // namespace
+
+void sample(const Tensor& logits, const std::optional<Tensor>& temperature,
+            double temperature_value, const std::optional<Tensor>& top_k, int64_t top_k_value,
+            const std::optional<Tensor>& top_p, double top_p_value,
+            const std::optional<Tensor>& min_p, double min_p_value,
+            const std::optional<Tensor>& seed, int64_t seed_value,
+            const std::optional<Tensor>& offset, int64_t offset_value,
+            const std::optional<Tensor>& bitmask, const std::optional<Tensor>& prompt_mask, const std::optional<Tensor>& output_counts,
+            const std::optional<Tensor>& repetition_penalty, double repetition_penalty_value,
+            const std::optional<Tensor>& frequency_penalty, double frequency_penalty_value,
+            const std::optional<Tensor>& presence_penalty, double presence_penalty_value,
+            const std::optional<Tensor>& logit_bias_ids, const std::optional<Tensor>& logit_bias_values,
+            const std::optional<Tensor>& penalty_rows, const Tensor& out) {
+  SamplingCall call = sampling_call(logits, temperature, temperature_value, top_k, top_k_value,
+                                    top_p, top_p_value, min_p, min_p_value, seed, seed_value,
+                                    offset, offset_value, bitmask);
+  add_penalties(call, logits, prompt_mask, output_counts, repetition_penalty, repetition_penalty_value,
+                frequency_penalty, frequency_penalty_value, presence_penalty, presence_penalty_value,
+                logit_bias_ids, logit_bias_values, penalty_rows);
+  check_output(out, logits, "out", ScalarType::Long);
+  call.params.out = out.mutable_data_ptr<int64_t>();
+  run_sampling(call.params, logits);
+}
+
+void sample_with_logprobs(const Tensor& logits, const std::optional<Tensor>& temperature,
+                          double temperature_value, const std::optional<Tensor>& top_k,
+                          int64_t top_k_value, const std::optional<Tensor>& top_p,
+                          double top_p_value, const std::optional<Tensor>& min_p,
+                          double min_p_value, const std::optional<Tensor>& seed,
+                          int64_t seed_value, const std::optional<Tensor>& offset,
+                          int64_t offset_value, const std::optional<Tensor>& bitmask,
+                          const std::optional<Tensor>& prompt_mask, const std::optional<Tensor>& output_counts,
+            const std::optional<Tensor>& repetition_penalty, double repetition_penalty_value,
+            const std::optional<Tensor>& frequency_penalty, double frequency_penalty_value,
+            const std::optional<Tensor>& presence_penalty, double presence_penalty_value,
+            const std::optional<Tensor>& logit_bias_ids, const std::optional<Tensor>& logit_bias_values,
+            const std::optional<Tensor>& penalty_rows,
+                          int64_t num_logprobs, const std::string& logprobs_mode,
+                          const Tensor& tokens, const Tensor& logprobs,
+                          const Tensor& logprob_token_ids, const Tensor& ranks) {
+  SamplingCall call = sampling_call(logits, temperature, temperature_value, top_k, top_k_value,
+                                    top_p, top_p_value, min_p, min_p_value, seed, seed_value,
+                                    offset, offset_value, bitmask);
+  add_penalties(call, logits, prompt_mask, output_counts, repetition_penalty, repetition_penalty_value,
+                frequency_penalty, frequency_penalty_value, presence_penalty, presence_penalty_value,
+                logit_bias_ids, logit_bias_values, penalty_rows);
+  CHECK_ARG(num_logprobs >= 0 && num_logprobs <= call.params.vocab,
+            "num_logprobs must be in [0, ", call.params.vocab, "] (the vocabulary), got ",
+            num_logprobs);
+  const bool raw = raw_logprobs(logprobs_mode);
+  check_output(tokens, logits, "tokens", ScalarType::Long);
+  check_output(logprobs, logits, "logprobs", ScalarType::Float, 1 + num_logprobs);
+  check_output(logprob_token_ids, logits, "logprob_token_ids", ScalarType::Long, 1 + num_logprobs);
+  check_output(ranks, logits, "ranks", ScalarType::Long);
+  lp::SamplingParams& p = call.params;
+  p.out = tokens.mutable_data_ptr<int64_t>();
+  p.logprobs = {true, raw, nullptr, num_logprobs, logprobs.mutable_data_ptr<float>(),
+                logprob_token_ids.mutable_data_ptr<int64_t>(), ranks.mutable_data_ptr<int64_t>()};
+  run_sampling(p, logits);
+}
+
+void token_logprobs(const Tensor& logits, const Tensor& token_ids,
+                    const std::optional<Tensor>& temperature, double temperature_value,
+                    const std::optional<Tensor>& top_k, int64_t top_k_value,
+                    const std::optional<Tensor>& top_p, double top_p_value,
+                    const std::optional<Tensor>& min_p, double min_p_value,
+                    const std::optional<Tensor>& bitmask, const std::optional<Tensor>& prompt_mask, const std::optional<Tensor>& output_counts,
+            const std::optional<Tensor>& repetition_penalty, double repetition_penalty_value,
+            const std::optional<Tensor>& frequency_penalty, double frequency_penalty_value,
+            const std::optional<Tensor>& presence_penalty, double presence_penalty_value,
+            const std::optional<Tensor>& logit_bias_ids, const std::optional<Tensor>& logit_bias_values,
+            const std::optional<Tensor>& penalty_rows,
+                    const std::string& logprobs_mode, const Tensor& out) {
+  SamplingCall call = sampling_call(logits, temperature, temperature_value, top_k, top_k_value,
+                                    top_p, top_p_value, min_p, min_p_value, std::nullopt, 0,
+                                    std::nullopt, 0, bitmask);
+  add_penalties(call, logits, prompt_mask, output_counts, repetition_penalty, repetition_penalty_value,
+                frequency_penalty, frequency_penalty_value, presence_penalty, presence_penalty_value,
+                logit_bias_ids, logit_bias_values, penalty_rows);
+  CHECK_ARG(token_ids.dim() == 1 && token_ids.size(0) == logits.size(0),
+            "token_ids must be a 1-D tensor of length ", logits.size(0), " (one per row), got shape ",
+            shape_name(token_ids.sizes()));
+  const Tensor ids = row_parameter(token_ids, logits, "token_ids", ScalarType::Long);
+  const bool raw = raw_logprobs(logprobs_mode);
+  check_output(out, logits, "out", ScalarType::Float);
+  lp::SamplingParams& p = call.params;
+  p.logprobs = {true, raw, ids.const_data_ptr<int64_t>(), 0, out.mutable_data_ptr<float>(),
+                nullptr, nullptr};
+  run_sampling(p, logits);
+}
+
+// --- penalties -------------------------------------------------------------------------------
+
+void apply_penalties(const Tensor& logits, const Tensor& prompt_mask, const Tensor& output_counts,
+                     const std::optional<Tensor>& repetition_penalty, double repetition_penalty_value,
+                     const std::optional<Tensor>& frequency_penalty, double frequency_penalty_value,
+                     const std::optional<Tensor>& presence_penalty, double presence_penalty_value,
+                     const std::optional<Tensor>& logit_bias_ids,
+                     const std::optional<Tensor>& logit_bias_values, const std::optional<Tensor>& rows) {
+  check_logits_dtype(logits, "logits");
+  check_device_supported(logits, "logits");
+  CHECK_ARG(logits.dim() == 2, "logits must be 2-D [batch, vocab], got ", logits.dim(), "-D");
+  const RowView lv = row_view(logits, "logits");
+  CHECK_ARG(!has_internal_overlap(logits),
+            "logits must not have overlapping rows (e.g. an expanded tensor)");
+  const PenaltyCall call = penalty_call(logits, prompt_mask, output_counts, repetition_penalty,
+                                        repetition_penalty_value, frequency_penalty, frequency_penalty_value,
+                                        presence_penalty, presence_penalty_value, logit_bias_ids,
+                                        logit_bias_values, rows);
+  const lp::LogitsView view = logits_view(logits, lv);
+  if (!uses_cuda_kernels(logits)) {
+    lp::apply_penalties_cpu(view, call.penalties, run_parallel_for);
+    return;
+  }
+#if defined(CUDA_KERNEL)
+  const CudaLaunchContext context(logits);
+  lp::apply_penalties_cuda(view, call.penalties, context.stream());
 #endif
 }
 
@@ -923,10 +994,10 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
 STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("apply_token_bitmask_inplace(Tensor(a!) logits, Tensor bitmask, int? vocab_size, Tensor? indices, float fill_value) -> ()");
   ops.def("apply_packed_bitmask(Tensor logits, Tensor bitmask, float fill_value, Tensor(a!) out) -> ()");
-  ops.def("sample(Tensor logits, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? seed, int seed_value, Tensor? offset, int offset_value, Tensor? bitmask, Tensor(a!) out) -> ()");
-  ops.def("sample_with_logprobs(Tensor logits, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? seed, int seed_value, Tensor? offset, int offset_value, Tensor? bitmask, int num_logprobs, str logprobs_mode, Tensor(a!) tokens, Tensor(b!) logprobs, Tensor(c!) logprob_token_ids, Tensor(d!) ranks) -> ()");
+  ops.def("sample(Tensor logits, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? seed, int seed_value, Tensor? offset, int offset_value, Tensor? bitmask, Tensor? prompt_mask, Tensor? output_counts, Tensor? repetition_penalty, float repetition_penalty_value, Tensor? frequency_penalty, float frequency_penalty_value, Tensor? presence_penalty, float presence_penalty_value, Tensor? logit_bias_ids, Tensor? logit_bias_values, Tensor? penalty_rows, Tensor(a!) out) -> ()");
+  ops.def("sample_with_logprobs(Tensor logits, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? seed, int seed_value, Tensor? offset, int offset_value, Tensor? bitmask, Tensor? prompt_mask, Tensor? output_counts, Tensor? repetition_penalty, float repetition_penalty_value, Tensor? frequency_penalty, float frequency_penalty_value, Tensor? presence_penalty, float presence_penalty_value, Tensor? logit_bias_ids, Tensor? logit_bias_values, Tensor? penalty_rows, int num_logprobs, str logprobs_mode, Tensor(a!) tokens, Tensor(b!) logprobs, Tensor(c!) logprob_token_ids, Tensor(d!) ranks) -> ()");
   ops.def("verify_draft(Tensor target_logits, Tensor draft_token_ids, Tensor? num_draft_tokens, Tensor? draft_probs, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? seed, int seed_value, Tensor? offset, int offset_value, Tensor? bitmask, Tensor(a!) tokens, Tensor(b!) num_accepted) -> ()");
-  ops.def("token_logprobs(Tensor logits, Tensor token_ids, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? bitmask, str logprobs_mode, Tensor(a!) out) -> ()");
+  ops.def("token_logprobs(Tensor logits, Tensor token_ids, Tensor? temperature, float temperature_value, Tensor? top_k, int top_k_value, Tensor? top_p, float top_p_value, Tensor? min_p, float min_p_value, Tensor? bitmask, Tensor? prompt_mask, Tensor? output_counts, Tensor? repetition_penalty, float repetition_penalty_value, Tensor? frequency_penalty, float frequency_penalty_value, Tensor? presence_penalty, float presence_penalty_value, Tensor? logit_bias_ids, Tensor? logit_bias_values, Tensor? penalty_rows, str logprobs_mode, Tensor(a!) out) -> ()");
   ops.def("apply_penalties_(Tensor(a!) logits, Tensor prompt_mask, Tensor output_counts, Tensor? repetition_penalty, float repetition_penalty_value, Tensor? frequency_penalty, float frequency_penalty_value, Tensor? presence_penalty, float presence_penalty_value, Tensor? logit_bias_ids, Tensor? logit_bias_values, Tensor? rows) -> ()");
   ops.def("update_output_counts_(Tensor(a!) output_counts, Tensor token_ids, Tensor? rows) -> ()");
   ops.def("penalty_state_from_tokens(Tensor prompt_token_ids, Tensor output_token_ids, Tensor(a!) prompt_mask, Tensor(b!) output_counts) -> ()");

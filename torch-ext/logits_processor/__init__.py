@@ -10,7 +10,7 @@ from ._bitmask import (
     reset_token_bitmask,
 )
 from ._penalties import PenaltyState, apply_penalties_, penalty_state_from_tokens, update_output_counts_
-from ._sampling import SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
+from ._sampling import Penalties, SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
 from ._verify import VerifiedDraft, verify_draft
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "bitmask_dtype",
     "get_bitmask_shape",
     "penalty_state_from_tokens",
+    "Penalties",
     "PenaltyState",
     "reset_token_bitmask",
     "sample",

@@ -5,22 +5,20 @@ State, one row per request slot (R rows), kept where the logits are and updated 
                  the request's prompt (XGrammar's bitmask layout)
   output_counts  int32 [R, V]: how often each token has been generated
 Build it with `penalty_state_from_tokens`, add each step's tokens with `update_output_counts_`,
-and apply it with `apply_penalties_`. No call synchronises with the host when its tensors are
+and apply it with `apply_penalties_`, or fused into the sampler: `sample(..., penalties=Penalties(*state, ...))`. No call synchronises with the host when its tensors are
 on the device, so a decoding step that uses them can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import NamedTuple, Optional
 
 import torch
 
 from ._bitmask import _indices_tensor, get_bitmask_shape
 from ._fake_checks import check_devices
 from ._ops import add_op_namespace_prefix, ops
-from ._sampling import Param, _split
-
-Rows = Union[Sequence[int], torch.Tensor, None]
+from ._sampling import Param, Penalties, Rows, _check_penalty_devices, _penalty_args
 
 
 class PenaltyState(NamedTuple):
@@ -84,12 +82,9 @@ def apply_penalties_(
     not read on the host: there a NaN or non-positive r counts as 1, a NaN f or p as 0, and a
     row mapped outside the state is left unchanged.
     """
-    repetition_t, repetition_v = _split(repetition_penalty, "repetition_penalty", float)
-    frequency_t, frequency_v = _split(frequency_penalty, "frequency_penalty", float)
-    presence_t, presence_v = _split(presence_penalty, "presence_penalty", float)
-    ops.apply_penalties_(logits, prompt_mask, output_counts, repetition_t, repetition_v, frequency_t,
-                         frequency_v, presence_t, presence_v, logit_bias_ids, logit_bias_values,
-                         _indices_tensor(rows, "rows"))
+    ops.apply_penalties_(logits, *_penalty_args(Penalties(prompt_mask, output_counts, repetition_penalty,
+                                                          frequency_penalty, presence_penalty, logit_bias_ids,
+                                                          logit_bias_values, rows)))
     return logits
 
 
@@ -97,10 +92,8 @@ def apply_penalties_(
 def _apply_penalties_fake(logits, prompt_mask, output_counts, repetition_penalty, repetition_penalty_value,
                           frequency_penalty, frequency_penalty_value, presence_penalty, presence_penalty_value,
                           logit_bias_ids, logit_bias_values, rows):
-    check_devices(logits, host_ok=("rows",), prompt_mask=prompt_mask, output_counts=output_counts,
-                  repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
-                  presence_penalty=presence_penalty, logit_bias_ids=logit_bias_ids,
-                  logit_bias_values=logit_bias_values, rows=rows)
+    _check_penalty_devices(logits, prompt_mask, output_counts, repetition_penalty, frequency_penalty,
+                           presence_penalty, logit_bias_ids, logit_bias_values, rows)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("update_output_counts_"))

@@ -1,15 +1,17 @@
-"""Fused sampling: temperature, top-k / top-p / min-p (intersection) and the draw, in one op."""
+"""Fused sampling: penalties, temperature, top-k / top-p / min-p (intersection) and the draw, in one op."""
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Sequence, Union
 
 import torch
 
+from ._bitmask import _indices_tensor
 from ._fake_checks import check_devices
 from ._ops import add_op_namespace_prefix, ops
 
 Param = Union[float, int, torch.Tensor]
+Rows = Union[Sequence[int], torch.Tensor, None]
 
 
 def _split(value: Param, name: str, kind: type) -> tuple[Optional[torch.Tensor], Union[int, float]]:
@@ -33,6 +35,41 @@ def _draw_args(seed: Param, offset: Param) -> tuple:
     return (*_split(seed, "seed", int), *_split(offset, "offset", int))
 
 
+class Penalties(NamedTuple):
+    """Penalties and logit biases from per-request state: `apply_penalties_`'s arguments, for the
+    sampler ops' `penalties=` (fused: applied as the logits are read, never written).
+
+    Build it as `Penalties(*state, repetition_penalty, frequency_penalty, presence_penalty,
+    logit_bias_ids=..., logit_bias_values=..., rows=...)` with `state` a PenaltyState; the
+    fields mean what apply_penalties_'s arguments of the same names mean."""
+
+    prompt_mask: torch.Tensor  # int32 [R, ceil(V / 32)]
+    output_counts: torch.Tensor  # int32 [R, V]
+    repetition_penalty: Param = 1.0
+    frequency_penalty: Param = 0.0
+    presence_penalty: Param = 0.0
+    logit_bias_ids: Optional[torch.Tensor] = None  # int64 [B, L], -1 pads
+    logit_bias_values: Optional[torch.Tensor] = None  # float [B, L]
+    rows: Rows = None  # logits row b -> state row rows[b]
+
+
+# What the sampler ops take for penalties=None.
+_NO_PENALTIES = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, None)
+
+
+def _penalty_args(penalties: Optional[Penalties]) -> tuple:
+    """Penalties as the ops take them: state, (tensor, number) per penalty, biases, rows."""
+    if penalties is None:
+        return _NO_PENALTIES
+    if not isinstance(penalties, Penalties):
+        raise TypeError(f"penalties must be a Penalties named tuple (or None), got {type(penalties).__name__}")
+    return (penalties.prompt_mask, penalties.output_counts,
+            *_split(penalties.repetition_penalty, "repetition_penalty", float),
+            *_split(penalties.frequency_penalty, "frequency_penalty", float),
+            *_split(penalties.presence_penalty, "presence_penalty", float),
+            penalties.logit_bias_ids, penalties.logit_bias_values, _indices_tensor(penalties.rows, "rows"))
+
+
 def sample(
     logits: torch.Tensor,
     temperature: Param = 1.0,
@@ -43,6 +80,7 @@ def sample(
     offset: Param = 0,
     *,
     bitmask: Optional[torch.Tensor] = None,
+    penalties: Optional[Penalties] = None,
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Draw one token per row: int64 ids [B] from logits [B, V] (float32/float16/bfloat16, not modified).
@@ -60,6 +98,12 @@ def sample(
     then `sample`. NaN logits count as -inf, +inf as the largest finite value; a row with no
     allowed logit above -inf returns -1.
 
+    penalties (optional, a Penalties): repetition, frequency and presence penalties and logit
+    biases from per-request state, applied as each logit is read (one pass, the logits not
+    written): the result equals `apply_penalties_(logits.clone(), **penalties._asdict())` then
+    `sample`, token for token. For float16/bfloat16 logits the penalised value is rounded to
+    the logits' dtype, as apply_penalties_ stores it, before the sampler uses it.
+
     Randomness is counter-based (Philox) and replayable: with a number `seed`, row b draws from
     the stream keyed by (seed, b, offset); with a length-B int64 `seed` tensor, from (seed[b],
     offset[b]) alone, so a request draws the same tokens whatever its row or batch. Advance
@@ -72,15 +116,27 @@ def sample(
     args = (*_filter_args(temperature, top_k, top_p, min_p), *_draw_args(seed, offset))
     if out is None:
         out = torch.empty(logits.shape[:1], dtype=torch.int64, device=logits.device)
-    ops.sample(logits, *args, bitmask, out)
+    ops.sample(logits, *args, bitmask, *_penalty_args(penalties), out)
     return out
+
+
+def _check_penalty_devices(logits, prompt_mask, output_counts, repetition_penalty, frequency_penalty,
+                           presence_penalty, logit_bias_ids, logit_bias_values, penalty_rows) -> None:
+    check_devices(logits, host_ok=("rows",), prompt_mask=prompt_mask, output_counts=output_counts,
+                  repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
+                  presence_penalty=presence_penalty, logit_bias_ids=logit_bias_ids,
+                  logit_bias_values=logit_bias_values, rows=penalty_rows)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("sample"))
 def _sample_fake(logits, temperature, temperature_value, top_k, top_k_value, top_p, top_p_value,
-                 min_p, min_p_value, seed, seed_value, offset, offset_value, bitmask, out):
+                 min_p, min_p_value, seed, seed_value, offset, offset_value, bitmask, prompt_mask, output_counts,
+                 repetition_penalty, repetition_penalty_value, frequency_penalty, frequency_penalty_value,
+                 presence_penalty, presence_penalty_value, logit_bias_ids, logit_bias_values, penalty_rows, out):
     check_devices(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                   seed=seed, offset=offset, bitmask=bitmask, out=out)
+    _check_penalty_devices(logits, prompt_mask, output_counts, repetition_penalty, frequency_penalty,
+                           presence_penalty, logit_bias_ids, logit_bias_values, penalty_rows)
 
 
 class SampleWithLogprobs(NamedTuple):
@@ -102,6 +158,7 @@ def sample_with_logprobs(
     offset: Param = 0,
     *,
     bitmask: Optional[torch.Tensor] = None,
+    penalties: Optional[Penalties] = None,
     num_logprobs: int = 0,
     logprobs_mode: str = "processed",
     out: Optional[SampleWithLogprobs] = None,
@@ -113,10 +170,10 @@ def sample_with_logprobs(
     ties by lowest id; ranks: 1 + the number of tokens strictly more likely than the sampled one.
     All under one distribution, chosen by logprobs_mode:
     - "processed" (default): the distribution sampled from: softmax of logits / T over the kept
-      set (bitmask, then top-k, top-p and min-p), -inf outside it. Greedy rows (T <= 0) report
+      set (penalties, bitmask, then top-k, top-p and min-p), -inf outside it. Greedy rows (T <= 0) report
       log_softmax of the allowed logits at T = 1, without the filters (their argmax is the
       most likely token there).
-    - "raw": log_softmax of the logits as given: no temperature, filter or bitmask.
+    - "raw": log_softmax of the logits as given: no penalties, temperature, filter or bitmask.
     NaN logits count as -inf and +inf as the largest finite float, as in the draw.
     Columns past the distribution's support hold id -1 and logprob -inf; a row with nothing
     allowed returns token -1, every logprob -inf, every id -1 and rank 0.
@@ -137,7 +194,7 @@ def sample_with_logprobs(
             torch.empty(rows, columns, dtype=torch.int64, device=logits.device),
             torch.empty(rows, dtype=torch.int64, device=logits.device),
         )
-    ops.sample_with_logprobs(logits, *args, bitmask, num_logprobs, logprobs_mode, *out)
+    ops.sample_with_logprobs(logits, *args, bitmask, *_penalty_args(penalties), num_logprobs, logprobs_mode, *out)
     return out
 
 
@@ -150,6 +207,7 @@ def token_logprobs(
     min_p: Param = 0.0,
     *,
     bitmask: Optional[torch.Tensor] = None,
+    penalties: Optional[Penalties] = None,
     logprobs_mode: str = "processed",
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
@@ -165,21 +223,30 @@ def token_logprobs(
         raise TypeError(f"token_ids must be a 1-D integer tensor, got {type(token_ids).__name__}")
     if out is None:
         out = torch.empty(logits.shape[:1], dtype=torch.float32, device=logits.device)
-    ops.token_logprobs(logits, token_ids, *args, bitmask, logprobs_mode, out)
+    ops.token_logprobs(logits, token_ids, *args, bitmask, *_penalty_args(penalties), logprobs_mode, out)
     return out
 
 
 @torch.library.register_fake(add_op_namespace_prefix("sample_with_logprobs"))
 def _sample_with_logprobs_fake(logits, temperature, temperature_value, top_k, top_k_value, top_p, top_p_value,
                                min_p, min_p_value, seed, seed_value, offset, offset_value, bitmask,
+                               prompt_mask, output_counts, repetition_penalty, repetition_penalty_value,
+                               frequency_penalty, frequency_penalty_value, presence_penalty, presence_penalty_value,
+                               logit_bias_ids, logit_bias_values, penalty_rows,
                                num_logprobs, logprobs_mode, tokens, logprobs, logprob_token_ids, ranks):
     check_devices(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                   offset=offset, bitmask=bitmask, tokens=tokens, logprobs=logprobs,
                   logprob_token_ids=logprob_token_ids, ranks=ranks)
+    _check_penalty_devices(logits, prompt_mask, output_counts, repetition_penalty, frequency_penalty,
+                           presence_penalty, logit_bias_ids, logit_bias_values, penalty_rows)
 
 
 @torch.library.register_fake(add_op_namespace_prefix("token_logprobs"))
 def _token_logprobs_fake(logits, token_ids, temperature, temperature_value, top_k, top_k_value, top_p,
-                         top_p_value, min_p, min_p_value, bitmask, logprobs_mode, out):
+                         top_p_value, min_p, min_p_value, bitmask, prompt_mask, output_counts, repetition_penalty,
+                         repetition_penalty_value, frequency_penalty, frequency_penalty_value, presence_penalty,
+                         presence_penalty_value, logit_bias_ids, logit_bias_values, penalty_rows, logprobs_mode, out):
     check_devices(logits, token_ids=token_ids, temperature=temperature, top_k=top_k, top_p=top_p,
                   min_p=min_p, bitmask=bitmask, out=out)
+    _check_penalty_devices(logits, prompt_mask, output_counts, repetition_penalty, frequency_penalty,
+                           presence_penalty, logit_bias_ids, logit_bias_values, penalty_rows)

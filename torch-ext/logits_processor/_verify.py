@@ -43,7 +43,8 @@ def verify_draft(
     greedy EAGLE): q_j is then the point mass at the draft. bitmask: int32 [B, S + 1, words],
     position j's grammar mask (XGrammar's layout; the matcher advanced over the drafts, then
     rolled back). The sampling parameters (numbers or length-B tensors, as in `sample`) apply to
-    every position of a row.
+    every position of a row. There is no `penalties=`: apply penalties to target_logits first
+    (`apply_penalties_` on each position's [B, V] slice, with the counts that position would see).
 
     With p_j the distribution `sample` draws from at position j (bitmask, temperature, then
     top-k ∩ top-p ∩ min-p), for j = 0 .. n_b - 1: accept draft d_j with probability
