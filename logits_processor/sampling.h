@@ -319,10 +319,13 @@ class CpuRowSampler {
 
 #if defined(CUDA_KERNEL) || defined(__CUDACC__)
 // How many blocks share each row (1 unless the batch is small against the GPU). When more
-// than 1, sample_cuda needs rows * splits scratch words and rows zeroed arrival counters.
+// than 1, sample_cuda needs rows * sample_cuda_scratch_words(splits) words of scratch and
+// rows * kSplitRowWords zeroed words.
+constexpr int64_t kSplitRowWords = 5;
 int64_t sample_cuda_splits(int64_t rows, int64_t vocab);
-void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* partials,
-                 unsigned int* arrivals, cudaStream_t stream);
+int64_t sample_cuda_scratch_words(int64_t splits);
+void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* split_rows,
+                 cudaStream_t stream);
 #endif
 
 }  // namespace logits_processor

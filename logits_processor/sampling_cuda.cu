@@ -15,11 +15,20 @@
 // The integer histograms make every decision independent of thread timing, and the
 // arithmetic is sampling.h's, so the CPU sampler returns the same tokens.
 //
-// Small batches (fewer rows than SMs) split each row over several blocks where one pass is
-// the whole job (greedy, or no filter: a Gumbel-max over every candidate): each block takes
-// a chunk, and the last block to finish a row, counted with an atomic after a fence,
-// combines the chunks' winners. No block ever waits for another. Rows with filters are
-// sampled whole by their chunk-0 block.
+// Small batches (fewer rows than SMs) split each row over several blocks, each taking a
+// chunk of the row; the last block to finish a row, counted with an atomic after a fence,
+// combines the chunks' results, so no block ever waits for another:
+//   - greedy and unfiltered rows: one kernel, the last block combines the chunks' winners;
+//   - top-k (k <= kMaxSplitTopK) and min-p rows without top-p: a second kernel
+//     (split_draw_kernel). In the first, each chunk's block counts its key bins and lists
+//     the bins at or above its own k-th key's (the row's k-th key can be no lower), and the
+//     last block finds the row's cut from the list; in the second, each block draws over its
+//     chunk's tokens above the boundary bin and gathers the bin's candidates into global
+//     scratch, where the last block selects the exact cutoff and finishes the draw.
+//     The coordination moves a few hundred bytes per block, integer counts only, so the
+//     tokens are the CPU's whatever the split;
+//   - top-p rows (and top-k above kMaxSplitTopK) are sampled whole by their chunk-0 block:
+//     merging the chunks' masses per key bin would move a tenth of a pass or more (README).
 //
 // sample_with_logprobs and token_logprobs run logprobs_kernel: a block per row, the same draw,
 // then one pass over the kept set for ln Z, the rank and the top-N (row_logprobs).
@@ -49,8 +58,11 @@ constexpr int kBinCapacity = 4096;
 // A row's bitmask words are staged in shared memory a tile at a time (16-byte loads, one
 // read of the bitmask per pass), so a thread's tokens need no word loads of their own.
 constexpr int64_t kStagedWords = 4 * kThreads;
-constexpr int64_t kMinSplitTokens = 8192;  // a chunk smaller than this is not worth a block
+constexpr int64_t kMinSplitTokens = 16384;  // a chunk smaller than this is not worth a block
 constexpr int64_t kMaxSplits = 64;
+// The largest top-k cut over chunks: each chunk lists up to k key bins (Row::count_chunk).
+constexpr int64_t kMaxSplitTopK = 1024;
+constexpr int64_t kBinListCapacity = 2048;  // (bin, count) pairs a split row's chunks list
 constexpr int kTopChunk = 20;  // top-N tokens found per pass over the row (the fast path: N <= 20)
 constexpr uint32_t kNoDigit = ~0u;
 
@@ -66,6 +78,19 @@ struct BinEntry {
   uint32_t key;
   uint32_t index;
 };
+
+// A split row's coordination between its chunks' blocks (Split), in global memory, zeroed
+// before the launch.
+struct SplitRow {
+  unsigned long long candidates;  // the chunks' candidate counts, summed
+  unsigned long long above;       // the cut: the candidates above the boundary bin
+  unsigned long long cut;         // the cut: (boundary bin + 1) << 32 | t_minp's key, or kSampledWhole
+  unsigned int counted;           // chunks through the first pass
+  unsigned int drawn;             // chunks through the draw
+  unsigned int listed;            // (bin, count) pairs offered to the bin list (may exceed it)
+  unsigned int gathered;          // boundary-bin candidates offered to the entries (likewise)
+};
+static_assert(sizeof(SplitRow) == 8 * kSplitRowWords, "sampling.h's kSplitRowWords");
 
 struct SharedState {
   union {
@@ -275,6 +300,106 @@ __device__ RowPenalty block_row_penalty(const SamplingParams& p, int64_t row, Sh
   return q;
 }
 
+// A chunk's count of candidates in one key bin, listed for the row's cut.
+struct BinCount {
+  uint32_t bin;
+  uint32_t count;
+};
+
+// Rows split over `splits` blocks each, chunks of `chunk` tokens (a multiple of 4). Each row
+// has its SplitRow and sample_cuda_scratch_words(splits) words of `scratch`: its chunks'
+// partial results (max keys, then winners), its bin list and its gathered boundary bin.
+struct Split {
+  int64_t splits;
+  int64_t chunk;
+  SplitRow* rows;
+  unsigned long long* scratch;
+
+  __device__ unsigned long long* partials(int64_t row) const {
+    return scratch + row * (splits + kBinListCapacity + kBinCapacity);
+  }
+  __device__ BinCount* bin_list(int64_t row) const { return reinterpret_cast<BinCount*>(partials(row) + splits); }
+  __device__ BinEntry* entries(int64_t row) const {
+    return reinterpret_cast<BinEntry*>(partials(row) + splits + kBinListCapacity);
+  }
+};
+
+// Whether this block is the last of `blocks` to arrive at `counter`, called by the whole
+// block once its results are written: every thread fences its writes, thread 0 counts the
+// arrival, and the last block fences again before it reads the others' results (volatile
+// loads: never __ldg, whose cache may hold older values).
+__device__ bool last_to_arrive(unsigned int* counter, int64_t blocks, SharedState& sh) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const bool last = atomicAdd(counter, 1u) == blocks - 1;
+    if (last) __threadfence();
+    sh.broadcast = last;
+  }
+  __syncthreads();
+  const bool last = sh.broadcast != 0;
+  __syncthreads();
+  return last;
+}
+
+template <typename T>
+__device__ T load_volatile(const T& x) {
+  return *const_cast<const volatile T*>(&x);
+}
+
+// A value of a split row's state for the whole block: one volatile load (the launch's other
+// blocks may have written it) by thread 0, not one per thread.
+template <typename T>
+__device__ T block_load(const T& x, SharedState& sh) {
+  if (threadIdx.x == 0) sh.broadcast = load_volatile(x);
+  __syncthreads();
+  const T v = static_cast<T>(sh.broadcast);
+  __syncthreads();  // read by all before the next writer
+  return v;
+}
+
+constexpr uint64_t kSampledWhole = ~uint64_t{0};  // SplitRow::cut of a row to sample in one block
+
+// Appends the entries this block gathered into sh.wide.entries (sh.entry_count offered) to a
+// split row's, with one atomic for the block; the row's count includes what did not fit.
+__device__ void publish_entries(SplitRow& state, BinEntry* entries, SharedState& sh) {
+  const unsigned int offered = sh.entry_count;
+  if (threadIdx.x == 0) sh.broadcast = atomicAdd(&state.gathered, offered);
+  __syncthreads();
+  const uint64_t base = sh.broadcast;
+  __syncthreads();  // read by all before the next writer
+  const uint64_t kept = offered < kBinCapacity ? offered : kBinCapacity;
+  for (uint64_t e = threadIdx.x; e < kept && base + e < kBinCapacity; e += kThreads) entries[base + e] = sh.wide.entries[e];
+}
+
+// The best of a split row's chunk results (max keys or packed winners), block-wide.
+__device__ uint64_t partials_max(const unsigned long long* partials, int64_t splits, SharedState& sh) {
+  uint64_t best = 0;
+  for (int64_t c = threadIdx.x; c < splits; c += kThreads) best = max(best, static_cast<uint64_t>(load_volatile(partials[c])));
+  return block_max(best, sh);
+}
+
+// Appends the bins >= `lowest` with candidates to a split row's bin list (block-wide).
+__device__ void list_bins(const unsigned int* counts, int lowest, SplitRow& state, BinCount* list, SharedState& sh) {
+  uint64_t mine = 0;
+  for (int j = 0; j < kBinsPerThread; ++j) {
+    const int b = first_own_bin() - j;
+    mine += b >= lowest && counts[b] != 0;
+  }
+  uint64_t inclusive;
+  BlockScan(sh.cub.scan).InclusiveSum(mine, inclusive);
+  if (threadIdx.x == kThreads - 1) sh.broadcast = atomicAdd(&state.listed, static_cast<unsigned int>(inclusive));
+  __syncthreads();
+  uint64_t slot = sh.broadcast + inclusive - mine;
+  __syncthreads();  // read by all before the next writer
+  for (int j = 0; j < kBinsPerThread; ++j) {
+    const int b = first_own_bin() - j;
+    if (b < lowest || counts[b] == 0) continue;
+    if (slot < kBinListCapacity) list[slot] = {static_cast<uint32_t>(b), counts[b]};
+    ++slot;
+  }
+}
+
 template <Dtype D>
 struct Row {
   const SamplingParams& p;
@@ -335,10 +460,10 @@ struct Row {
         });
   }
 
-  // f(i, s) for each candidate token of this thread's share of the row.
+  // f(i, s) for each candidate token of this thread's share of tokens [begin, end).
   template <typename F>
-  __device__ void for_each_candidate(F&& f) const {
-    for_each_logit(0, p.vocab, [&](int64_t i, float x) {
+  __device__ void for_each_candidate(F&& f, int64_t begin = 0, int64_t end = -1) const {
+    for_each_logit(begin, end < 0 ? p.vocab : end, [&](int64_t i, float x) {
       if (x > kNegInf) f(i, score(x, r.temperature));
     });
   }
@@ -348,9 +473,17 @@ struct Row {
     return [this](auto&& f) { for_each_candidate([&](int64_t, float s) { f(score_key(s)); }); };
   }
 
+  __device__ bool has_top_k() const { return r.top_k > 0 && r.top_k < p.vocab; }
+
   // Whether one pass decides the row: greedy, or no filter that could drop a candidate.
   __device__ bool single_pass() const {
-    return r.greedy || ((r.top_k <= 0 || r.top_k >= p.vocab) && r.top_p >= 1.0f && r.min_p <= 0.0f);
+    return r.greedy || (!has_top_k() && r.top_p >= 1.0f && r.min_p <= 0.0f);
+  }
+
+  // Whether a split batch cuts this row over its chunks' blocks (Split): filters without
+  // top-p, top-k within kMaxSplitTopK.
+  __device__ bool cut_over_chunks() const {
+    return !single_pass() && r.top_p >= 1.0f && (!has_top_k() || r.top_k <= kMaxSplitTopK);
   }
 
   // That pass over tokens [begin, end): the packed winner, kNoToken if none.
@@ -405,24 +538,14 @@ struct Row {
   //           kept ones complete the draw. A bin too large for shared memory is resolved by
   //           passes over the row instead (and the draw left to the caller).
   __device__ bool cut(SharedState& sh, Draw* draw = nullptr) {
-    const bool top_k = r.top_k > 0 && r.top_k < p.vocab;
-    if (top_k) zero_bins(sh.wide.counts);
-    uint64_t max_key = kNoKey, candidates = 0;
-    for_each_candidate([&](int64_t, float s) {
-      const uint32_t key = score_key(s);
-      max_key = max(max_key, static_cast<uint64_t>(key));
-      ++candidates;
-      if (top_k) atomicAdd(&sh.wide.counts[key_bin(key)], 1u);
-    });
-    // (The reductions' barriers also complete the counts.)
-    max_key = block_max(max_key, sh);
-    candidates = block_sum(candidates, sh);
-    if (candidates == 0) return false;
-    s_max = key_score(static_cast<uint32_t>(max_key));
+    const bool top_k = has_top_k();
+    const KeyCount first = count_keys(top_k, 0, p.vocab, sh);
+    if (first.candidates == 0) return false;
+    s_max = key_score(static_cast<uint32_t>(first.max_key));
     const uint32_t lower = min_p_key(s_max, r.min_p);
     threshold = lower;
     BinCut k_cut{-1, 0}, p_cut{-1, 0};
-    if (top_k && static_cast<uint64_t>(r.top_k) < candidates)
+    if (top_k && static_cast<uint64_t>(r.top_k) < first.candidates)
       k_cut = find_bin(sh.wide.counts, static_cast<uint64_t>(r.top_k), sh);
     uint64_t p_target = 0;
     if (r.top_p < 1.0f) {
@@ -434,21 +557,10 @@ struct Row {
       p_target = top_p_target(r.top_p, block_sum(own_bins_sum(sh.wide.masses), sh));
       p_cut = find_bin(sh.wide.masses, p_target, sh);
     }
-    const int lower_bin = lower == kNoKey ? -1 : static_cast<int>(key_bin(lower));
-    const int bin = max(lower_bin, max(k_cut.bin, p_cut.bin));
-    if (bin < 0 || (k_cut.bin != bin && p_cut.bin != bin)) return true;  // the threshold is t_minp
+    const int bin = boundary_bin(lower, k_cut, p_cut);
+    if (bin < 0) return true;  // the threshold is t_minp
     // Pass 3: gather the boundary bin's candidates at or above t_minp.
-    if (threadIdx.x == 0) sh.entry_count = 0;
-    __syncthreads();
-    const uint64_t next_bin = bin_start(bin + 1);
-    auto gather = [&](int64_t i, uint32_t key) {
-      if (key >= next_bin) return true;  // above the bin: kept, drawn now
-      if (key_bin(key) == static_cast<uint32_t>(bin) && key >= lower) {
-        const unsigned int slot = atomicAdd(&sh.entry_count, 1u);
-        if (slot < kBinCapacity) sh.wide.entries[slot] = {key, static_cast<uint32_t>(i)};
-      }
-      return false;
-    };
+    const auto gather = bin_gatherer(bin, lower, shared_entries(sh));
     uint64_t above_bin = kNoToken;
     if (draw)
       above_bin = gumbel_argmax(gather, sh, 0, p.vocab);  // (its reduction completes the gathering)
@@ -458,19 +570,83 @@ struct Row {
     }
     const unsigned int gathered = sh.entry_count;
     const bool fits = gathered <= kBinCapacity;
-    auto bin_keys = [&](auto&& f) {
-      for (unsigned int e = threadIdx.x; e < gathered; e += kThreads) f(sh.wide.entries[e].key);
-    };
     auto resolve = [&](const BinCut& c, uint64_t target, auto mass) {
       if (c.bin != bin) return;
-      const uint32_t t = fits ? radix_select<decltype(mass)::value>(bin_keys, bin, c.above, target, s_max, sh)
+      const uint32_t t = fits ? radix_select<decltype(mass)::value>(entry_keys(gathered, sh), bin, c.above, target, s_max, sh)
                               : radix_select<decltype(mass)::value>(candidate_keys(), bin, c.above, target, s_max, sh);
       threshold = max(threshold, t);
     };
     resolve(k_cut, static_cast<uint64_t>(r.top_k), std::false_type());
     resolve(p_cut, p_target, std::true_type());
     if (!draw || !fits) return true;
-    uint64_t best = above_bin;
+    *draw = {true, entries_argmax(gathered, above_bin, sh)};
+    return true;
+  }
+
+  // Pass 1's results over tokens [begin, end), block-wide; with top_k, the key bins' counts
+  // are in sh.wide.counts.
+  struct KeyCount {
+    uint64_t max_key;
+    uint64_t candidates;
+  };
+
+  __device__ KeyCount count_keys(bool top_k, int64_t begin, int64_t end, SharedState& sh) const {
+    if (top_k) zero_bins(sh.wide.counts);
+    uint64_t max_key = kNoKey, candidates = 0;
+    for_each_candidate(
+        [&](int64_t, float s) {
+          const uint32_t key = score_key(s);
+          max_key = max(max_key, static_cast<uint64_t>(key));
+          ++candidates;
+          if (top_k) atomicAdd(&sh.wide.counts[key_bin(key)], 1u);
+        },
+        begin, end);
+    // (The reductions' barriers also complete the counts.)
+    max_key = block_max(max_key, sh);
+    return {max_key, block_sum(candidates, sh)};
+  }
+
+  // The bin the last pass gathers: the highest of t_minp's, t_k's and t_p's bins, when t_k's
+  // or t_p's is that bin; -1 when the threshold is t_minp.
+  __device__ static int boundary_bin(uint32_t lower, const BinCut& k_cut, const BinCut& p_cut) {
+    const int lower_bin = lower == kNoKey ? -1 : static_cast<int>(key_bin(lower));
+    const int bin = max(lower_bin, max(k_cut.bin, p_cut.bin));
+    return bin < 0 || (k_cut.bin != bin && p_cut.bin != bin) ? -1 : bin;
+  }
+
+  // The last pass's drawn(i, key): true above the boundary bin (kept: drawn in this pass);
+  // the bin's candidates at or above t_minp go to gather(key, i).
+  template <typename Gather>
+  __device__ static auto bin_gatherer(int bin, uint32_t lower, Gather gather) {
+    const uint64_t next_bin = bin_start(bin + 1);
+    return [=](int64_t i, uint32_t key) {
+      if (key >= next_bin) return true;
+      if (key_bin(key) == static_cast<uint32_t>(bin) && key >= lower) gather(key, i);
+      return false;
+    };
+  }
+
+  // bin_gatherer's gather into sh.wide.entries (sh.entry_count offered, which may exceed
+  // kBinCapacity), starting empty (called by the whole block).
+  __device__ static auto shared_entries(SharedState& sh) {
+    if (threadIdx.x == 0) sh.entry_count = 0;
+    __syncthreads();
+    return [&sh](uint32_t key, int64_t i) {
+      const unsigned int slot = atomicAdd(&sh.entry_count, 1u);
+      if (slot < kBinCapacity) sh.wide.entries[slot] = {key, static_cast<uint32_t>(i)};
+    };
+  }
+
+  // radix_select's source over the first `gathered` of sh.wide.entries.
+  __device__ static auto entry_keys(unsigned int gathered, SharedState& sh) {
+    return [gathered, &sh](auto&& f) {
+      for (unsigned int e = threadIdx.x; e < gathered; e += kThreads) f(sh.wide.entries[e].key);
+    };
+  }
+
+  // The draw's winner: `best` (over the tokens above the boundary bin) or a kept one of the
+  // first `gathered` of sh.wide.entries, block-wide.
+  __device__ uint64_t entries_argmax(unsigned int gathered, uint64_t best, SharedState& sh) const {
     for (unsigned int e = threadIdx.x; e < gathered; e += kThreads) {
       const BinEntry c = sh.wide.entries[e];
       if (c.key < threshold) continue;
@@ -478,8 +654,105 @@ struct Row {
       const float g = perturbed_score(key_score(c.key), token_gumbel(r, c.index, bits));
       best = max(best, pack_argmax(score_key(g), c.index));
     }
-    *draw = {true, block_max(best, sh)};
-    return true;
+    return block_max(best, sh);
+  }
+
+  // --- a row cut over its chunks' blocks (cut_over_chunks; Split) ---------------------------
+  // First kernel, each chunk [begin, end): pass 1 over it, its max key into its partial and
+  // its candidates added to the row's, and with top-k its bins at or above its own k-th
+  // key's bin listed: the row's k-th key is no lower than any chunk's, so the list's sums
+  // are exact in every bin where the row's cut can lie. The last chunk's block cuts the row.
+  __device__ void count_chunk(const Split& split, int64_t row, int64_t chunk, int64_t begin, int64_t end,
+                              SharedState& sh) {
+    SplitRow& state = split.rows[row];
+    const bool top_k = has_top_k();
+    const KeyCount first = count_keys(top_k, begin, end, sh);
+    if (top_k && first.candidates > 0) {
+      const uint64_t k = static_cast<uint64_t>(r.top_k);
+      const int own_bin = k < first.candidates ? find_bin(sh.wide.counts, k, sh).bin : 0;
+      list_bins(sh.wide.counts, own_bin, state, split.bin_list(row), sh);
+    }
+    if (threadIdx.x == 0) {
+      split.partials(row)[chunk] = first.max_key;
+      atomicAdd(&state.candidates, static_cast<unsigned long long>(first.candidates));
+    }
+    if (last_to_arrive(&state.counted, split.splits, sh)) cut_from_chunks(split, row, sh);
+  }
+
+  // The first kernel's last block: s_max and t_minp from the chunks' max keys, t_k's bin
+  // from the bin list, recorded in the row's SplitRow for the draw. A list longer than
+  // kBinListCapacity: the row is left to one block of the draw kernel, sampled whole (here
+  // the sampler's code would be a second time in sample_kernel, and spill its registers).
+  __device__ void cut_from_chunks(const Split& split, int64_t row, SharedState& sh) {
+    SplitRow& state = split.rows[row];
+    const uint64_t max_key = partials_max(split.partials(row), split.splits, sh);
+    const uint64_t candidates = block_load(state.candidates, sh);
+    const unsigned int listed = block_load(state.listed, sh);
+    if (listed > kBinListCapacity) {
+      if (threadIdx.x == 0) state.cut = kSampledWhole;
+      return;
+    }
+    const uint32_t lower = candidates == 0 ? kNoKey : min_p_key(key_score(static_cast<uint32_t>(max_key)), r.min_p);
+    BinCut k_cut{-1, 0};
+    const uint64_t k = static_cast<uint64_t>(r.top_k);
+    if (has_top_k() && k < candidates) {
+      zero_bins(sh.wide.counts);
+      const BinCount* list = split.bin_list(row);
+      for (unsigned int e = threadIdx.x; e < listed; e += kThreads)
+        atomicAdd(&sh.wide.counts[load_volatile(list[e].bin)], load_volatile(list[e].count));
+      __syncthreads();
+      k_cut = find_bin(sh.wide.counts, k, sh);
+    }
+    const int bin = boundary_bin(lower, k_cut, {-1, 0});
+    if (threadIdx.x == 0) state.above = k_cut.above, state.cut = static_cast<uint64_t>(bin + 1) << 32 | lower;
+  }
+
+  // Second kernel, each chunk: the Gumbel-max over its kept tokens above the boundary bin
+  // into its partial, the bin's candidates at or above t_minp gathered into the row's
+  // entries. The last chunk's block selects t_k among the entries and finishes the draw (a
+  // bin too large for them: the select and the bin's draw by passes over the row).
+  __device__ void draw_chunk(const Split& split, int64_t row, int64_t chunk, int64_t begin, int64_t end,
+                             SharedState& sh) {
+    SplitRow& state = split.rows[row];
+    const uint64_t cut = block_load(state.cut, sh);
+    if (cut == kSampledWhole) {
+      if (chunk != 0) return;
+      const int64_t token = sample(sh);
+      if (threadIdx.x == 0) p.out[row] = token;
+      return;
+    }
+    const uint32_t lower = static_cast<uint32_t>(cut);
+    const int bin = static_cast<int>(cut >> 32) - 1;
+    BinEntry* entries = split.entries(row);
+    uint64_t winner;
+    if (bin < 0) {
+      winner = gumbel_argmax(at_least(lower), sh, begin, end);
+    } else {
+      winner = gumbel_argmax(bin_gatherer(bin, lower, shared_entries(sh)), sh, begin, end);
+      publish_entries(state, entries, sh);  // (the draw's reduction completed the gathering)
+    }
+    if (threadIdx.x == 0) split.partials(row)[chunk] = winner;
+    if (!last_to_arrive(&state.drawn, split.splits, sh)) return;
+    uint64_t best = partials_max(split.partials(row), split.splits, sh);
+    if (bin >= 0) {
+      const unsigned int gathered = block_load(state.gathered, sh);
+      const uint64_t above = block_load(state.above, sh);
+      const uint64_t k = static_cast<uint64_t>(r.top_k);
+      if (gathered <= kBinCapacity) {
+        for (unsigned int e = threadIdx.x; e < gathered; e += kThreads)
+          sh.wide.entries[e] = {load_volatile(entries[e].key), load_volatile(entries[e].index)};
+        __syncthreads();
+        threshold = max(lower, radix_select<false>(entry_keys(gathered, sh), bin, above, k, 0.0f, sh));
+        best = entries_argmax(gathered, best, sh);
+      } else {  // passes over the whole row, by this block: the select, then the bin's draw
+        threshold = max(lower, radix_select<false>(candidate_keys(), bin, above, k, 0.0f, sh));
+        const uint64_t next_bin = bin_start(bin + 1);
+        const uint32_t kept = threshold;
+        best = max(best, gumbel_argmax([=](int64_t, uint32_t key) { return key >= kept && key < next_bin; }, sh, 0,
+                                       p.vocab));
+      }
+    }
+    if (threadIdx.x == 0) p.out[row] = unpack_or_none(best);
   }
 
   // Token i's score if it is in the kept set {key >= threshold}, else -inf (i may be any id).
@@ -622,54 +895,52 @@ __device__ void row_logprobs(const SamplingParams& p, Row<D>& sampler, int64_t r
   }
 }
 
-// Rows split over `splits` blocks each, chunks of `chunk` tokens (a multiple of 4).
-// Chunk winners go to partials[row * splits + c]; arrivals[row] (zero before the launch)
-// counts the finished chunks.
-struct Split {
-  int64_t splits;
-  int64_t chunk;
-  unsigned long long* partials;
-  unsigned int* arrivals;
-};
-
-// Thread 0 of each chunk's block: publish the chunk's winner; the last chunk of the row to
-// arrive writes the row's token.
-__device__ void finish_chunk(const Split& split, int64_t row, int64_t chunk, uint64_t winner,
-                             int64_t* out) {
-  unsigned long long* partials = split.partials + row * split.splits;
-  partials[chunk] = winner;
-  __threadfence();  // the winner is visible before the arrival is counted
-  if (atomicAdd(&split.arrivals[row], 1u) != split.splits - 1) return;
-  __threadfence();  // the last to arrive sees every chunk's winner
-  uint64_t best = kNoToken;
-  for (int64_t c = 0; c < split.splits; ++c) {
-    const uint64_t w = *reinterpret_cast<volatile unsigned long long*>(&partials[c]);
-    best = w > best ? w : best;
-  }
-  out[row] = best == kNoToken ? -1 : unpack_index(best);
-}
-
-template <Dtype D>
-__global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Split split) {
-  // (sample_with_logprobs and token_logprobs have their own kernel, logprobs_kernel: its
-  // registers would lower this one's occupancy.)
-  __shared__ SharedState sh;
+// f(sampler, row, chunk, begin, end) for each of this block's work items (grid-stride): work
+// item w is chunk w % splits of row w / splits, tokens [begin, end).
+template <Dtype D, typename F>
+__device__ void for_each_chunk(const SamplingParams& p, const Split& split, SharedState& sh, F&& f) {
   for (int64_t work = blockIdx.x; work < p.rows * split.splits; work += gridDim.x) {
     const int64_t row = work / split.splits;
     const int64_t chunk = work % split.splits;
     Row<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row),
                    block_row_penalty(p, row, sh), 0.0f, kNoKey, sh.staged_words};
-    if (split.splits == 1 || !sampler.single_pass()) {
-      if (chunk != 0) continue;
-      const int64_t token = sampler.sample(sh);
-      if (threadIdx.x == 0) p.out[row] = token;
-      continue;
-    }
     const int64_t begin = chunk * split.chunk;
     const int64_t end = begin + split.chunk < p.vocab ? begin + split.chunk : p.vocab;
-    const uint64_t winner = sampler.single_pass_winner(begin, end, sh);
-    if (threadIdx.x == 0) finish_chunk(split, row, chunk, winner, p.out);
+    f(sampler, row, chunk, begin, end);
   }
+}
+
+// Greedy and unfiltered rows are done in this kernel; cut_over_chunks rows of a split batch
+// get their first pass (split_draw_kernel finishes them); other rows are sampled whole by
+// their chunk-0 block.
+template <Dtype D>
+__global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Split split) {
+  // (sample_with_logprobs and token_logprobs have their own kernel, logprobs_kernel: its
+  // registers would lower this one's occupancy.)
+  __shared__ SharedState sh;
+  for_each_chunk<D>(p, split, sh, [&](Row<D>& sampler, int64_t row, int64_t chunk, int64_t begin, int64_t end) {
+    if (split.splits > 1 && sampler.single_pass()) {
+      const uint64_t winner = sampler.single_pass_winner(begin, end, sh);
+      if (threadIdx.x == 0) split.partials(row)[chunk] = winner;
+      if (!last_to_arrive(&split.rows[row].drawn, split.splits, sh)) return;
+      const uint64_t best = partials_max(split.partials(row), split.splits, sh);
+      if (threadIdx.x == 0) p.out[row] = Row<D>::unpack_or_none(best);
+    } else if (split.splits > 1 && sampler.cut_over_chunks()) {
+      sampler.count_chunk(split, row, chunk, begin, end, sh);
+    } else if (chunk == 0) {
+      const int64_t token = sampler.sample(sh);
+      if (threadIdx.x == 0) p.out[row] = token;
+    }
+  });
+}
+
+// The second kernel of a split batch: the draw of its cut_over_chunks rows.
+template <Dtype D>
+__global__ void __launch_bounds__(kThreads) split_draw_kernel(SamplingParams p, Split split) {
+  __shared__ SharedState sh;
+  for_each_chunk<D>(p, split, sh, [&](Row<D>& sampler, int64_t row, int64_t chunk, int64_t begin, int64_t end) {
+    if (sampler.cut_over_chunks()) sampler.draw_chunk(split, row, chunk, begin, end, sh);
+  });
 }
 
 // One block per row, grid-stride.
@@ -694,11 +965,13 @@ int64_t sample_cuda_splits(int64_t rows, int64_t vocab) {
   return splits < 1 ? 1 : (splits > kMaxSplits ? kMaxSplits : splits);
 }
 
-void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* partials,
-                 unsigned int* arrivals, cudaStream_t stream) {
+int64_t sample_cuda_scratch_words(int64_t splits) { return splits + kBinListCapacity + kBinCapacity; }
+
+void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* split_rows,
+                 cudaStream_t stream) {
   if (params.rows == 0) return;
   const int64_t chunk = ((params.vocab + splits - 1) / splits + 3) / 4 * 4;
-  const Split split{splits, chunk > 0 ? chunk : 4, partials, arrivals};
+  const Split split{splits, chunk > 0 ? chunk : 4, reinterpret_cast<SplitRow*>(split_rows), scratch};
   const int64_t work = params.rows * splits;
   const int64_t limit = resident_block_limit(8);
   const unsigned int blocks = static_cast<unsigned int>(work < limit ? work : limit);
@@ -708,6 +981,8 @@ void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long lon
                     logprobs_kernel<D>, blocks, kThreads, stream, params);
     else
       launch_kernel("sample", sample_kernel<D>, blocks, kThreads, stream, params, split);
+    if (!params.logprobs.enabled && splits > 1)
+      launch_kernel("sample", split_draw_kernel<D>, blocks, kThreads, stream, params, split);
   });
 }
 

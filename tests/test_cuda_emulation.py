@@ -35,8 +35,8 @@ PATHS = {
     "all": dict(top_k=50, top_p=0.9, min_p=0.05),
 }
 
-# (rows, vocab): V > 8192 with few rows is the split path; 256 rows exceed 1 or 8 SMs' blocks.
-SAMPLER_SHAPES = ([(3, 50), (7, 1001), (4, 9001)] if SANITIZED else
+# (rows, vocab): V > 16384 with few rows is the split path; 256 rows exceed 1 or 8 SMs' blocks.
+SAMPLER_SHAPES = ([(3, 50), (7, 1001), (3, 16411)] if SANITIZED else
                   [(1, 1), (3, 50), (7, 1001), (256, 1000), (40, 32000), (3, 128256), (2, 200003)])
 
 
@@ -114,6 +114,66 @@ def test_sampler_agrees_with_cpu_scalar_parameters(emulation, lp_cpu, sms, path,
     with emulation.gpu(sms) as lp:
         got = lp.sample(logits, **kwargs)
     assert torch.equal(got, lp_cpu.sample(logits, **kwargs))
+
+
+# The filters of rows cut over several blocks (top-k up to 1024, min-p, no top-p) and beyond
+# them (top-k 1025: one block per row).
+SPLIT_FILTERS = [dict(top_k=1), dict(top_k=50), dict(top_k=1024), dict(top_k=1025), dict(min_p=0.1),
+                 dict(top_k=50, min_p=0.3), dict(top_k=7, min_p=1.0)]
+
+
+def split_rows(kind: str, rows: int, vocab: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """Rows in an unaligned view (one element in, odd V): 'normal'; 'ties' (rounded: every cutoff
+    tied, across chunks); 'equal' (one key bin holds the row: more candidates than the gathered
+    entries hold); 'heavy' (log-uniform over ~250 octaves: with k = 1024 each chunk lists hundreds
+    of bins, more than the bin list holds)."""
+    x = torch.randn(rows, vocab, generator=g) * 3
+    if kind == "ties":
+        x = x.round()
+    elif kind == "equal":
+        x = torch.full((rows, vocab), 0.5)
+    elif kind == "heavy":
+        x = torch.sign(x) * torch.exp2(torch.rand(rows, vocab, generator=g) * 250 - 125)
+    buffer = torch.empty(rows, vocab + 3, dtype=dtype)
+    buffer[:, 1:vocab + 1] = x.to(dtype)
+    return buffer[:, 1:vocab + 1]
+
+
+# (Sanitized: two cases, for the races and bounds within a block.)
+SPLIT_CASES = ([(torch.bfloat16, "normal"), (torch.float32, "equal")] if SANITIZED else
+               [(dtype, kind) for dtype in DTYPES for kind in ["normal", "ties", "equal", "heavy"]])
+
+
+@pytest.mark.parametrize("dtype,kind", SPLIT_CASES)
+def test_split_cut_agrees_with_cpu(emulation, lp_cpu, dtype, kind):
+    """Top-k and min-p rows of small batches, cut over several blocks (two kernels: counts, then
+    the draw) with their fallbacks, per-row filters and a single row, with a bitmask and fused
+    penalties: the CPU's tokens."""
+    g = torch.Generator().manual_seed(len(kind) + dtype.itemsize)
+    vocab, sms = (16411, 8) if SANITIZED else (200003, 132)
+    rows = len(SPLIT_FILTERS)
+    logits = split_rows(kind, rows, vocab, dtype, g)
+    params = dict(temperature=torch.rand(rows, generator=g) + 0.5,
+                  top_k=torch.tensor([f.get("top_k", 0) for f in SPLIT_FILTERS]),
+                  min_p=torch.tensor([f.get("min_p", 0.0) for f in SPLIT_FILTERS]),
+                  seed=torch.randint(0, 2**62, (rows,), generator=g), offset=3)
+    bitmask = random_bitmask(rows, vocab, g, "words")
+    counts = torch.randint(0, 3, (rows, vocab), generator=g, dtype=torch.int32)
+    prompt_mask = random_bitmask(rows, vocab, g, "mixed")
+    for extra in [{}, dict(bitmask=bitmask)]:
+        penalties = [None, lp_cpu.Penalties(prompt_mask, counts, 1.3, 0.2, 0.1)] if extra else [None]
+        for penalty in penalties:
+            kwargs = dict(params, **extra, penalties=penalty)
+            expected = lp_cpu.sample(logits, **kwargs)
+            with emulation.gpu(sms) as lp:
+                if penalty is not None:
+                    kwargs["penalties"] = lp.Penalties(prompt_mask, counts, 1.3, 0.2, 0.1)
+                got = lp.sample(logits, **kwargs)
+            assert torch.equal(got, expected), (extra.keys(), penalty is None, (got != expected).nonzero().flatten())
+    for r, filters in enumerate(SPLIT_FILTERS[:3] if SANITIZED else SPLIT_FILTERS):
+        with emulation.gpu(sms) as lp:
+            got = lp.sample(logits[r:r + 1], seed=r, temperature=0.7, **filters)
+        assert torch.equal(got, lp_cpu.sample(logits[r:r + 1], seed=r, temperature=0.7, **filters)), filters
 
 
 def test_sampler_narrow_bitmask_and_strided_rows(emulation, lp_cpu):
@@ -312,7 +372,7 @@ def test_traffic_counts_exactly_the_global_bytes(emulation):
     chunk reads every winner. Nothing else (stacks, shared memory, parameters) counts."""
     rows, vocab = 4, 50000
     logits = torch.randn(rows, vocab)
-    for sms, splits in [(1, 1), (132, 7)]:  # 132 SMs, 4 rows: ceil(50000 / 8192) = 7 chunks
+    for sms, splits in [(1, 1), (132, 4)]:  # 132 SMs, 4 rows: ceil(50000 / 16384) = 4 chunks
         with emulation.gpu(sms) as lp:
             emulation.reset_traffic()
             lp.sample(logits, temperature=0.0)

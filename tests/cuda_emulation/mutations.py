@@ -58,6 +58,10 @@ MUTANTS = [
     # The key bin of a cutoff off by one: the bin above the one that reaches the target.
     Mutant("bin-select", SAMPLER, "sh.bin = b, sh.above = above;", "sh.bin = b + 1, sh.above = above;",
            "fibers", AGREEMENT, "boundary_bin"),
+    # A split row's chunk lists only the bins above its own k-th key's: the row's boundary bin
+    # can then miss counts.
+    Mutant("split-own-bin", SAMPLER, "find_bin(sh.wide.counts, k, sh).bin : 0;",
+           "find_bin(sh.wide.counts, k, sh).bin + 1 : 0;", "fibers", AGREEMENT, "split_cut"),
     # A read one past each row's end: past the allocation at the last row.
     Mutant("row-end", SAMPLER, "e < head + (end - tail); e += kThreads", "e <= head + (end - tail); e += kThreads",
            "asan", "AddressSanitizer: heap-buffer-overflow"),
