@@ -321,7 +321,7 @@ class CpuRowSampler {
 // How many blocks share each row (1 unless the batch is small against the GPU). When more
 // than 1, sample_cuda needs rows * sample_cuda_scratch_words(splits) words of scratch and
 // rows * kSplitRowWords zeroed words.
-constexpr int64_t kSplitRowWords = 5;
+constexpr int64_t kSplitRowWords = 7;
 int64_t sample_cuda_splits(int64_t rows, int64_t vocab);
 int64_t sample_cuda_scratch_words(int64_t splits);
 void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* split_rows,

@@ -27,8 +27,13 @@
 //     scratch, where the last block selects the exact cutoff and finishes the draw.
 //     The coordination moves a few hundred bytes per block, integer counts only, so the
 //     tokens are the CPU's whatever the split;
-//   - top-p rows (and top-k above kMaxSplitTopK) are sampled whole by their chunk-0 block:
-//     merging the chunks' masses per key bin would move a tenth of a pass or more (README).
+//   - top-p rows with top-k (k <= kMaxSplitTopK): the same first kernel; in the second each
+//     block adds its candidates' masses to the row's Z and gathers every candidate at or
+//     above t_k's bin (a superset of the kept set, at most kBinCapacity or the row is
+//     sampled whole), and the last block selects t_k and t_p among them and draws: 2 passes;
+//   - top-p rows without top-k (and top-k above kMaxSplitTopK) are sampled whole by their
+//     chunk-0 block: merging the chunks' masses per key bin would move a tenth of a pass or
+//     more (README).
 //
 // sample_with_logprobs and token_logprobs run logprobs_kernel: a block per row, the same draw,
 // then one pass over the kept set for ln Z, the rank and the top-N (row_logprobs).
@@ -85,10 +90,12 @@ struct SplitRow {
   unsigned long long candidates;  // the chunks' candidate counts, summed
   unsigned long long above;       // the cut: the candidates above the boundary bin
   unsigned long long cut;         // the cut: (boundary bin + 1) << 32 | t_minp's key, or kSampledWhole
+  unsigned long long mass;        // top-p rows: the chunks' candidate masses, summed (Z)
   unsigned int counted;           // chunks through the first pass
   unsigned int drawn;             // chunks through the draw
   unsigned int listed;            // (bin, count) pairs offered to the bin list (may exceed it)
   unsigned int gathered;          // boundary-bin candidates offered to the entries (likewise)
+  unsigned int max_key;           // the cut: s_max's key (top-p rows' masses are relative to it)
 };
 static_assert(sizeof(SplitRow) == 8 * kSplitRowWords, "sampling.h's kSplitRowWords");
 
@@ -187,20 +194,22 @@ __device__ BinCut find_bin(const Count* bins, uint64_t target, SharedState& sh) 
   return cut;
 }
 
+constexpr int kAllKeys = -1;  // radix_select's bin for a select over every key
+
 // The largest key t in bin `bin` whose stat (the count of keys, or with kMass their
 // token_mass sum) over the keys >= t in that bin, plus `above`, reaches `target`; kNoKey if
 // none does. for_each_key(f) calls f(key) for each key of the source (any bin): the row's
-// candidates (a pass over the row per digit) or the gathered bin (shared memory). A radix
-// select on the 20 bits below the bin's, 8 at a time.
+// candidates (a pass over the row per digit) or gathered entries (shared memory). A radix
+// select on the 20 bits below the bin's, 8 at a time (bin kAllKeys: on all 32 bits).
 template <bool kMass, typename ForEachKey>
 __device__ uint32_t radix_select(ForEachKey&& for_each_key, int bin, uint64_t above, uint64_t target,
                                  float s_max, SharedState& sh) {
-  uint32_t prefix = static_cast<uint32_t>(bin_start(bin));
-  for (int low = kBinShift; low > 0;) {  // bits [low, 32) decided
+  uint32_t prefix = bin == kAllKeys ? 0u : static_cast<uint32_t>(bin_start(bin));
+  for (int low = bin == kAllKeys ? 32 : kBinShift; low > 0;) {  // bits [low, 32) decided
     // (The last digit may be narrower: its bins then also hold decided bits, the prefix's
     // own, which OR into the prefix unchanged.)
     const int shift = low > kRadixBits ? low - kRadixBits : 0;
-    const uint32_t decided = ~0u << low;
+    const uint32_t decided = low < 32 ? ~0u << low : 0u;
     sh.histogram[threadIdx.x] = 0;
     __syncthreads();
     for_each_key([&](uint32_t key) {
@@ -306,9 +315,14 @@ struct BinCount {
   uint32_t count;
 };
 
+// A split row's words of scratch: its chunks' partial results (max keys, then winners), its
+// bin list and its gathered entries.
+LP_HOST_DEVICE constexpr int64_t split_scratch_words(int64_t splits) {
+  return splits + kBinListCapacity + kBinCapacity;
+}
+
 // Rows split over `splits` blocks each, chunks of `chunk` tokens (a multiple of 4). Each row
-// has its SplitRow and sample_cuda_scratch_words(splits) words of `scratch`: its chunks'
-// partial results (max keys, then winners), its bin list and its gathered boundary bin.
+// has its SplitRow and split_scratch_words(splits) words of `scratch` (Split's accessors).
 struct Split {
   int64_t splits;
   int64_t chunk;
@@ -316,7 +330,7 @@ struct Split {
   unsigned long long* scratch;
 
   __device__ unsigned long long* partials(int64_t row) const {
-    return scratch + row * (splits + kBinListCapacity + kBinCapacity);
+    return scratch + row * split_scratch_words(splits);
   }
   __device__ BinCount* bin_list(int64_t row) const { return reinterpret_cast<BinCount*>(partials(row) + splits); }
   __device__ BinEntry* entries(int64_t row) const {
@@ -480,10 +494,11 @@ struct Row {
     return r.greedy || (!has_top_k() && r.top_p >= 1.0f && r.min_p <= 0.0f);
   }
 
-  // Whether a split batch cuts this row over its chunks' blocks (Split): filters without
-  // top-p, top-k within kMaxSplitTopK.
+  // Whether a split batch cuts this row over its chunks' blocks (Split): filters with top-k
+  // within kMaxSplitTopK, or without top-k and top-p (t_p over chunks needs t_k's bound).
   __device__ bool cut_over_chunks() const {
-    return !single_pass() && r.top_p >= 1.0f && (!has_top_k() || r.top_k <= kMaxSplitTopK);
+    if (single_pass()) return false;
+    return has_top_k() ? r.top_k <= kMaxSplitTopK : r.top_p >= 1.0f;
   }
 
   // That pass over tokens [begin, end): the packed winner, kNoToken if none.
@@ -681,8 +696,10 @@ struct Row {
 
   // The first kernel's last block: s_max and t_minp from the chunks' max keys, t_k's bin
   // from the bin list, recorded in the row's SplitRow for the draw. A list longer than
-  // kBinListCapacity: the row is left to one block of the draw kernel, sampled whole (here
-  // the sampler's code would be a second time in sample_kernel, and spill its registers).
+  // kBinListCapacity, or a top-p row whose candidates at or above t_k's bin would not fit in
+  // the entries (or whose top-k cuts nothing): the row is left to one block of the draw
+  // kernel, sampled whole (here the sampler's code would be a second time in sample_kernel,
+  // and spill its registers).
   __device__ void cut_from_chunks(const Split& split, int64_t row, SharedState& sh) {
     SplitRow& state = split.rows[row];
     const uint64_t max_key = partials_max(split.partials(row), split.splits, sh);
@@ -703,8 +720,17 @@ struct Row {
       __syncthreads();
       k_cut = find_bin(sh.wide.counts, k, sh);
     }
-    const int bin = boundary_bin(lower, k_cut, {-1, 0});
-    if (threadIdx.x == 0) state.above = k_cut.above, state.cut = static_cast<uint64_t>(bin + 1) << 32 | lower;
+    const bool top_p = r.top_p < 1.0f;
+    if (top_p && (k_cut.bin < 0 || k_cut.above + sh.wide.counts[k_cut.bin] > kBinCapacity)) {
+      if (threadIdx.x == 0) state.cut = kSampledWhole;
+      return;
+    }
+    // (A top-p row gathers from t_k's bin even when t_minp's is higher: t_p may be higher still.)
+    const int bin = top_p ? k_cut.bin : boundary_bin(lower, k_cut, {-1, 0});
+    if (threadIdx.x == 0) {
+      state.above = k_cut.above, state.cut = static_cast<uint64_t>(bin + 1) << 32 | lower;
+      state.max_key = static_cast<unsigned int>(max_key);
+    }
   }
 
   // Second kernel, each chunk: the Gumbel-max over its kept tokens above the boundary bin
@@ -723,6 +749,10 @@ struct Row {
     }
     const uint32_t lower = static_cast<uint32_t>(cut);
     const int bin = static_cast<int>(cut >> 32) - 1;
+    if (r.top_p < 1.0f) {
+      draw_top_p_chunk(split, row, begin, end, bin, lower, sh);
+      return;
+    }
     BinEntry* entries = split.entries(row);
     uint64_t winner;
     if (bin < 0) {
@@ -739,9 +769,7 @@ struct Row {
       const uint64_t above = block_load(state.above, sh);
       const uint64_t k = static_cast<uint64_t>(r.top_k);
       if (gathered <= kBinCapacity) {
-        for (unsigned int e = threadIdx.x; e < gathered; e += kThreads)
-          sh.wide.entries[e] = {load_volatile(entries[e].key), load_volatile(entries[e].index)};
-        __syncthreads();
+        load_entries(entries, gathered, sh);
         threshold = max(lower, radix_select<false>(entry_keys(gathered, sh), bin, above, k, 0.0f, sh));
         best = entries_argmax(gathered, best, sh);
       } else {  // passes over the whole row, by this block: the select, then the bin's draw
@@ -753,6 +781,46 @@ struct Row {
       }
     }
     if (threadIdx.x == 0) p.out[row] = unpack_or_none(best);
+  }
+
+  // The second kernel for a top-p row (cut_from_chunks bounded its gathering by kBinCapacity):
+  // each chunk's candidates' masses added to the row's Z, its candidates at or above t_k's
+  // bin and t_minp gathered into the row's entries; the last block selects t_k and t_p among
+  // the entries (for keys at or above them, their masses are the row's) and draws over them.
+  __device__ void draw_top_p_chunk(const Split& split, int64_t row, int64_t begin, int64_t end, int bin,
+                                   uint32_t lower, SharedState& sh) {
+    SplitRow& state = split.rows[row];
+    s_max = key_score(block_load(state.max_key, sh));
+    const uint64_t from = max(bin_start(bin), static_cast<uint64_t>(lower));
+    const auto gather = shared_entries(sh);
+    uint64_t mass = 0;
+    for_each_candidate(
+        [&](int64_t i, float s) {
+          mass += token_mass(s, s_max);
+          if (score_key(s) >= from) gather(score_key(s), i);
+        },
+        begin, end);
+    mass = block_sum(mass, sh);  // (its barriers complete the gathering)
+    publish_entries(state, split.entries(row), sh);
+    if (threadIdx.x == 0) atomicAdd(&state.mass, static_cast<unsigned long long>(mass));
+    if (!last_to_arrive(&state.drawn, split.splits, sh)) return;
+    const unsigned int gathered = block_load(state.gathered, sh);
+    const uint64_t above = block_load(state.above, sh);
+    const uint64_t p_target = top_p_target(r.top_p, block_load(state.mass, sh));
+    load_entries(split.entries(row), gathered, sh);
+    const uint32_t t_k = radix_select<false>(entry_keys(gathered, sh), bin, above, static_cast<uint64_t>(r.top_k),
+                                             s_max, sh);
+    const uint32_t t_p = radix_select<true>(entry_keys(gathered, sh), kAllKeys, 0, p_target, s_max, sh);
+    threshold = max(lower, max(t_k, t_p));
+    const uint64_t best = entries_argmax(gathered, kNoToken, sh);
+    if (threadIdx.x == 0) p.out[row] = unpack_or_none(best);
+  }
+
+  // The first `gathered` of a split row's entries into sh.wide.entries (at most kBinCapacity).
+  __device__ static void load_entries(const BinEntry* entries, unsigned int gathered, SharedState& sh) {
+    for (unsigned int e = threadIdx.x; e < gathered; e += kThreads)
+      sh.wide.entries[e] = {load_volatile(entries[e].key), load_volatile(entries[e].index)};
+    __syncthreads();
   }
 
   // Token i's score if it is in the kept set {key >= threshold}, else -inf (i may be any id).
@@ -965,7 +1033,7 @@ int64_t sample_cuda_splits(int64_t rows, int64_t vocab) {
   return splits < 1 ? 1 : (splits > kMaxSplits ? kMaxSplits : splits);
 }
 
-int64_t sample_cuda_scratch_words(int64_t splits) { return splits + kBinListCapacity + kBinCapacity; }
+int64_t sample_cuda_scratch_words(int64_t splits) { return split_scratch_words(splits); }
 
 void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* split_rows,
                  cudaStream_t stream) {

@@ -116,10 +116,11 @@ def test_sampler_agrees_with_cpu_scalar_parameters(emulation, lp_cpu, sms, path,
     assert torch.equal(got, lp_cpu.sample(logits, **kwargs))
 
 
-# The filters of rows cut over several blocks (top-k up to 1024, min-p, no top-p) and beyond
-# them (top-k 1025: one block per row).
-SPLIT_FILTERS = [dict(top_k=1), dict(top_k=50), dict(top_k=1024), dict(top_k=1025), dict(min_p=0.1),
-                 dict(top_k=50, min_p=0.3), dict(top_k=7, min_p=1.0)]
+# The filters of rows cut over several blocks (top-k up to 1024, min-p, top-p with top-k) and
+# beyond them (top-k 1025, top-p alone: one block per row).
+SPLIT_FILTERS = [dict(top_k=1), dict(top_k=50), dict(top_k=50, top_p=0.9), dict(top_k=1024), dict(top_k=1025),
+                 dict(min_p=0.1), dict(top_k=50, min_p=0.3), dict(top_k=7, min_p=1.0), dict(top_p=0.9),
+                 dict(top_k=1024, top_p=0.3), dict(top_k=200, top_p=0.999, min_p=0.02), dict(top_k=1, top_p=0.0)]
 
 
 def split_rows(kind: str, rows: int, vocab: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
@@ -146,16 +147,17 @@ SPLIT_CASES = ([(torch.bfloat16, "normal"), (torch.float32, "equal")] if SANITIZ
 
 @pytest.mark.parametrize("dtype,kind", SPLIT_CASES)
 def test_split_cut_agrees_with_cpu(emulation, lp_cpu, dtype, kind):
-    """Top-k and min-p rows of small batches, cut over several blocks (two kernels: counts, then
-    the draw) with their fallbacks, per-row filters and a single row, with a bitmask and fused
-    penalties: the CPU's tokens."""
+    """Top-k, min-p and top-p-with-top-k rows of small batches, cut over several blocks (two
+    kernels: counts, then the draw) with their fallbacks, per-row filters and a single row, with
+    a bitmask and fused penalties: the CPU's tokens."""
     g = torch.Generator().manual_seed(len(kind) + dtype.itemsize)
-    vocab, sms = (16411, 8) if SANITIZED else (200003, 132)
+    vocab, sms = (16411, 16) if SANITIZED else (200003, 132)
     rows = len(SPLIT_FILTERS)
     logits = split_rows(kind, rows, vocab, dtype, g)
     params = dict(temperature=torch.rand(rows, generator=g) + 0.5,
                   top_k=torch.tensor([f.get("top_k", 0) for f in SPLIT_FILTERS]),
                   min_p=torch.tensor([f.get("min_p", 0.0) for f in SPLIT_FILTERS]),
+                  top_p=torch.tensor([f.get("top_p", 1.0) for f in SPLIT_FILTERS]),
                   seed=torch.randint(0, 2**62, (rows,), generator=g), offset=3)
     bitmask = random_bitmask(rows, vocab, g, "words")
     counts = torch.randint(0, 3, (rows, vocab), generator=g, dtype=torch.int32)
@@ -170,10 +172,16 @@ def test_split_cut_agrees_with_cpu(emulation, lp_cpu, dtype, kind):
                     kwargs["penalties"] = lp.Penalties(prompt_mask, counts, 1.3, 0.2, 0.1)
                 got = lp.sample(logits, **kwargs)
             assert torch.equal(got, expected), (extra.keys(), penalty is None, (got != expected).nonzero().flatten())
-    for r, filters in enumerate(SPLIT_FILTERS[:3] if SANITIZED else SPLIT_FILTERS):
+    for r, filters in enumerate(SPLIT_FILTERS[:4] if SANITIZED else SPLIT_FILTERS):
         with emulation.gpu(sms) as lp:
             got = lp.sample(logits[r:r + 1], seed=r, temperature=0.7, **filters)
         assert torch.equal(got, lp_cpu.sample(logits[r:r + 1], seed=r, temperature=0.7, **filters)), filters
+    # Top-p with a top-k that cuts nothing (fewer candidates than k): sampled whole.
+    few = logits[:1].clone()
+    few[:, 500:] = float("-inf")
+    with emulation.gpu(sms) as lp:
+        got = lp.sample(few, seed=1, top_k=1000, top_p=0.5)
+    assert torch.equal(got, lp_cpu.sample(few, seed=1, top_k=1000, top_p=0.5))
 
 
 def test_sampler_narrow_bitmask_and_strided_rows(emulation, lp_cpu):

@@ -62,6 +62,9 @@ MUTANTS = [
     # can then miss counts.
     Mutant("split-own-bin", SAMPLER, "find_bin(sh.wide.counts, k, sh).bin : 0;",
            "find_bin(sh.wide.counts, k, sh).bin + 1 : 0;", "fibers", AGREEMENT, "split_cut"),
+    # A split top-p row's chunk adds half its mass to the row's Z: t_p then lies too high.
+    Mutant("split-top-p-mass", SAMPLER, "mass = block_sum(mass, sh);", "mass = block_sum(mass, sh) / 2;",
+           "fibers", AGREEMENT, "split_cut"),
     # A read one past each row's end: past the allocation at the last row.
     Mutant("row-end", SAMPLER, "e < head + (end - tail); e += kThreads", "e <= head + (end - tail); e += kThreads",
            "asan", "AddressSanitizer: heap-buffer-overflow"),
