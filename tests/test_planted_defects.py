@@ -34,7 +34,9 @@ DEFECT_TEST_FILE = {"sample-ignores-penalties": "tests/test_penalties.py"}
 def test_hand_written_tests_catch_the_planted_defect(defect):
     op, _ = DEFECTS[defect]
     test_file = DEFECT_TEST_FILE.get(defect, TEST_FILE[op])
-    env = os.environ | {ENV: defect, "PYTHONPATH": str(ROOT / "tests")}
+    # tests/ for the plugin, ahead of the caller's PYTHONPATH (certification's carried packages).
+    python_path = os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))
+    env = os.environ | {ENV: defect, "PYTHONPATH": python_path}
     command = [sys.executable, "-m", "pytest", "-p", "planted_defects", "-p", "no:cacheprovider",
                "-x", "-q", "-k", "not bad_input", test_file]
     child = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
