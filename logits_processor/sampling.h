@@ -320,11 +320,11 @@ class CpuRowSampler {
 #if defined(CUDA_KERNEL) || defined(__CUDACC__)
 // How many blocks share each row (1 unless the batch is small against the GPU). When more
 // than 1, sample_cuda needs rows * sample_cuda_scratch_words(splits) words of scratch and
-// rows * kSplitRowWords zeroed words.
-constexpr int64_t kSplitRowWords = 7;
+// sample_cuda_zeroed_words(params) zeroed words.
 int64_t sample_cuda_splits(int64_t rows, int64_t vocab);
 int64_t sample_cuda_scratch_words(int64_t splits);
-void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* split_rows,
+int64_t sample_cuda_zeroed_words(const SamplingParams& params);
+void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* zeroed,
                  cudaStream_t stream);
 #endif
 

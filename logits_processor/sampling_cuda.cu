@@ -19,7 +19,7 @@
 // chunk of the row; the last block to finish a row, counted with an atomic after a fence,
 // combines the chunks' results, so no block ever waits for another:
 //   - greedy and unfiltered rows: one kernel, the last block combines the chunks' winners;
-//   - top-k (k <= kMaxSplitTopK) and min-p rows without top-p: a second kernel
+//   - top-k (k <= kMaxSplitTopK; above it, below) and min-p rows without top-p: a second kernel
 //     (split_draw_kernel). In the first, each chunk's block counts its key bins and lists
 //     the bins at or above its own k-th key's (the row's k-th key can be no lower), and the
 //     last block finds the row's cut from the list; in the second, each block draws over its
@@ -27,13 +27,23 @@
 //     scratch, where the last block selects the exact cutoff and finishes the draw.
 //     The coordination moves a few hundred bytes per block, integer counts only, so the
 //     tokens are the CPU's whatever the split;
-//   - top-p rows with top-k (k <= kMaxSplitTopK): the same first kernel; in the second each
+//   - top-p rows with top-k: the same first kernel; in the second each
 //     block adds its candidates' masses to the row's Z and gathers every candidate at or
 //     above t_k's bin (a superset of the kept set, at most kBinCapacity or the row is
 //     sampled whole), and the last block selects t_k and t_p among them and draws: 2 passes;
-//   - top-p rows without top-k (and top-k above kMaxSplitTopK) are sampled whole by their
-//     chunk-0 block: merging the chunks' masses per key bin would move a tenth of a pass or
-//     more (README).
+//   - top-p rows without top-k: in the first kernel each chunk's block also estimates its
+//     key bins' masses before s_max is known (2^24 e^(s - its bin's top score), a reference
+//     every chunk shares) and adds them to the row's bins in global memory (integer
+//     atomics); the last block rescales them to s_max and brackets t_p's bins for targets
+//     within kEstimateMargin of the estimate. In the second, each block sums its exact
+//     masses (Z, and the mass above the bracket), draws over its kept tokens above it and
+//     gathers the bracket's candidates; the last block checks on the exact sums that t_p
+//     lies in the bracket, selects it among the entries and draws: 2 passes. A bracket that
+//     missed (the estimate is coarse in wide bins: huge scores) or that overflows the
+//     entries: that block samples the row whole, so exactness never rests on the estimate;
+//   - top-k rows above kMaxSplitTopK: as top-k rows, but each chunk's block adds its bin
+//     counts to the row's bins in global memory instead of listing them (a list would not
+//     hold them).
 //
 // sample_with_logprobs and token_logprobs run logprobs_kernel: a block per row, the same draw,
 // then one pass over the kept set for ln Z, the rank and the top-N (row_logprobs).
@@ -67,6 +77,13 @@ constexpr int64_t kMinSplitTokens = 16384;  // a chunk smaller than this is not 
 constexpr int64_t kMaxSplits = 64;
 // The largest top-k cut over chunks: each chunk lists up to k key bins (Row::count_chunk).
 constexpr int64_t kMaxSplitTopK = 1024;
+// A split top-p row's estimated bin masses (Row::count_chunk): each candidate's share is
+// 2^24 e^(s - its bin's top score), rescaled to s_max in the last block; the gathered bins
+// cover the targets within kEstimateMargin of top_p times the estimated Z (the estimate's
+// error is below 2^-24 e^(bin width) of Z, about 1e-5 for scores below 64).
+constexpr float kEstimateScale = 16777216.0f;  // 2^24
+constexpr double kEstimateMargin = 1.0 / 1024;
+constexpr uint64_t kMaxEstimatedBinMass = uint64_t{1} << 50;  // keeps the estimates' sum below 2^62
 constexpr int64_t kBinListCapacity = 2048;  // (bin, count) pairs a split row's chunks list
 constexpr int kTopChunk = 20;  // top-N tokens found per pass over the row (the fast path: N <= 20)
 constexpr uint32_t kNoDigit = ~0u;
@@ -88,16 +105,20 @@ struct BinEntry {
 // before the launch.
 struct SplitRow {
   unsigned long long candidates;  // the chunks' candidate counts, summed
-  unsigned long long above;       // the cut: the candidates above the boundary bin
+  unsigned long long above;       // the cut: the candidates above the boundary bin (top-p
+                                  // rows without top-k: the chunks' masses above the bracket)
   unsigned long long cut;         // the cut: (boundary bin + 1) << 32 | t_minp's key, or kSampledWhole
+                                  // (top-p rows without top-k: the bracket's highest bin)
   unsigned long long mass;        // top-p rows: the chunks' candidate masses, summed (Z)
   unsigned int counted;           // chunks through the first pass
   unsigned int drawn;             // chunks through the draw
   unsigned int listed;            // (bin, count) pairs offered to the bin list (may exceed it)
   unsigned int gathered;          // boundary-bin candidates offered to the entries (likewise)
   unsigned int max_key;           // the cut: s_max's key (top-p rows' masses are relative to it)
+  unsigned int low_bin;           // top-p rows without top-k: the bracket's lowest bin
 };
-static_assert(sizeof(SplitRow) == 8 * kSplitRowWords, "sampling.h's kSplitRowWords");
+constexpr int64_t kSplitRowWords = 7;
+static_assert(sizeof(SplitRow) == 8 * kSplitRowWords, "kSplitRowWords");
 
 struct SharedState {
   union {
@@ -161,6 +182,27 @@ __device__ uint64_t own_bins_sum(const Count* bins) {
   uint64_t mine = 0;
   for (int j = 0; j < kBinsPerThread; ++j) mine += bins[first_own_bin() - j];
   return mine;
+}
+
+// The largest score of key bin b (a candidate's bin: its top key is a finite score's).
+__device__ float bin_top_score(int b) { return key_score(static_cast<uint32_t>(bin_start(b + 1) - 1)); }
+
+// A candidate's share of its key bin's estimated mass (kEstimateScale), relative to the bin's
+// top score: the same for every chunk of the row, before s_max is known.
+__device__ uint64_t estimated_mass(uint32_t key) {
+  const float below_top = lp_add(key_score(key), -bin_top_score(static_cast<int>(key_bin(key))));
+  return static_cast<uint64_t>(lp_mul(lp_exp_nonpositive(below_top), kEstimateScale));
+}
+
+// Bin b's estimated mass rescaled to s_max, in units of kEstimateScale^-1 of s_max's mass
+// (at most kMaxEstimatedBinMass: an estimate, which the draw checks).
+__device__ uint64_t rescaled_estimate(uint64_t estimate, int b, float s_max) {
+  if (estimate == 0) return 0;
+  const float above_max = lp_add(bin_top_score(b), -s_max);  // > 0 only in s_max's own bin
+  const float factor = above_max > 0.0f ? 1.0f / lp_exp_nonpositive(above_max < 60.0f ? -above_max : -60.0f)
+                                        : lp_exp_nonpositive(above_max);
+  const float m = lp_mul(static_cast<float>(estimate), factor);
+  return m < static_cast<float>(kMaxEstimatedBinMass) ? static_cast<uint64_t>(m) : kMaxEstimatedBinMass;
 }
 
 // Where a cutoff lies among the key bins: the highest bin whose bins at or above it reach
@@ -322,12 +364,15 @@ LP_HOST_DEVICE constexpr int64_t split_scratch_words(int64_t splits) {
 }
 
 // Rows split over `splits` blocks each, chunks of `chunk` tokens (a multiple of 4). Each row
-// has its SplitRow and split_scratch_words(splits) words of `scratch` (Split's accessors).
+// has its SplitRow, split_scratch_words(splits) words of `scratch` and, when a row of the
+// batch may merge its bins (may_merge_bins), its kBins key bins merged over its chunks, zeroed
+// (Split's accessors).
 struct Split {
   int64_t splits;
   int64_t chunk;
   SplitRow* rows;
   unsigned long long* scratch;
+  unsigned long long* merged;  // null unless may_merge_bins
 
   __device__ unsigned long long* partials(int64_t row) const {
     return scratch + row * split_scratch_words(splits);
@@ -336,6 +381,9 @@ struct Split {
   __device__ BinEntry* entries(int64_t row) const {
     return reinterpret_cast<BinEntry*>(partials(row) + splits + kBinListCapacity);
   }
+  // The row's key bins summed over its chunks: the estimated masses of a top-p row without
+  // top-k, the counts of a top-k row above kMaxSplitTopK.
+  __device__ unsigned long long* merged_bins(int64_t row) const { return merged + row * kBins; }
 };
 
 // Whether this block is the last of `blocks` to arrive at `counter`, called by the whole
@@ -494,12 +542,12 @@ struct Row {
     return r.greedy || (!has_top_k() && r.top_p >= 1.0f && r.min_p <= 0.0f);
   }
 
-  // Whether a split batch cuts this row over its chunks' blocks (Split): filters with top-k
-  // within kMaxSplitTopK, or without top-k and top-p (t_p over chunks needs t_k's bound).
-  __device__ bool cut_over_chunks() const {
-    if (single_pass()) return false;
-    return has_top_k() ? r.top_k <= kMaxSplitTopK : r.top_p >= 1.0f;
-  }
+  // Whether a split batch cuts this row over its chunks' blocks (Split): any filter.
+  __device__ bool cut_over_chunks() const { return !single_pass(); }
+
+  // Whether a split row sums its key bins over its chunks in global memory (Split::merged_bins;
+  // may_merge_bins on the host): top-k above kMaxSplitTopK, top-p without top-k.
+  __device__ bool merges_bins() const { return has_top_k() ? r.top_k > kMaxSplitTopK : r.top_p < 1.0f; }
 
   // That pass over tokens [begin, end): the packed winner, kNoToken if none.
   __device__ uint64_t single_pass_winner(int64_t begin, int64_t end, SharedState& sh) const {
@@ -554,7 +602,7 @@ struct Row {
   //           passes over the row instead (and the draw left to the caller).
   __device__ bool cut(SharedState& sh, Draw* draw = nullptr) {
     const bool top_k = has_top_k();
-    const KeyCount first = count_keys(top_k, 0, p.vocab, sh);
+    const KeyCount first = count_keys(top_k ? KeyBins::kCounts : KeyBins::kNone, 0, p.vocab, sh);
     if (first.candidates == 0) return false;
     s_max = key_score(static_cast<uint32_t>(first.max_key));
     const uint32_t lower = min_p_key(s_max, r.min_p);
@@ -598,22 +646,26 @@ struct Row {
     return true;
   }
 
-  // Pass 1's results over tokens [begin, end), block-wide; with top_k, the key bins' counts
-  // are in sh.wide.counts.
+  // Pass 1's results over tokens [begin, end), block-wide, and what it adds up per key bin:
+  // nothing, the counts (into sh.wide.counts) or the estimated masses (sh.wide.masses).
   struct KeyCount {
     uint64_t max_key;
     uint64_t candidates;
   };
+  enum class KeyBins { kNone, kCounts, kEstimatedMasses };
 
-  __device__ KeyCount count_keys(bool top_k, int64_t begin, int64_t end, SharedState& sh) const {
-    if (top_k) zero_bins(sh.wide.counts);
+  __device__ KeyCount count_keys(KeyBins bins, int64_t begin, int64_t end, SharedState& sh) const {
+    if (bins == KeyBins::kCounts) zero_bins(sh.wide.counts);
+    if (bins == KeyBins::kEstimatedMasses) zero_bins(sh.wide.masses);
     uint64_t max_key = kNoKey, candidates = 0;
     for_each_candidate(
         [&](int64_t, float s) {
           const uint32_t key = score_key(s);
           max_key = max(max_key, static_cast<uint64_t>(key));
           ++candidates;
-          if (top_k) atomicAdd(&sh.wide.counts[key_bin(key)], 1u);
+          if (bins == KeyBins::kCounts) atomicAdd(&sh.wide.counts[key_bin(key)], 1u);
+          if (bins == KeyBins::kEstimatedMasses)
+            atomicAdd(&sh.wide.masses[key_bin(key)], static_cast<unsigned long long>(estimated_mass(key)));
         },
         begin, end);
     // (The reductions' barriers also complete the counts.)
@@ -676,16 +728,27 @@ struct Row {
   // First kernel, each chunk [begin, end): pass 1 over it, its max key into its partial and
   // its candidates added to the row's, and with top-k its bins at or above its own k-th
   // key's bin listed: the row's k-th key is no lower than any chunk's, so the list's sums
-  // are exact in every bin where the row's cut can lie. The last chunk's block cuts the row.
+  // are exact in every bin where the row's cut can lie. Top-k rows above kMaxSplitTopK add
+  // their counts to the row's merged bins instead, and top-p rows without top-k their
+  // estimated bin masses. The last chunk's block cuts the row.
   __device__ void count_chunk(const Split& split, int64_t row, int64_t chunk, int64_t begin, int64_t end,
                               SharedState& sh) {
     SplitRow& state = split.rows[row];
     const bool top_k = has_top_k();
-    const KeyCount first = count_keys(top_k, begin, end, sh);
-    if (top_k && first.candidates > 0) {
+    const bool merges = merges_bins();
+    const KeyCount first =
+        count_keys(top_k ? KeyBins::kCounts : (merges ? KeyBins::kEstimatedMasses : KeyBins::kNone), begin, end, sh);
+    if (top_k && !merges && first.candidates > 0) {
       const uint64_t k = static_cast<uint64_t>(r.top_k);
       const int own_bin = k < first.candidates ? find_bin(sh.wide.counts, k, sh).bin : 0;
       list_bins(sh.wide.counts, own_bin, state, split.bin_list(row), sh);
+    }
+    if (merges) {  // (count_keys' reductions completed the bins)
+      unsigned long long* row_bins = split.merged_bins(row);
+      for (int b = threadIdx.x; b < kBins; b += kThreads) {
+        const uint64_t v = top_k ? sh.wide.counts[b] : sh.wide.masses[b];
+        if (v != 0) atomicAdd(&row_bins[b], static_cast<unsigned long long>(v));
+      }
     }
     if (threadIdx.x == 0) {
       split.partials(row)[chunk] = first.max_key;
@@ -710,13 +773,22 @@ struct Row {
       return;
     }
     const uint32_t lower = candidates == 0 ? kNoKey : min_p_key(key_score(static_cast<uint32_t>(max_key)), r.min_p);
+    if (!has_top_k() && r.top_p < 1.0f) {
+      bracket_top_p(split, row, static_cast<uint32_t>(max_key), lower, sh);
+      return;
+    }
     BinCut k_cut{-1, 0};
     const uint64_t k = static_cast<uint64_t>(r.top_k);
     if (has_top_k() && k < candidates) {
-      zero_bins(sh.wide.counts);
-      const BinCount* list = split.bin_list(row);
-      for (unsigned int e = threadIdx.x; e < listed; e += kThreads)
-        atomicAdd(&sh.wide.counts[load_volatile(list[e].bin)], load_volatile(list[e].count));
+      if (merges_bins()) {
+        const unsigned long long* bins = split.merged_bins(row);
+        for (int b = threadIdx.x; b < kBins; b += kThreads) sh.wide.counts[b] = static_cast<unsigned int>(load_volatile(bins[b]));
+      } else {
+        zero_bins(sh.wide.counts);
+        const BinCount* list = split.bin_list(row);
+        for (unsigned int e = threadIdx.x; e < listed; e += kThreads)
+          atomicAdd(&sh.wide.counts[load_volatile(list[e].bin)], load_volatile(list[e].count));
+      }
       __syncthreads();
       k_cut = find_bin(sh.wide.counts, k, sh);
     }
@@ -733,26 +805,60 @@ struct Row {
     }
   }
 
-  // Second kernel, each chunk: the Gumbel-max over its kept tokens above the boundary bin
+  // cut_from_chunks for a top-p row without top-k: the row's estimated bin masses rescaled to
+  // s_max, and the bins [low, high] where the cumulative estimate from the top crosses top_p
+  // times its total, give or take kEstimateMargin: t_p's bin, if the estimate is that close
+  // (draw_top_p_bracket checks). A row whose estimates are all 0 is sampled whole.
+  __device__ void bracket_top_p(const Split& split, int64_t row, uint32_t max_key, uint32_t lower, SharedState& sh) {
+    const unsigned long long* estimates = split.merged_bins(row);
+    const float row_max = key_score(max_key);
+    for (int j = 0; j < kBinsPerThread; ++j) {
+      const int b = first_own_bin() - j;
+      sh.wide.masses[b] = rescaled_estimate(load_volatile(estimates[b]), b, row_max);
+    }
+    __syncthreads();
+    const double target = static_cast<double>(r.top_p) * static_cast<double>(block_sum(own_bins_sum(sh.wide.masses), sh));
+    const uint64_t least = static_cast<uint64_t>(target * (1.0 - kEstimateMargin));
+    const int high = find_bin(sh.wide.masses, least > 0 ? least : 1, sh).bin;
+    const int low = find_bin(sh.wide.masses, static_cast<uint64_t>(target * (1.0 + kEstimateMargin)) + 1, sh).bin;
+    if (threadIdx.x == 0) {
+      SplitRow& state = split.rows[row];
+      state.max_key = max_key;
+      state.low_bin = low > 0 ? static_cast<unsigned int>(low) : 0u;
+      state.cut = high < 0 ? kSampledWhole : static_cast<uint64_t>(high + 1) << 32 | lower;
+    }
+  }
+
+  // Second kernel, each chunk: the draw by the row's filters (below), or the row sampled
+  // whole by one block (cut_from_chunks' kSampledWhole: the chunk-0 block; a top-p bracket
+  // that missed: the last block).
+  __device__ void draw_chunk(const Split& split, int64_t row, int64_t chunk, int64_t begin, int64_t end,
+                             SharedState& sh) {
+    const uint64_t cut = block_load(split.rows[row].cut, sh);
+    bool whole = cut == kSampledWhole && chunk == 0;
+    if (cut != kSampledWhole) {
+      const uint32_t lower = static_cast<uint32_t>(cut);
+      const int bin = static_cast<int>(cut >> 32) - 1;
+      if (r.top_p >= 1.0f)
+        draw_cut_chunk(split, row, chunk, begin, end, bin, lower, sh);
+      else if (has_top_k())
+        draw_top_p_chunk(split, row, begin, end, bin, lower, sh);
+      else
+        whole = !draw_top_p_bracket(split, row, chunk, begin, end, bin, lower, sh);
+    }
+    if (whole) {  // (one call: `sample` is inlined where it is called)
+      const int64_t token = sample(sh);
+      if (threadIdx.x == 0) p.out[row] = token;
+    }
+  }
+
+  // A top-k or min-p row: the Gumbel-max over the chunk's kept tokens above the boundary bin
   // into its partial, the bin's candidates at or above t_minp gathered into the row's
   // entries. The last chunk's block selects t_k among the entries and finishes the draw (a
   // bin too large for them: the select and the bin's draw by passes over the row).
-  __device__ void draw_chunk(const Split& split, int64_t row, int64_t chunk, int64_t begin, int64_t end,
-                             SharedState& sh) {
+  __device__ void draw_cut_chunk(const Split& split, int64_t row, int64_t chunk, int64_t begin, int64_t end, int bin,
+                                 uint32_t lower, SharedState& sh) {
     SplitRow& state = split.rows[row];
-    const uint64_t cut = block_load(state.cut, sh);
-    if (cut == kSampledWhole) {
-      if (chunk != 0) return;
-      const int64_t token = sample(sh);
-      if (threadIdx.x == 0) p.out[row] = token;
-      return;
-    }
-    const uint32_t lower = static_cast<uint32_t>(cut);
-    const int bin = static_cast<int>(cut >> 32) - 1;
-    if (r.top_p < 1.0f) {
-      draw_top_p_chunk(split, row, begin, end, bin, lower, sh);
-      return;
-    }
     BinEntry* entries = split.entries(row);
     uint64_t winner;
     if (bin < 0) {
@@ -814,6 +920,54 @@ struct Row {
     threshold = max(lower, max(t_k, t_p));
     const uint64_t best = entries_argmax(gathered, kNoToken, sh);
     if (threadIdx.x == 0) p.out[row] = unpack_or_none(best);
+  }
+
+  // A top-p row without top-k (bracket_top_p estimated that t_p lies in bins [low_bin, high]):
+  // each chunk adds its candidates' exact masses to the row's Z and those above the bracket to
+  // its `above`, draws over its kept tokens above the bracket, and gathers the bracket's
+  // candidates at or above t_minp. The last block checks on the exact sums that t_p lies below
+  // the bracket's top and not below the entries (unless t_minp bounds them, and then is the
+  // threshold), selects it among them and finishes the draw; false if the bracket missed, or
+  // overflowed the entries: that block then samples the row whole.
+  __device__ bool draw_top_p_bracket(const Split& split, int64_t row, int64_t chunk, int64_t begin, int64_t end,
+                                     int high, uint32_t lower, SharedState& sh) {
+    SplitRow& state = split.rows[row];
+    s_max = key_score(block_load(state.max_key, sh));
+    const uint64_t top = bin_start(high + 1);
+    const uint64_t from = max(bin_start(block_load(state.low_bin, sh)), static_cast<uint64_t>(lower));
+    const auto gather = shared_entries(sh);
+    uint64_t mass = 0, above = 0;
+    const auto drawn = [&](int64_t i, uint32_t key) {
+      const uint64_t m = token_mass(key_score(key), s_max);
+      mass += m;
+      if (key >= top) {
+        above += m;
+        return key >= lower;
+      }
+      if (key >= from) gather(key, i);
+      return false;
+    };
+    const uint64_t winner = gumbel_argmax(drawn, sh, begin, end);  // (its reduction completes the gathering)
+    mass = block_sum(mass, sh);
+    above = block_sum(above, sh);
+    publish_entries(state, split.entries(row), sh);
+    if (threadIdx.x == 0) {
+      split.partials(row)[chunk] = winner;
+      atomicAdd(&state.mass, static_cast<unsigned long long>(mass));
+      atomicAdd(&state.above, static_cast<unsigned long long>(above));
+    }
+    if (!last_to_arrive(&state.drawn, split.splits, sh)) return true;
+    const unsigned int gathered = block_load(state.gathered, sh);
+    const uint64_t mass_above = block_load(state.above, sh);
+    const uint64_t p_target = top_p_target(r.top_p, block_load(state.mass, sh));
+    if (gathered > kBinCapacity || mass_above >= p_target) return false;  // t_p: no entry, or above them
+    load_entries(split.entries(row), gathered, sh);
+    const uint32_t t_p = radix_select<true>(entry_keys(gathered, sh), kAllKeys, mass_above, p_target, s_max, sh);
+    if (t_p == kNoKey && from > lower) return false;  // t_p below the entries, and above t_minp
+    threshold = max(lower, t_p);
+    const uint64_t best = entries_argmax(gathered, partials_max(split.partials(row), split.splits, sh), sh);
+    if (threadIdx.x == 0) p.out[row] = unpack_or_none(best);
+    return true;
   }
 
   // The first `gathered` of a split row's entries into sh.wide.entries (at most kBinCapacity).
@@ -1035,11 +1189,27 @@ int64_t sample_cuda_splits(int64_t rows, int64_t vocab) {
 
 int64_t sample_cuda_scratch_words(int64_t splits) { return split_scratch_words(splits); }
 
-void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* split_rows,
+namespace {
+
+// Whether a row of the batch may merge its key bins (Row::merges_bins): per-row top-k or top-p,
+// or such scalars (row_params makes a NaN top_p 1).
+bool may_merge_bins(const SamplingParams& p) {
+  return p.top_k != nullptr || p.top_k_value > kMaxSplitTopK || p.top_p != nullptr || p.top_p_value < 1.0f;
+}
+
+}  // namespace
+
+int64_t sample_cuda_zeroed_words(const SamplingParams& params) {
+  return params.rows * (kSplitRowWords + (may_merge_bins(params) ? kBins : 0));
+}
+
+void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* zeroed,
                  cudaStream_t stream) {
   if (params.rows == 0) return;
   const int64_t chunk = ((params.vocab + splits - 1) / splits + 3) / 4 * 4;
-  const Split split{splits, chunk > 0 ? chunk : 4, reinterpret_cast<SplitRow*>(split_rows), scratch};
+  unsigned long long* merged =
+      may_merge_bins(params) ? reinterpret_cast<unsigned long long*>(zeroed + params.rows * kSplitRowWords) : nullptr;
+  const Split split{splits, chunk > 0 ? chunk : 4, reinterpret_cast<SplitRow*>(zeroed), scratch, merged};
   const int64_t work = params.rows * splits;
   const int64_t limit = resident_block_limit(8);
   const unsigned int blocks = static_cast<unsigned int>(work < limit ? work : limit);

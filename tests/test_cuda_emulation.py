@@ -116,11 +116,12 @@ def test_sampler_agrees_with_cpu_scalar_parameters(emulation, lp_cpu, sms, path,
     assert torch.equal(got, lp_cpu.sample(logits, **kwargs))
 
 
-# The filters of rows cut over several blocks (top-k up to 1024, min-p, top-p with top-k) and
-# beyond them (top-k 1025, top-p alone: one block per row).
+# The filters of rows cut over several blocks (top-k up to 1024, min-p, top-p with top-k or
+# without) and beyond them (top-k above 1024: one block per row).
 SPLIT_FILTERS = [dict(top_k=1), dict(top_k=50), dict(top_k=50, top_p=0.9), dict(top_k=1024), dict(top_k=1025),
                  dict(min_p=0.1), dict(top_k=50, min_p=0.3), dict(top_k=7, min_p=1.0), dict(top_p=0.9),
-                 dict(top_k=1024, top_p=0.3), dict(top_k=200, top_p=0.999, min_p=0.02), dict(top_k=1, top_p=0.0)]
+                 dict(top_k=1024, top_p=0.3), dict(top_k=200, top_p=0.999, min_p=0.02), dict(top_k=1, top_p=0.0),
+                 dict(top_p=0.5, min_p=0.05), dict(top_p=0.999), dict(top_p=0.0), dict(top_k=2000, top_p=0.8)]
 
 
 def split_rows(kind: str, rows: int, vocab: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
@@ -147,9 +148,9 @@ SPLIT_CASES = ([(torch.bfloat16, "normal"), (torch.float32, "equal")] if SANITIZ
 
 @pytest.mark.parametrize("dtype,kind", SPLIT_CASES)
 def test_split_cut_agrees_with_cpu(emulation, lp_cpu, dtype, kind):
-    """Top-k, min-p and top-p-with-top-k rows of small batches, cut over several blocks (two
-    kernels: counts, then the draw) with their fallbacks, per-row filters and a single row, with
-    a bitmask and fused penalties: the CPU's tokens."""
+    """Top-k, min-p and top-p rows of small batches, cut over several blocks (two kernels: counts
+    or estimated masses, then the draw) with their fallbacks, per-row filters and a single row,
+    with a bitmask and fused penalties: the CPU's tokens."""
     g = torch.Generator().manual_seed(len(kind) + dtype.itemsize)
     vocab, sms = (16411, 16) if SANITIZED else (200003, 132)
     rows = len(SPLIT_FILTERS)
@@ -286,6 +287,33 @@ def test_sampler_gathers_the_boundary_bin_unless_it_overflows(emulation, lp_cpu)
         passes = (read + written) / (4 * vocab)
         assert (passes < 2.01) == fits, (crowd, passes)
         assert torch.equal(got, lp_cpu.sample(logits, **kwargs))
+
+
+@pytest.mark.skipif(SANITIZED, reason="only the fibers build counts global-memory traffic")
+def test_split_top_p_brackets_or_samples_whole(emulation, lp_cpu):
+    """A split top-p row without top-k takes two passes when the first pass's estimate brackets
+    t_p; when it misses (scores in wide key bins, [512, 576) here, where the estimate rounds to
+    nothing and t_p lies above the bracket, with t_minp inside it) or the bracket overflows the
+    entries (equal logits), the last block samples the row whole: more passes, the CPU's tokens
+    either way."""
+    vocab = 128256
+    g = torch.Generator().manual_seed(2)
+    normal = torch.randn(4, vocab, generator=g) * 2
+    wide = torch.full((4, vocab), float("-inf"))
+    wide[:, :60] = 513 + 2 * torch.rand(60, generator=g)  # t_p among these, in the wide bin
+    wide[:, 60:200] = 511 + 0.9 * torch.rand(140, generator=g)  # the bin below: all the estimate sees
+    equal = torch.full((4, vocab), 0.5)
+    for logits, min_p, two_passes in [(normal, 0.0, True), (wide, 0.03, False), (equal, 0.0, False)]:
+        kwargs = dict(top_p=0.5, min_p=min_p)
+        with emulation.gpu(8) as lp:
+            emulation.reset_traffic()
+            got = lp.sample(logits[:1], seed=3, **kwargs)
+            read, written = emulation.traffic()
+            batch = lp.sample(logits, seed=torch.arange(4) + 11, **kwargs)
+        passes = (read + written) / (4 * vocab)
+        assert (passes < 2.3) == two_passes, passes
+        assert torch.equal(got, lp_cpu.sample(logits[:1], seed=3, **kwargs))
+        assert torch.equal(batch, lp_cpu.sample(logits, seed=torch.arange(4) + 11, **kwargs))
 
 
 # --- bitmask -------------------------------------------------------------------------------

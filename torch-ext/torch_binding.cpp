@@ -690,14 +690,14 @@ void run_sampling(const lp::SamplingParams& p, const Tensor& logits) {
   // Scratch for small batches comes from PyTorch's caching allocator: capture-safe. The
   // log-probability ops take each row whole in one block (never split).
   const int64_t splits = p.logprobs.enabled ? 1 : lp::sample_cuda_splits(p.rows, p.vocab);
-  std::optional<Tensor> scratch, split_rows;
+  std::optional<Tensor> scratch, zeroed;
   if (splits > 1) {
     scratch = torch::stable::new_empty(logits, {p.rows * lp::sample_cuda_scratch_words(splits)}, ScalarType::Long);
-    split_rows = torch::stable::new_zeros(logits, {p.rows * lp::kSplitRowWords}, ScalarType::Long);
+    zeroed = torch::stable::new_zeros(logits, {lp::sample_cuda_zeroed_words(p)}, ScalarType::Long);
   }
   lp::sample_cuda(p, splits,
                   scratch ? reinterpret_cast<unsigned long long*>(scratch->mutable_data_ptr<int64_t>()) : nullptr,
-                  split_rows ? split_rows->mutable_data_ptr<int64_t>() : nullptr, context.stream());
+                  zeroed ? zeroed->mutable_data_ptr<int64_t>() : nullptr, context.stream());
 #endif
 }
 
