@@ -1,7 +1,7 @@
-"""Builds the CUDA emulation (tests/cuda_emulation/): torch_binding.cpp and the .cu kernels
-compiled by the host compiler against the emulation header, with -DLP_CUDA_EMULATION, which
-makes the binding take its CUDA path (validation, launch configuration, scratch, launch) on
-CPU tensors. Each flavor is a CPU variant the loader reads:
+"""Builds the CUDA emulation (tests/cuda_emulation/): the binding and the .cu kernels (as
+build.toml lists them) compiled by the host compiler against the emulation header, with
+-DLP_CUDA_EMULATION, which makes the binding take its CUDA path (validation, launch
+configuration, scratch, launch) on CPU tensors. Each flavor is a CPU variant the loader reads:
 build-emulation/<flavor>/torch-stable-abi210-cpu-x86_64-linux/.
 
 Flavors:
@@ -40,13 +40,6 @@ EMULATION = ROOT / "tests" / "cuda_emulation"
 OUT = ROOT / "build-emulation"
 SHARED_OBJ = OUT / ".obj" / "shared"
 
-# The .cu files the emulation compiles (with -x c++), and the binding and CPU sources it links.
-EMULATED_KERNELS = ["logits_processor/bitmask_cuda.cu", "logits_processor/sampling_cuda.cu",
-                    "logits_processor/penalties_cuda.cu"]
-SHARED_SOURCES = ["torch-ext/torch_binding.cpp", "logits_processor/bitmask_cpu.cpp",
-                  "logits_processor/sampling_cpu.cpp", "logits_processor/penalties_cpu.cpp",
-                  "logits_processor/verify_cpu.cpp"]
-
 SANITIZE_ADDRESS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                     "-fno-omit-frame-pointer"]
 FLAVORS = {
@@ -65,6 +58,28 @@ FLAVORS = {
 
 def config() -> dict:
     return tomllib.loads((ROOT / "build.toml").read_text())
+
+
+def emulated_kernels(cfg: dict) -> list[str]:
+    """The CUDA variant's .cu files (build.toml), which the emulation compiles with -x c++."""
+    return sources_ending(cfg, "cuda", ".cu")
+
+
+def shared_sources(cfg: dict) -> list[str]:
+    """The CPU variant's .cpp files (build.toml: the binding and the CPU kernels, which the
+    emulated tests compare against), compiled once for every flavor."""
+    return sources_ending(cfg, "cpu", ".cpp")
+
+
+def sources_ending(cfg: dict, backend: str, suffix: str) -> list[str]:
+    """`backend`'s sources ending in `suffix`, relative to the root (as --mutant names them).
+    Their objects are named by stem, so two of one stem would overwrite each other's."""
+    files = [p.relative_to(ROOT).as_posix() for p in build.sources(cfg, backend) if p.suffix == suffix]
+    stems = [Path(f).stem for f in files]
+    clashes = sorted({s for s in stems if stems.count(s) > 1})
+    if clashes:
+        raise SystemExit(f"[emulation] {backend} sources share the object names {clashes}")
+    return files
 
 
 def ops_name(cfg: dict, flags: list[str]) -> str:
@@ -87,7 +102,7 @@ def common_flags(cfg: dict) -> list[str]:
             + [f"-isystem{sysconfig.get_paths()['include']}"])
 
 
-def ninja_file(cxx: str, flags: list[str], ops: str, flavors: list[str], out_root: Path,
+def ninja_file(cfg: dict, cxx: str, flags: list[str], ops: str, flavors: list[str], out_root: Path,
                replacements: dict[str, Path], with_shared_rules: bool) -> str:
     lines = [
         f"cxx = {cxx}",
@@ -100,16 +115,17 @@ def ninja_file(cxx: str, flags: list[str], ops: str, flavors: list[str], out_roo
         "  command = $cxx $in -shared -Wl,--as-needed $ldflags -o $out",
         "",
     ]
-    shared = [SHARED_OBJ / (Path(s).stem + ".o") for s in SHARED_SOURCES]
+    shared_files = shared_sources(cfg)
+    shared = [SHARED_OBJ / (Path(s).stem + ".o") for s in shared_files]
     if with_shared_rules:
-        for source, obj in zip(SHARED_SOURCES, shared):
+        for source, obj in zip(shared_files, shared):
             lines += [f"build {obj}: compile {ROOT / source}", "  extra = -O2", ""]
     torch_lib = Path(cpp_extension.include_paths()[0]).parent / "lib"
     for flavor in flavors:
         spec = FLAVORS[flavor]
         obj_dir = out_root / ".obj" / flavor
         objects = list(shared)
-        for source in EMULATED_KERNELS + ["tests/cuda_emulation/runtime.cpp"] + spec["extra"]:
+        for source in emulated_kernels(cfg) + ["tests/cuda_emulation/runtime.cpp"] + spec["extra"]:
             obj = obj_dir / (Path(source).stem + ".o")
             path = replacements.get(source, ROOT / source)
             kind = "runtime" if source.startswith("tests/") else "kernels"
@@ -140,7 +156,7 @@ def build_emulation(flavors: list[str], out_root: Path = OUT,
     out_root.mkdir(parents=True, exist_ok=True)
     cxx = os.environ.get("CXX", "c++")
     (out_root / "build.ninja").write_text(
-        ninja_file(cxx, flags, ops, flavors, out_root, replacements, with_shared_rules=out_root == OUT))
+        ninja_file(cfg, cxx, flags, ops, flavors, out_root, replacements, with_shared_rules=out_root == OUT))
     jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
     print(f"[emulation] {', '.join(flavors)} into {out_root.relative_to(ROOT)}", flush=True)
     # The venv's ninja (requirements-dev.txt), as torch's extension builds use, else PATH's.
