@@ -1,107 +1,106 @@
 #pragma once
 
-// Written against torch's stable ABI only (torch/csrc/stable/*, torch/headeronly/*), targeting
-// torch 2.10 (-DTORCH_TARGET_VERSION): one .so serves every torch release from 2.10 on.
+// What registration (torch_binding.cpp) needs: one function per op, and the argument groups
+// that several ops take. Each op family's file (bitmask_ops.cpp, penalty_ops.cpp,
+// sampling_ops.cpp, verify_ops.cpp) validates its arguments and runs the CPU or CUDA kernel.
+//
+// Only torch's stable ABI is used (torch/csrc/stable/*, torch/headeronly/*, and the C shim
+// they wrap), at the 2.10 feature level: the build passes -DTORCH_TARGET_VERSION for 2.10, so
+// anything newer fails to compile, and the .so loads into every torch from 2.10 on.
+//
+// The binding's names live in namespace binding, hidden like torch::stable's own
+// (HIDDEN_NAMESPACE_BEGIN): the .so exports none of them, and a struct that holds a hidden
+// torch::stable::Tensor must itself be hidden (else g++ warns, -Wattributes).
 #include <torch/csrc/stable/tensor.h>
 
 #include <cstdint>
 #include <optional>
 #include <string>
 
-void apply_token_bitmask_inplace(const torch::stable::Tensor& logits,
-                                 const torch::stable::Tensor& bitmask,
+// An argument group is written once, one argument (or LP_PER_ROW pair) a line, as
+// X(schema type, C++ type, name), the C++ type being the one TORCH_BOX unboxes the schema type
+// to. It is expanded
+//   with LP_SCHEMA_ARGUMENT into the schemas,
+//   with LP_PARAMETER into the op functions' parameter lists,
+//   with LP_MEMBER into a struct that carries the group (FilterArguments, ...),
+//   with LP_FORWARD into that struct's initialiser, from the op's parameters.
+// Each expansion ends in its separator: a group is never an op's last argument.
+#define LP_SCHEMA_ARGUMENT(schema_type, cpp_type, name) schema_type " " #name ", "
+#define LP_PARAMETER(schema_type, cpp_type, name) cpp_type name,
+#define LP_MEMBER(schema_type, cpp_type, name) cpp_type name;
+#define LP_FORWARD(schema_type, cpp_type, name) name,
+
+// A parameter given per row or once: two arguments, a tensor of one value per row (None:
+// not given) and the number used when it is None, named `name` and `name_value`.
+#define LP_PER_ROW(X, name, value_schema_type, value_cpp_type) \
+  X("Tensor?", const std::optional<Tensor>&, name) X(value_schema_type, value_cpp_type, name##_value)
+
+// The sampler's filters (sample, sample_with_logprobs, token_logprobs, verify_draft).
+#define LP_FILTER_ARGUMENTS(X)                 \
+  LP_PER_ROW(X, temperature, "float", double)  \
+  LP_PER_ROW(X, top_k, "int", int64_t)         \
+  LP_PER_ROW(X, top_p, "float", double)        \
+  LP_PER_ROW(X, min_p, "float", double)
+
+// The draw's seed and offset (every sampler op but token_logprobs, which draws nothing).
+#define LP_DRAW_ARGUMENTS(X)             \
+  LP_PER_ROW(X, seed, "int", int64_t)    \
+  LP_PER_ROW(X, offset, "int", int64_t)
+
+// The penalties and logit biases, between apply_penalties_'s state and its rows.
+#define LP_PENALTY_ARGUMENTS(X)                              \
+  LP_PER_ROW(X, repetition_penalty, "float", double)         \
+  LP_PER_ROW(X, frequency_penalty, "float", double)          \
+  LP_PER_ROW(X, presence_penalty, "float", double)           \
+  X("Tensor?", const std::optional<Tensor>&, logit_bias_ids) \
+  X("Tensor?", const std::optional<Tensor>&, logit_bias_values)
+
+// The sampler ops' fused penalties: apply_penalties_'s arguments, the state optional (without
+// it, no penalties) and the rows named penalty_rows.
+#define LP_SAMPLER_PENALTY_ARGUMENTS(X)                     \
+  X("Tensor?", const std::optional<Tensor>&, prompt_mask)   \
+  X("Tensor?", const std::optional<Tensor>&, output_counts) \
+  LP_PENALTY_ARGUMENTS(X)                                   \
+  X("Tensor?", const std::optional<Tensor>&, penalty_rows)
+
+HIDDEN_NAMESPACE_BEGIN(binding)
+
+using torch::stable::Tensor;
+
+// bitmask_ops.cpp
+void apply_token_bitmask_inplace(const Tensor& logits, const Tensor& bitmask,
                                  std::optional<int64_t> vocab_size,
-                                 const std::optional<torch::stable::Tensor>& indices,
-                                 double fill_value);
+                                 const std::optional<Tensor>& indices, double fill_value);
+void apply_packed_bitmask(const Tensor& logits, const Tensor& bitmask, double fill_value,
+                          const Tensor& out);
 
-void apply_packed_bitmask(const torch::stable::Tensor& logits, const torch::stable::Tensor& bitmask,
-                          double fill_value, const torch::stable::Tensor& out);
+// penalty_ops.cpp
+void apply_penalties_(const Tensor& logits, const Tensor& prompt_mask, const Tensor& output_counts,
+                      LP_PENALTY_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& rows);
+void update_output_counts_(const Tensor& output_counts, const Tensor& token_ids,
+                           const std::optional<Tensor>& rows);
+void penalty_state_from_tokens(const Tensor& prompt_token_ids, const Tensor& output_token_ids,
+                               const Tensor& prompt_mask, const Tensor& output_counts);
 
-void sample(const torch::stable::Tensor& logits,
-            const std::optional<torch::stable::Tensor>& temperature, double temperature_value,
-            const std::optional<torch::stable::Tensor>& top_k, int64_t top_k_value,
-            const std::optional<torch::stable::Tensor>& top_p, double top_p_value,
-            const std::optional<torch::stable::Tensor>& min_p, double min_p_value,
-            const std::optional<torch::stable::Tensor>& seed, int64_t seed_value,
-            const std::optional<torch::stable::Tensor>& offset, int64_t offset_value,
-            const std::optional<torch::stable::Tensor>& bitmask,
-            const std::optional<torch::stable::Tensor>& prompt_mask,
-    const std::optional<torch::stable::Tensor>& output_counts,
-    const std::optional<torch::stable::Tensor>& repetition_penalty, double repetition_penalty_value,
-    const std::optional<torch::stable::Tensor>& frequency_penalty, double frequency_penalty_value,
-    const std::optional<torch::stable::Tensor>& presence_penalty, double presence_penalty_value,
-    const std::optional<torch::stable::Tensor>& logit_bias_ids,
-    const std::optional<torch::stable::Tensor>& logit_bias_values,
-    const std::optional<torch::stable::Tensor>& penalty_rows,
-            const torch::stable::Tensor& out);
+// sampling_ops.cpp
+void sample(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
+            const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
+            const Tensor& out);
+void sample_with_logprobs(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER)
+                          LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
+                          LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) int64_t num_logprobs,
+                          const std::string& logprobs_mode, const Tensor& tokens,
+                          const Tensor& logprobs, const Tensor& logprob_token_ids,
+                          const Tensor& ranks);
+void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARGUMENTS(LP_PARAMETER)
+                    const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
+                    const std::string& logprobs_mode, const Tensor& out);
 
-void apply_penalties(const torch::stable::Tensor& logits, const torch::stable::Tensor& prompt_mask,
-                     const torch::stable::Tensor& output_counts,
-                     const std::optional<torch::stable::Tensor>& repetition_penalty,
-                     double repetition_penalty_value,
-                     const std::optional<torch::stable::Tensor>& frequency_penalty,
-                     double frequency_penalty_value,
-                     const std::optional<torch::stable::Tensor>& presence_penalty,
-                     double presence_penalty_value,
-                     const std::optional<torch::stable::Tensor>& logit_bias_ids,
-                     const std::optional<torch::stable::Tensor>& logit_bias_values,
-                     const std::optional<torch::stable::Tensor>& rows);
+// verify_ops.cpp
+void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
+                  const std::optional<Tensor>& num_draft_tokens,
+                  const std::optional<Tensor>& draft_probs, LP_FILTER_ARGUMENTS(LP_PARAMETER)
+                  LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
+                  const Tensor& tokens, const Tensor& num_accepted);
 
-void update_output_counts(const torch::stable::Tensor& output_counts,
-                          const torch::stable::Tensor& token_ids,
-                          const std::optional<torch::stable::Tensor>& rows);
-
-void penalty_state_from_tokens(const torch::stable::Tensor& prompt_token_ids,
-                               const torch::stable::Tensor& output_token_ids,
-                               const torch::stable::Tensor& prompt_mask,
-                               const torch::stable::Tensor& output_counts);
-
-void sample_with_logprobs(
-    const torch::stable::Tensor& logits, const std::optional<torch::stable::Tensor>& temperature,
-    double temperature_value, const std::optional<torch::stable::Tensor>& top_k,
-    int64_t top_k_value, const std::optional<torch::stable::Tensor>& top_p, double top_p_value,
-    const std::optional<torch::stable::Tensor>& min_p, double min_p_value,
-    const std::optional<torch::stable::Tensor>& seed, int64_t seed_value,
-    const std::optional<torch::stable::Tensor>& offset, int64_t offset_value,
-    const std::optional<torch::stable::Tensor>& bitmask,
-    const std::optional<torch::stable::Tensor>& prompt_mask,
-    const std::optional<torch::stable::Tensor>& output_counts,
-    const std::optional<torch::stable::Tensor>& repetition_penalty, double repetition_penalty_value,
-    const std::optional<torch::stable::Tensor>& frequency_penalty, double frequency_penalty_value,
-    const std::optional<torch::stable::Tensor>& presence_penalty, double presence_penalty_value,
-    const std::optional<torch::stable::Tensor>& logit_bias_ids,
-    const std::optional<torch::stable::Tensor>& logit_bias_values,
-    const std::optional<torch::stable::Tensor>& penalty_rows,
-    int64_t num_logprobs,
-    const std::string& logprobs_mode, const torch::stable::Tensor& tokens,
-    const torch::stable::Tensor& logprobs, const torch::stable::Tensor& logprob_token_ids,
-    const torch::stable::Tensor& ranks);
-
-void token_logprobs(const torch::stable::Tensor& logits, const torch::stable::Tensor& token_ids,
-                    const std::optional<torch::stable::Tensor>& temperature,
-                    double temperature_value, const std::optional<torch::stable::Tensor>& top_k,
-                    int64_t top_k_value, const std::optional<torch::stable::Tensor>& top_p,
-                    double top_p_value, const std::optional<torch::stable::Tensor>& min_p,
-                    double min_p_value, const std::optional<torch::stable::Tensor>& bitmask,
-                    const std::optional<torch::stable::Tensor>& prompt_mask,
-    const std::optional<torch::stable::Tensor>& output_counts,
-    const std::optional<torch::stable::Tensor>& repetition_penalty, double repetition_penalty_value,
-    const std::optional<torch::stable::Tensor>& frequency_penalty, double frequency_penalty_value,
-    const std::optional<torch::stable::Tensor>& presence_penalty, double presence_penalty_value,
-    const std::optional<torch::stable::Tensor>& logit_bias_ids,
-    const std::optional<torch::stable::Tensor>& logit_bias_values,
-    const std::optional<torch::stable::Tensor>& penalty_rows,
-                    const std::string& logprobs_mode, const torch::stable::Tensor& out);
-
-void verify_draft(const torch::stable::Tensor& target_logits,
-                  const torch::stable::Tensor& draft_token_ids,
-                  const std::optional<torch::stable::Tensor>& num_draft_tokens,
-                  const std::optional<torch::stable::Tensor>& draft_probs,
-                  const std::optional<torch::stable::Tensor>& temperature, double temperature_value,
-                  const std::optional<torch::stable::Tensor>& top_k, int64_t top_k_value,
-                  const std::optional<torch::stable::Tensor>& top_p, double top_p_value,
-                  const std::optional<torch::stable::Tensor>& min_p, double min_p_value,
-                  const std::optional<torch::stable::Tensor>& seed, int64_t seed_value,
-                  const std::optional<torch::stable::Tensor>& offset, int64_t offset_value,
-                  const std::optional<torch::stable::Tensor>& bitmask,
-                  const torch::stable::Tensor& tokens, const torch::stable::Tensor& num_accepted);
+HIDDEN_NAMESPACE_END(binding)

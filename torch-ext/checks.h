@@ -1,0 +1,79 @@
+#pragma once
+
+// The argument checks every op family uses, in one place (as ATen's TensorUtils): errors that
+// name the argument, dtype/device/shape checks, tensors seen as rows, host-side range checks.
+// An op family's own rules (what its arguments mean together) stay in its *_ops.cpp.
+
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+HIDDEN_NAMESPACE_BEGIN(binding)
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+// TORCH_CHECK on the stable ABI: a std::runtime_error (RuntimeError in Python) whose message
+// is the streamed arguments alone. (STD_TORCH_CHECK would prefix the C++ function, source
+// path and line to every message.)
+template <typename... Args>
+[[noreturn]] void fail(const Args&... args) {
+  std::ostringstream message;
+  (message << ... << args);
+  throw std::runtime_error(message.str());
+}
+
+#define CHECK_ARG(cond, ...)                   \
+  do {                                         \
+    if (!(cond)) ::binding::fail(__VA_ARGS__); \
+  } while (false)
+
+// Printed as c10::Device prints itself: "cpu", "cuda:0".
+std::string device_name(const torch::stable::Device& device);
+
+// Printed as c10 prints sizes: "[4, 64]".
+std::string shape_name(torch::headeronly::IntHeaderOnlyArrayRef sizes);
+
+bool is_floating(ScalarType t);
+bool is_complex(ScalarType t);
+
+void check_logits_dtype(const Tensor& logits, const char* name);
+
+// On the CPU, or (CUDA build) a CUDA device.
+void check_device_supported(const Tensor& t, const char* name);
+
+// at::has_internal_overlap(t) == MemOverlap::Yes: a dimension of size > 1 with stride 0.
+bool has_internal_overlap(const Tensor& t);
+
+// Whether two tensors are views of one allocation (at::Tensor::is_alias_of).
+bool shares_storage(const Tensor& a, const Tensor& b);
+
+// A 1-D or 2-D tensor seen as rows: (rows, width, row stride in elements).
+struct RowView {
+  int64_t rows;
+  int64_t width;
+  int64_t row_stride;
+};
+
+// Checks that `t` is 1-D or 2-D and contiguous in its last dimension.
+RowView row_view(const Tensor& t, const char* name);
+
+// The smallest and largest value of a non-empty 1-D or 2-D int64 tensor in host memory, read
+// in place whatever its strides.
+std::pair<int64_t, int64_t> host_int64_range(const Tensor& t);
+
+// A per-row sampling parameter: a length-B tensor on the logits' device, converted to the
+// kernel's dtype (a no-op, and no allocation, when it already is float32 / int64).
+Tensor row_parameter(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype);
+
+// An output of the sampler ops: dtype, device, and contiguous of shape [rows] (columns < 0)
+// or [rows, columns].
+void check_output(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype,
+                  int64_t columns = -1);
+
+HIDDEN_NAMESPACE_END(binding)

@@ -1,0 +1,63 @@
+#pragma once
+
+// What the ops' run functions share: which device's kernel runs, a CUDA launch's device and
+// stream, torch's thread pool for the CPU kernels, and tensors as the kernels take them.
+
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+#include "../logits_processor/dtype.h"
+#include "checks.h"
+
+#if defined(CUDA_KERNEL)
+#include <cuda_runtime_api.h>
+#endif
+
+HIDDEN_NAMESPACE_BEGIN(binding)
+
+using torch::stable::Tensor;
+
+// torch::stable::parallel_for, as the CPU kernels' ParallelFor callback calls it.
+void run_parallel_for(int64_t begin, int64_t end, int64_t grain,
+                      const std::function<void(int64_t, int64_t)>& body);
+
+#if defined(LP_CUDA_EMULATION)
+// The CUDA emulation build (tests/cuda_emulation/) runs the CUDA kernels, emulated, on CPU
+// tensors: everything from validation to the launch is the ops' CUDA path.
+inline bool uses_cuda_kernels(const Tensor&) { return true; }
+
+struct CudaLaunchContext {
+  explicit CudaLaunchContext(const Tensor&) {}
+  cudaStream_t stream() const { return nullptr; }
+};
+#else
+inline bool uses_cuda_kernels(const Tensor& t) { return !t.is_cpu(); }
+
+#if defined(CUDA_KERNEL)
+// The tensor's GPU made current, and its current stream, for a launch.
+class CudaLaunchContext {
+ public:
+  explicit CudaLaunchContext(const Tensor& t);
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  torch::stable::accelerator::DeviceGuard guard_;
+  cudaStream_t stream_;
+};
+#endif
+#endif
+
+// The logits as the kernels see them (checked by the caller).
+logits_processor::LogitsView logits_view(const Tensor& logits, const RowView& lv);
+
+// An optional tensor's data, or null (the kernels' "not given").
+template <typename T>
+const T* optional_data(const std::optional<Tensor>& t) {
+  return t.has_value() ? t->const_data_ptr<T>() : nullptr;
+}
+
+HIDDEN_NAMESPACE_END(binding)

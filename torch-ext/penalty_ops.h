@@ -1,0 +1,28 @@
+#pragma once
+
+// The penalties' validation, which the sampler ops' fused penalties share with apply_penalties_.
+
+#include <optional>
+
+#include "../logits_processor/penalties.h"
+#include "torch_binding.h"
+
+HIDDEN_NAMESPACE_BEGIN(binding)
+
+// The penalty arguments as the sampler ops take them (apply_penalties_ passes its state in
+// the same form, and its rows as penalty_rows).
+struct PenaltyArguments {
+  LP_SAMPLER_PENALTY_ARGUMENTS(LP_MEMBER)
+};
+
+// A call's penalties, validated against the logits (dtype, device, 2-D: the caller's checks),
+// with the per-row tensors converted to the kernels' dtypes (held here for the call).
+struct PenaltyCall {
+  logits_processor::Penalties penalties{};
+  std::optional<Tensor> rows, repetition, frequency, presence, bias_values;
+};
+
+// Validates `args`, whose prompt_mask and output_counts are given.
+PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args);
+
+HIDDEN_NAMESPACE_END(binding)

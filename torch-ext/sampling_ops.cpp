@@ -1,0 +1,177 @@
+// sample, sample_with_logprobs and token_logprobs; sampling_call, which verify_draft shares.
+
+#include "sampling_ops.h"
+
+#include <torch/csrc/stable/ops.h>
+
+#include <cmath>
+#include <string>
+
+#include "checks.h"
+#include "dispatch.h"
+#include "penalty_ops.h"
+#include "torch_binding.h"
+
+HIDDEN_NAMESPACE_BEGIN(binding)
+
+namespace lp = logits_processor;
+
+static void run_sampling(const lp::SamplingParams& p, const Tensor& logits);
+
+SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
+                           const DrawArguments& draws, const std::optional<Tensor>& bitmask) {
+  check_logits_dtype(logits, "logits");
+  check_device_supported(logits, "logits");
+  CHECK_ARG(logits.dim() == 2, "logits must be 2-D [batch, vocab], got ", logits.dim(), "-D");
+  const RowView lv = row_view(logits, "logits");
+  CHECK_ARG(lv.width < (int64_t{1} << 31), "logits: vocab must be below 2^31, got ", lv.width);
+  CHECK_ARG(!std::isnan(filters.temperature_value), "temperature must not be NaN");
+  CHECK_ARG(filters.top_p_value >= 0.0 && filters.top_p_value <= 1.0, "top_p must be in [0, 1], got ",
+            filters.top_p_value);
+  CHECK_ARG(filters.min_p_value <= 1.0, "min_p must be at most 1 (0 or less disables it), got ",
+            filters.min_p_value);
+
+  SamplingCall call;
+  const auto param = [&](const std::optional<Tensor>& t, const char* name, ScalarType dtype) {
+    return t.has_value() ? std::optional(row_parameter(*t, logits, name, dtype)) : std::nullopt;
+  };
+  call.temperature = param(filters.temperature, "temperature", ScalarType::Float);
+  call.top_k = param(filters.top_k, "top_k", ScalarType::Long);
+  call.top_p = param(filters.top_p, "top_p", ScalarType::Float);
+  call.min_p = param(filters.min_p, "min_p", ScalarType::Float);
+  call.seed = param(draws.seed, "seed", ScalarType::Long);
+  call.offset = param(draws.offset, "offset", ScalarType::Long);
+
+  lp::SamplingParams& p = call.params;
+  if (bitmask.has_value()) {
+    const Tensor& m = *bitmask;
+    CHECK_ARG(m.scalar_type() == ScalarType::Int, "bitmask must be int32, got ", m.scalar_type());
+    CHECK_ARG(m.device() == logits.device(), "bitmask must be on the logits' device (",
+              device_name(logits.device()), "), got ", device_name(m.device()));
+    CHECK_ARG(m.dim() == 2, "bitmask must be 2-D [batch, words], got ", m.dim(), "-D");
+    const RowView bv = row_view(m, "bitmask");
+    CHECK_ARG(bv.rows >= lv.rows, "bitmask has ", bv.rows, " rows but logits has ", lv.rows);
+    p.bitmask = m.const_data_ptr<int32_t>();
+    p.bitmask_row_stride = bv.row_stride;
+    p.bitmask_width = bv.width;
+  }
+  static_cast<lp::LogitsView&>(p) = logits_view(logits, lv);
+  p.temperature = optional_data<float>(call.temperature);
+  p.temperature_value = static_cast<float>(filters.temperature_value);
+  p.top_k = optional_data<int64_t>(call.top_k);
+  p.top_k_value = filters.top_k_value;
+  p.top_p = optional_data<float>(call.top_p);
+  p.top_p_value = static_cast<float>(filters.top_p_value);
+  p.min_p = optional_data<float>(call.min_p);
+  p.min_p_value = static_cast<float>(filters.min_p_value);
+  p.seed = optional_data<int64_t>(call.seed);
+  p.seed_value = draws.seed_value;
+  p.offset = optional_data<int64_t>(call.offset);
+  p.offset_value = draws.offset_value;
+  return call;
+}
+
+namespace {
+
+// The sampler ops' fused penalties: every one of them with the state (prompt_mask and
+// output_counts), none without it.
+void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& a) {
+  if (!a.prompt_mask.has_value() && !a.output_counts.has_value()) {
+    CHECK_ARG(!a.repetition_penalty.has_value() && a.repetition_penalty_value == 1.0 &&
+                  !a.frequency_penalty.has_value() && a.frequency_penalty_value == 0.0 &&
+                  !a.presence_penalty.has_value() && a.presence_penalty_value == 0.0 &&
+                  !a.logit_bias_ids.has_value() && !a.logit_bias_values.has_value() &&
+                  !a.penalty_rows.has_value(),
+              "penalties need their state: pass prompt_mask and output_counts");
+    return;
+  }
+  CHECK_ARG(a.prompt_mask.has_value(), "prompt_mask must be given with output_counts");
+  CHECK_ARG(a.output_counts.has_value(), "output_counts must be given with prompt_mask");
+  call.penalty = penalty_call(logits, a);
+  call.params.penalties = call.penalty.penalties;
+}
+
+// "raw" or "processed": whether the log-probabilities are the raw ones.
+bool raw_logprobs(const std::string& logprobs_mode) {
+  CHECK_ARG(logprobs_mode == "raw" || logprobs_mode == "processed",
+            "logprobs_mode must be 'raw' or 'processed', got '", logprobs_mode, "'");
+  return logprobs_mode == "raw";
+}
+
+}  // namespace
+
+void sample(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
+            const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
+            const Tensor& out) {
+  SamplingCall call = sampling_call(logits, {LP_FILTER_ARGUMENTS(LP_FORWARD)},
+                                    {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask);
+  add_penalties(call, logits, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
+  check_output(out, logits, "out", ScalarType::Long);
+  call.params.out = out.mutable_data_ptr<int64_t>();
+  run_sampling(call.params, logits);
+}
+
+void sample_with_logprobs(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER)
+                          LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
+                          LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) int64_t num_logprobs,
+                          const std::string& logprobs_mode, const Tensor& tokens,
+                          const Tensor& logprobs, const Tensor& logprob_token_ids,
+                          const Tensor& ranks) {
+  SamplingCall call = sampling_call(logits, {LP_FILTER_ARGUMENTS(LP_FORWARD)},
+                                    {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask);
+  add_penalties(call, logits, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
+  CHECK_ARG(num_logprobs >= 0 && num_logprobs <= call.params.vocab,
+            "num_logprobs must be in [0, ", call.params.vocab, "] (the vocabulary), got ",
+            num_logprobs);
+  const bool raw = raw_logprobs(logprobs_mode);
+  check_output(tokens, logits, "tokens", ScalarType::Long);
+  check_output(logprobs, logits, "logprobs", ScalarType::Float, 1 + num_logprobs);
+  check_output(logprob_token_ids, logits, "logprob_token_ids", ScalarType::Long, 1 + num_logprobs);
+  check_output(ranks, logits, "ranks", ScalarType::Long);
+  lp::SamplingParams& p = call.params;
+  p.out = tokens.mutable_data_ptr<int64_t>();
+  p.logprobs = {true, raw, nullptr, num_logprobs, logprobs.mutable_data_ptr<float>(),
+                logprob_token_ids.mutable_data_ptr<int64_t>(), ranks.mutable_data_ptr<int64_t>()};
+  run_sampling(p, logits);
+}
+
+void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARGUMENTS(LP_PARAMETER)
+                    const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
+                    const std::string& logprobs_mode, const Tensor& out) {
+  // No draw: the seed and offset are never read.
+  SamplingCall call = sampling_call(logits, {LP_FILTER_ARGUMENTS(LP_FORWARD)},
+                                    {std::nullopt, 0, std::nullopt, 0}, bitmask);
+  add_penalties(call, logits, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
+  CHECK_ARG(token_ids.dim() == 1 && token_ids.size(0) == logits.size(0),
+            "token_ids must be a 1-D tensor of length ", logits.size(0), " (one per row), got shape ",
+            shape_name(token_ids.sizes()));
+  const Tensor ids = row_parameter(token_ids, logits, "token_ids", ScalarType::Long);
+  const bool raw = raw_logprobs(logprobs_mode);
+  check_output(out, logits, "out", ScalarType::Float);
+  lp::SamplingParams& p = call.params;
+  p.logprobs = {true, raw, ids.const_data_ptr<int64_t>(), 0, out.mutable_data_ptr<float>(),
+                nullptr, nullptr};
+  run_sampling(p, logits);
+}
+
+// --- the CPU or CUDA kernels -----------------------------------------------------------------
+
+static void run_sampling(const lp::SamplingParams& p, const Tensor& logits) {
+  if (!uses_cuda_kernels(logits)) return lp::sample_cpu(p, run_parallel_for);
+#if defined(CUDA_KERNEL)
+  const CudaLaunchContext context(logits);
+  // Scratch for small batches comes from PyTorch's caching allocator: capture-safe. The
+  // log-probability ops take each row whole in one block (never split).
+  const int64_t splits = p.logprobs.enabled ? 1 : lp::sample_cuda_splits(p.rows, p.vocab);
+  std::optional<Tensor> scratch, zeroed;
+  if (splits > 1) {
+    scratch = torch::stable::new_empty(logits, {p.rows * lp::sample_cuda_scratch_words(splits)}, ScalarType::Long);
+    zeroed = torch::stable::new_zeros(logits, {lp::sample_cuda_zeroed_words(p)}, ScalarType::Long);
+  }
+  lp::sample_cuda(p, splits,
+                  scratch ? reinterpret_cast<unsigned long long*>(scratch->mutable_data_ptr<int64_t>()) : nullptr,
+                  zeroed ? zeroed->mutable_data_ptr<int64_t>() : nullptr, context.stream());
+#endif
+}
+
+HIDDEN_NAMESPACE_END(binding)

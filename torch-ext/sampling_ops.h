@@ -1,0 +1,35 @@
+#pragma once
+
+// The sampler's validation, which verify_draft shares with the sampler ops.
+
+#include <optional>
+
+#include "../logits_processor/sampling.h"
+#include "penalty_ops.h"
+#include "torch_binding.h"
+
+HIDDEN_NAMESPACE_BEGIN(binding)
+
+// An op's filter and draw arguments (torch_binding.h), held by reference for the call.
+struct FilterArguments {
+  LP_FILTER_ARGUMENTS(LP_MEMBER)
+};
+
+struct DrawArguments {
+  LP_DRAW_ARGUMENTS(LP_MEMBER)
+};
+
+// A sampler call's parameters, validated, with the per-row tensors converted to the kernel's
+// dtypes (held here for the duration of the call).
+struct SamplingCall {
+  logits_processor::SamplingParams params{};
+  std::optional<Tensor> temperature, top_k, top_p, min_p, seed, offset;
+  PenaltyCall penalty;
+};
+
+// Validation shared by the sampler ops and verify_draft: everything but their outputs and
+// penalties.
+SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
+                           const DrawArguments& draws, const std::optional<Tensor>& bitmask);
+
+HIDDEN_NAMESPACE_END(binding)

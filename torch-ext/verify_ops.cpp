@@ -1,0 +1,130 @@
+// verify_draft: speculative decoding's verification of draft tokens.
+
+#include <torch/csrc/stable/ops.h>
+
+#include <optional>
+#include <string>
+
+#include "../logits_processor/verify.h"
+#include "checks.h"
+#include "dispatch.h"
+#include "sampling_ops.h"
+#include "torch_binding.h"
+
+HIDDEN_NAMESPACE_BEGIN(binding)
+
+namespace lp = logits_processor;
+
+static void run_verify(const lp::VerifyParams& v, const Tensor& target_logits);
+
+namespace {
+
+// A [batch, positions, width] input of verify_draft: dtype, device, shape and a contiguous
+// last dimension.
+void check_position_tensor(const Tensor& t, const char* name, ScalarType dtype, const char* dtype_name,
+                           const Tensor& target, int64_t positions, int64_t width) {
+  CHECK_ARG(t.scalar_type() == dtype, name, " must be ", dtype_name, ", got ", t.scalar_type());
+  CHECK_ARG(t.device() == target.device(), name, " must be on target_logits' device (",
+            device_name(target.device()), "), got ", device_name(t.device()));
+  CHECK_ARG(t.dim() == 3 && t.size(0) == target.size(0) && t.size(1) == positions &&
+                (width < 0 || t.size(2) == width),
+            name, " must have shape [", target.size(0), ", ", positions, ", ",
+            width < 0 ? std::string("words") : std::to_string(width), "], got ", shape_name(t.sizes()));
+  CHECK_ARG(t.size(2) <= 1 || t.stride(2) == 1, name,
+            " must be contiguous in its last dimension, got stride ", t.stride(2));
+}
+
+}  // namespace
+
+void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
+                  const std::optional<Tensor>& num_draft_tokens,
+                  const std::optional<Tensor>& draft_probs, LP_FILTER_ARGUMENTS(LP_PARAMETER)
+                  LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
+                  const Tensor& tokens, const Tensor& num_accepted) {
+  check_logits_dtype(target_logits, "target_logits");
+  check_device_supported(target_logits, "target_logits");
+  CHECK_ARG(target_logits.dim() == 3 && target_logits.size(1) >= 1 &&
+                target_logits.size(1) <= lp::kMaxVerifyPositions,
+            "target_logits must be 3-D [batch, drafts + 1, vocab] with 1 to ",
+            lp::kMaxVerifyPositions, " positions, got shape ", shape_name(target_logits.sizes()));
+  CHECK_ARG(target_logits.size(0) <= lp::kMaxVerifyRows, "target_logits: at most ",
+            lp::kMaxVerifyRows, " rows, got ", target_logits.size(0));
+  CHECK_ARG(target_logits.size(2) <= 1 || target_logits.stride(2) == 1,
+            "target_logits must be contiguous in its last dimension, got stride ", target_logits.stride(2));
+  const int64_t rows = target_logits.size(0);
+  const int64_t positions = target_logits.size(1);
+  const int64_t drafts = positions - 1;
+  const Tensor position0 = torch::stable::select(target_logits, 1, 0);
+  SamplingCall call = sampling_call(position0, {LP_FILTER_ARGUMENTS(LP_FORWARD)},
+                                    {LP_DRAW_ARGUMENTS(LP_FORWARD)}, std::nullopt);
+  const int64_t vocab = call.params.vocab;
+
+  CHECK_ARG(draft_token_ids.scalar_type() == ScalarType::Long, "draft_token_ids must be int64, got ",
+            draft_token_ids.scalar_type());
+  CHECK_ARG(draft_token_ids.device() == target_logits.device(),
+            "draft_token_ids must be on target_logits' device (", device_name(target_logits.device()),
+            "), got ", device_name(draft_token_ids.device()));
+  CHECK_ARG(draft_token_ids.dim() == 2 && draft_token_ids.size(0) == rows && draft_token_ids.size(1) == drafts,
+            "draft_token_ids must have shape [", rows, ", ", drafts,
+            "] (target_logits has one position more than the drafts), got ",
+            shape_name(draft_token_ids.sizes()));
+  std::optional<Tensor> draft_counts;
+  if (num_draft_tokens.has_value())
+    draft_counts = row_parameter(*num_draft_tokens, position0, "num_draft_tokens", ScalarType::Long);
+  if (draft_probs.has_value())
+    check_position_tensor(*draft_probs, "draft_probs", ScalarType::Float, "float32", target_logits, drafts, vocab);
+  if (bitmask.has_value())
+    check_position_tensor(*bitmask, "bitmask", ScalarType::Int, "int32", target_logits, positions, -1);
+  check_output(tokens, position0, "tokens", ScalarType::Long, positions);
+  check_output(num_accepted, position0, "num_accepted", ScalarType::Long);
+  if (draft_token_ids.is_cpu()) {
+    // Host memory: the counts and drafts are checked here; device tensors are not read on
+    // the host (no sync), and the kernel clamps the counts and rejects drafts outside [0, V).
+    const int64_t* counts = draft_counts ? draft_counts->const_data_ptr<int64_t>() : nullptr;
+    const int64_t* ids = draft_token_ids.const_data_ptr<int64_t>();
+    for (int64_t b = 0; b < rows; ++b) {
+      const int64_t n = counts ? counts[b] : drafts;
+      CHECK_ARG(n >= 0 && n <= drafts, "num_draft_tokens must lie in [0, ", drafts, "], got ", n,
+                " in row ", b);
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t id = ids[b * draft_token_ids.stride(0) + j * draft_token_ids.stride(1)];
+        CHECK_ARG(id >= 0 && id < vocab, "draft_token_ids must lie in [0, ", vocab,
+                  ") (the vocabulary), got ", id, " at row ", b, ", position ", j);
+      }
+    }
+  }
+
+  lp::VerifyParams v{};
+  v.target = call.params;
+  v.positions = positions;
+  v.logits_position_stride = target_logits.stride(1);
+  if (bitmask.has_value()) {
+    v.target.bitmask = bitmask->const_data_ptr<int32_t>();
+    v.target.bitmask_row_stride = bitmask->stride(0);
+    v.target.bitmask_width = bitmask->size(2);
+    v.bitmask_position_stride = bitmask->stride(1);
+  }
+  v.draft_tokens = draft_token_ids.const_data_ptr<int64_t>();
+  v.draft_row_stride = draft_token_ids.stride(0);
+  v.draft_position_stride = draft_token_ids.stride(1);
+  v.num_draft_tokens = optional_data<int64_t>(draft_counts);
+  if (draft_probs.has_value()) {
+    v.draft_probs = draft_probs->const_data_ptr<float>();
+    v.draft_probs_row_stride = draft_probs->stride(0);
+    v.draft_probs_position_stride = draft_probs->stride(1);
+  }
+  v.tokens = tokens.mutable_data_ptr<int64_t>();
+  v.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
+  run_verify(v, target_logits);
+}
+
+// --- the CPU or CUDA kernel ------------------------------------------------------------------
+
+static void run_verify(const lp::VerifyParams& v, const Tensor& target_logits) {
+  if (!uses_cuda_kernels(target_logits)) return lp::verify_cpu(v, run_parallel_for);
+#if defined(CUDA_KERNEL)
+  lp::verify_cuda(v, CudaLaunchContext(target_logits).stream());
+#endif
+}
+
+HIDDEN_NAMESPACE_END(binding)
