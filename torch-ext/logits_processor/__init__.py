@@ -1,4 +1,9 @@
-"""logits-processor: grammar bitmask masking, penalties and fused sampling, as torch custom ops."""
+"""logits-processor: grammar bitmask masking, penalties and fused sampling, as torch custom ops.
+
+Modules, each importing only from those above it: _ops (generated), _args (arguments as the
+ops take them) and _fakes (the ops' fake implementations), then _bitmask, _penalties,
+_sampling and _verify, one per op family.
+"""
 
 from ._bitmask import (
     allocate_token_bitmask,
@@ -9,8 +14,8 @@ from ._bitmask import (
     get_bitmask_shape,
     reset_token_bitmask,
 )
-from ._penalties import PenaltyState, apply_penalties_, penalty_state_from_tokens, update_output_counts_
-from ._sampling import Penalties, SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
+from ._penalties import Penalties, PenaltyState, apply_penalties_, penalty_state_from_tokens, update_output_counts_
+from ._sampling import SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
 from ._verify import VerifiedDraft, verify_draft
 
 __all__ = [

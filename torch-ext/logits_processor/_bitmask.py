@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 
-from ._fake_checks import check_devices
-from ._ops import add_op_namespace_prefix, ops
+from ._args import Indices, call, indices_tensor
+from ._fakes import register_fakes
+from ._ops import ops
 
 bitmask_dtype = torch.int32
-
-Indices = Union[Sequence[int], torch.Tensor, None]
 
 
 def get_bitmask_shape(batch_size: int, vocab_size: int) -> tuple[int, int]:
@@ -36,22 +34,6 @@ def reset_token_bitmask(bitmask: torch.Tensor) -> None:
     bitmask.fill_(-1)
 
 
-def _indices_tensor(indices: Indices, name: str = "indices") -> Optional[torch.Tensor]:
-    """None, or row indices as an int64 tensor (range checks happen in the op)."""
-    if indices is None:
-        return None
-    if isinstance(indices, torch.Tensor):
-        if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
-            raise TypeError(f"{name} must be an integer tensor, got {indices.dtype}")
-        return indices.to(torch.int64)
-    if not isinstance(indices, Sequence) or isinstance(indices, str):
-        raise TypeError(f"{name} must be a sequence of ints or an integer tensor, got {type(indices).__name__}")
-    bad = [i for i in indices if isinstance(i, bool) or not isinstance(i, int) or not -(2**63) <= i < 2**63]
-    if bad:
-        raise TypeError(f"{name} must hold int64 values, got {bad[0]!r}")
-    return torch.tensor(list(indices), dtype=torch.int64)
-
-
 def apply_token_bitmask_inplace(
     logits: torch.Tensor,
     bitmask: torch.Tensor,
@@ -71,7 +53,8 @@ def apply_token_bitmask_inplace(
     graph can capture the op only with device indices (host ones are copied to the GPU).
     On CUDA a logit is written only where its bit is 0 and is never read.
     """
-    ops.apply_token_bitmask_inplace(logits, bitmask, vocab_size, _indices_tensor(indices), fill_value)
+    call(ops, "apply_token_bitmask_inplace", logits=logits, bitmask=bitmask, vocab_size=vocab_size,
+         indices=indices_tensor(indices), fill_value=fill_value)
 
 
 def apply_token_bitmask(
@@ -102,15 +85,8 @@ def apply_packed_bitmask(
     """
     if out is None:
         out = torch.empty_like(logits)
-    ops.apply_packed_bitmask(logits, bitmask, fill_value, out)
+    call(ops, "apply_packed_bitmask", logits=logits, bitmask=bitmask, fill_value=fill_value, out=out)
     return out
 
 
-@torch.library.register_fake(add_op_namespace_prefix("apply_token_bitmask_inplace"))
-def _apply_token_bitmask_inplace_fake(logits, bitmask, vocab_size, indices, fill_value):
-    check_devices(logits, host_ok=("indices",), bitmask=bitmask, indices=indices)
-
-
-@torch.library.register_fake(add_op_namespace_prefix("apply_packed_bitmask"))
-def _apply_packed_bitmask_fake(logits, bitmask, fill_value, out):
-    check_devices(logits, bitmask=bitmask, out=out)
+register_fakes("apply_token_bitmask_inplace", "apply_packed_bitmask")

@@ -15,15 +15,57 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._bitmask import _indices_tensor, get_bitmask_shape
-from ._fake_checks import check_devices
-from ._ops import add_op_namespace_prefix, ops
-from ._sampling import Param, Penalties, Rows, _check_penalty_devices, _penalty_args
+from ._args import Param, Rows, call, indices_tensor, number_or_tensor
+from ._bitmask import get_bitmask_shape
+from ._fakes import register_fakes
+from ._ops import ops
 
 
 class PenaltyState(NamedTuple):
     prompt_mask: torch.Tensor  # int32 [R, ceil(V / 32)]
     output_counts: torch.Tensor  # int32 [R, V]
+
+
+class Penalties(NamedTuple):
+    """Penalties and logit biases from per-request state: `apply_penalties_`'s arguments, for the
+    sampler ops' `penalties=` (fused: applied as the logits are read, never written).
+
+    Build it as `Penalties(*state, repetition_penalty, frequency_penalty, presence_penalty,
+    logit_bias_ids=..., logit_bias_values=..., rows=...)` with `state` a PenaltyState; the
+    fields mean what apply_penalties_'s arguments of the same names mean."""
+
+    prompt_mask: torch.Tensor  # int32 [R, ceil(V / 32)]
+    output_counts: torch.Tensor  # int32 [R, V]
+    repetition_penalty: Param = 1.0
+    frequency_penalty: Param = 0.0
+    presence_penalty: Param = 0.0
+    logit_bias_ids: Optional[torch.Tensor] = None  # int64 [B, L], -1 pads
+    logit_bias_values: Optional[torch.Tensor] = None  # float [B, L]
+    rows: Rows = None  # logits row b -> state row rows[b]
+
+
+def penalty_arguments(penalties: Penalties, rows: str) -> dict:
+    """The penalties as the ops' schema arguments; `rows` is the name of their rows argument
+    (`rows` in apply_penalties_, `penalty_rows` in the sampler ops)."""
+    return {"prompt_mask": penalties.prompt_mask, "output_counts": penalties.output_counts,
+            **number_or_tensor("repetition_penalty", penalties.repetition_penalty, float),
+            **number_or_tensor("frequency_penalty", penalties.frequency_penalty, float),
+            **number_or_tensor("presence_penalty", penalties.presence_penalty, float),
+            "logit_bias_ids": penalties.logit_bias_ids, "logit_bias_values": penalties.logit_bias_values,
+            rows: indices_tensor(penalties.rows, "rows")}
+
+
+def fused_penalty_arguments(penalties: Optional[Penalties]) -> dict:
+    """A sampler op's ``penalties=`` as its schema arguments (None: no state, every penalty off)."""
+    if penalties is None:
+        penalties = Penalties(prompt_mask=None, output_counts=None)
+    elif not isinstance(penalties, Penalties):
+        raise TypeError(f"penalties must be a Penalties named tuple (or None), got {type(penalties).__name__}")
+    return penalty_arguments(penalties, "penalty_rows")
+
+
+# The sampler ops' penalty arguments, which their fakes check after the others.
+FUSED_PENALTY_ARGUMENTS = tuple(fused_penalty_arguments(None))
 
 
 def penalty_state_from_tokens(
@@ -36,7 +78,8 @@ def penalty_state_from_tokens(
     device = prompt_token_ids.device if isinstance(prompt_token_ids, torch.Tensor) else None
     state = PenaltyState(torch.zeros(mask_shape, dtype=torch.int32, device=device),
                          torch.zeros(rows, vocab_size, dtype=torch.int32, device=device))
-    ops.penalty_state_from_tokens(prompt_token_ids, output_token_ids, *state)
+    call(ops, "penalty_state_from_tokens", prompt_token_ids=prompt_token_ids, output_token_ids=output_token_ids,
+         prompt_mask=state.prompt_mask, output_counts=state.output_counts)
     return state
 
 
@@ -49,7 +92,8 @@ def update_output_counts_(output_counts: torch.Tensor, token_ids: torch.Tensor, 
     Host tensors are range-checked; device ones are not read on the host (no synchronisation),
     and ids or rows out of range are skipped. Returns output_counts.
     """
-    ops.update_output_counts_(output_counts, token_ids, _indices_tensor(rows, "rows"))
+    call(ops, "update_output_counts_", output_counts=output_counts, token_ids=token_ids,
+         rows=indices_tensor(rows, "rows"))
     return output_counts
 
 
@@ -82,26 +126,12 @@ def apply_penalties_(
     not read on the host: there a NaN or non-positive r counts as 1, a NaN f or p as 0, and a
     row mapped outside the state is left unchanged.
     """
-    ops.apply_penalties_(logits, *_penalty_args(Penalties(prompt_mask, output_counts, repetition_penalty,
-                                                          frequency_penalty, presence_penalty, logit_bias_ids,
-                                                          logit_bias_values, rows)))
+    penalties = Penalties(prompt_mask, output_counts, repetition_penalty, frequency_penalty, presence_penalty,
+                          logit_bias_ids, logit_bias_values, rows)
+    call(ops, "apply_penalties_", logits=logits, **penalty_arguments(penalties, "rows"))
     return logits
 
 
-@torch.library.register_fake(add_op_namespace_prefix("apply_penalties_"))
-def _apply_penalties_fake(logits, prompt_mask, output_counts, repetition_penalty, repetition_penalty_value,
-                          frequency_penalty, frequency_penalty_value, presence_penalty, presence_penalty_value,
-                          logit_bias_ids, logit_bias_values, rows):
-    _check_penalty_devices(logits, prompt_mask, output_counts, repetition_penalty, frequency_penalty,
-                           presence_penalty, logit_bias_ids, logit_bias_values, rows)
-
-
-@torch.library.register_fake(add_op_namespace_prefix("update_output_counts_"))
-def _update_output_counts_fake(output_counts, token_ids, rows):
-    check_devices(output_counts, host_ok=("rows",), anchor="output_counts", token_ids=token_ids, rows=rows)
-
-
-@torch.library.register_fake(add_op_namespace_prefix("penalty_state_from_tokens"))
-def _penalty_state_from_tokens_fake(prompt_token_ids, output_token_ids, prompt_mask, output_counts):
-    check_devices(output_counts, anchor="output_counts", prompt_token_ids=prompt_token_ids, output_token_ids=output_token_ids,
-                  prompt_mask=prompt_mask)
+register_fakes("apply_penalties_", "update_output_counts_")
+# The ids and the prompt mask must be where the counts are.
+register_fakes("penalty_state_from_tokens", anchor="output_counts")

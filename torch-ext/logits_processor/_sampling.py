@@ -2,72 +2,14 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence, Union
+from typing import NamedTuple, Optional
 
 import torch
 
-from ._bitmask import _indices_tensor
-from ._fake_checks import check_devices
-from ._ops import add_op_namespace_prefix, ops
-
-Param = Union[float, int, torch.Tensor]
-Rows = Union[Sequence[int], torch.Tensor, None]
-
-
-def _split(value: Param, name: str, kind: type) -> tuple[Optional[torch.Tensor], Union[int, float]]:
-    """A parameter as the op takes it: (per-row tensor, None) or (None, number)."""
-    if isinstance(value, torch.Tensor):
-        return value, kind(0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number or a 1-D tensor, got {type(value).__name__}")
-    if kind is int and not isinstance(value, int):
-        raise TypeError(f"{name} must be an int or an integer tensor, got {value!r}")
-    return None, kind(value)
-
-
-def _filter_args(temperature: Param, top_k: Param, top_p: Param, min_p: Param) -> tuple:
-    """temperature, top_k, top_p and min_p as the ops take them: a (tensor, number) pair each."""
-    return (*_split(temperature, "temperature", float), *_split(top_k, "top_k", int),
-            *_split(top_p, "top_p", float), *_split(min_p, "min_p", float))
-
-
-def _draw_args(seed: Param, offset: Param) -> tuple:
-    return (*_split(seed, "seed", int), *_split(offset, "offset", int))
-
-
-class Penalties(NamedTuple):
-    """Penalties and logit biases from per-request state: `apply_penalties_`'s arguments, for the
-    sampler ops' `penalties=` (fused: applied as the logits are read, never written).
-
-    Build it as `Penalties(*state, repetition_penalty, frequency_penalty, presence_penalty,
-    logit_bias_ids=..., logit_bias_values=..., rows=...)` with `state` a PenaltyState; the
-    fields mean what apply_penalties_'s arguments of the same names mean."""
-
-    prompt_mask: torch.Tensor  # int32 [R, ceil(V / 32)]
-    output_counts: torch.Tensor  # int32 [R, V]
-    repetition_penalty: Param = 1.0
-    frequency_penalty: Param = 0.0
-    presence_penalty: Param = 0.0
-    logit_bias_ids: Optional[torch.Tensor] = None  # int64 [B, L], -1 pads
-    logit_bias_values: Optional[torch.Tensor] = None  # float [B, L]
-    rows: Rows = None  # logits row b -> state row rows[b]
-
-
-# What the sampler ops take for penalties=None.
-_NO_PENALTIES = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, None)
-
-
-def _penalty_args(penalties: Optional[Penalties]) -> tuple:
-    """Penalties as the ops take them: state, (tensor, number) per penalty, biases, rows."""
-    if penalties is None:
-        return _NO_PENALTIES
-    if not isinstance(penalties, Penalties):
-        raise TypeError(f"penalties must be a Penalties named tuple (or None), got {type(penalties).__name__}")
-    return (penalties.prompt_mask, penalties.output_counts,
-            *_split(penalties.repetition_penalty, "repetition_penalty", float),
-            *_split(penalties.frequency_penalty, "frequency_penalty", float),
-            *_split(penalties.presence_penalty, "presence_penalty", float),
-            penalties.logit_bias_ids, penalties.logit_bias_values, _indices_tensor(penalties.rows, "rows"))
+from ._args import Param, call, sampler_arguments
+from ._fakes import register_fakes
+from ._ops import ops
+from ._penalties import FUSED_PENALTY_ARGUMENTS, Penalties, fused_penalty_arguments
 
 
 def sample(
@@ -113,30 +55,12 @@ def sample(
     synchronises nor allocates, so a decoding step can be captured in a CUDA graph.
     Per-row tensors are not range-checked on the host: top_p and min_p are clamped to [0, 1].
     """
-    args = (*_filter_args(temperature, top_k, top_p, min_p), *_draw_args(seed, offset))
+    arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                  offset=offset)
     if out is None:
         out = torch.empty(logits.shape[:1], dtype=torch.int64, device=logits.device)
-    ops.sample(logits, *args, bitmask, *_penalty_args(penalties), out)
+    call(ops, "sample", logits=logits, **arguments, bitmask=bitmask, **fused_penalty_arguments(penalties), out=out)
     return out
-
-
-def _check_penalty_devices(logits, prompt_mask, output_counts, repetition_penalty, frequency_penalty,
-                           presence_penalty, logit_bias_ids, logit_bias_values, penalty_rows) -> None:
-    check_devices(logits, host_ok=("rows",), prompt_mask=prompt_mask, output_counts=output_counts,
-                  repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
-                  presence_penalty=presence_penalty, logit_bias_ids=logit_bias_ids,
-                  logit_bias_values=logit_bias_values, rows=penalty_rows)
-
-
-@torch.library.register_fake(add_op_namespace_prefix("sample"))
-def _sample_fake(logits, temperature, temperature_value, top_k, top_k_value, top_p, top_p_value,
-                 min_p, min_p_value, seed, seed_value, offset, offset_value, bitmask, prompt_mask, output_counts,
-                 repetition_penalty, repetition_penalty_value, frequency_penalty, frequency_penalty_value,
-                 presence_penalty, presence_penalty_value, logit_bias_ids, logit_bias_values, penalty_rows, out):
-    check_devices(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                  seed=seed, offset=offset, bitmask=bitmask, out=out)
-    _check_penalty_devices(logits, prompt_mask, output_counts, repetition_penalty, frequency_penalty,
-                           presence_penalty, logit_bias_ids, logit_bias_values, penalty_rows)
 
 
 class SampleWithLogprobs(NamedTuple):
@@ -183,7 +107,8 @@ def sample_with_logprobs(
     CUDA and whatever the batch. `out`: a SampleWithLogprobs of preallocated tensors (for CUDA
     graphs), returned.
     """
-    args = (*_filter_args(temperature, top_k, top_p, min_p), *_draw_args(seed, offset))
+    arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                  offset=offset)
     if out is None:
         # (A wrong num_logprobs is reported by the op, which checks it before these shapes.)
         columns = 1 + num_logprobs if isinstance(num_logprobs, int) and num_logprobs >= 0 else 1
@@ -194,7 +119,9 @@ def sample_with_logprobs(
             torch.empty(rows, columns, dtype=torch.int64, device=logits.device),
             torch.empty(rows, dtype=torch.int64, device=logits.device),
         )
-    ops.sample_with_logprobs(logits, *args, bitmask, *_penalty_args(penalties), num_logprobs, logprobs_mode, *out)
+    penalty_arguments = fused_penalty_arguments(penalties)  # checked before `out` is unpacked
+    call(ops, "sample_with_logprobs", *out, logits=logits, **arguments, bitmask=bitmask, **penalty_arguments,
+         num_logprobs=num_logprobs, logprobs_mode=logprobs_mode)
     return out
 
 
@@ -218,35 +145,14 @@ def token_logprobs(
     outside the distribution's support gets -inf, and so does an id outside [0, V) (such as the
     -1 of a row with nothing allowed): device tensors are not read on the host.
     """
-    args = _filter_args(temperature, top_k, top_p, min_p)
+    arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"token_ids must be a 1-D integer tensor, got {type(token_ids).__name__}")
     if out is None:
         out = torch.empty(logits.shape[:1], dtype=torch.float32, device=logits.device)
-    ops.token_logprobs(logits, token_ids, *args, bitmask, *_penalty_args(penalties), logprobs_mode, out)
+    call(ops, "token_logprobs", logits=logits, token_ids=token_ids, **arguments, bitmask=bitmask,
+         **fused_penalty_arguments(penalties), logprobs_mode=logprobs_mode, out=out)
     return out
 
 
-@torch.library.register_fake(add_op_namespace_prefix("sample_with_logprobs"))
-def _sample_with_logprobs_fake(logits, temperature, temperature_value, top_k, top_k_value, top_p, top_p_value,
-                               min_p, min_p_value, seed, seed_value, offset, offset_value, bitmask,
-                               prompt_mask, output_counts, repetition_penalty, repetition_penalty_value,
-                               frequency_penalty, frequency_penalty_value, presence_penalty, presence_penalty_value,
-                               logit_bias_ids, logit_bias_values, penalty_rows,
-                               num_logprobs, logprobs_mode, tokens, logprobs, logprob_token_ids, ranks):
-    check_devices(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                  offset=offset, bitmask=bitmask, tokens=tokens, logprobs=logprobs,
-                  logprob_token_ids=logprob_token_ids, ranks=ranks)
-    _check_penalty_devices(logits, prompt_mask, output_counts, repetition_penalty, frequency_penalty,
-                           presence_penalty, logit_bias_ids, logit_bias_values, penalty_rows)
-
-
-@torch.library.register_fake(add_op_namespace_prefix("token_logprobs"))
-def _token_logprobs_fake(logits, token_ids, temperature, temperature_value, top_k, top_k_value, top_p,
-                         top_p_value, min_p, min_p_value, bitmask, prompt_mask, output_counts, repetition_penalty,
-                         repetition_penalty_value, frequency_penalty, frequency_penalty_value, presence_penalty,
-                         presence_penalty_value, logit_bias_ids, logit_bias_values, penalty_rows, logprobs_mode, out):
-    check_devices(logits, token_ids=token_ids, temperature=temperature, top_k=top_k, top_p=top_p,
-                  min_p=min_p, bitmask=bitmask, out=out)
-    _check_penalty_devices(logits, prompt_mask, output_counts, repetition_penalty, frequency_penalty,
-                           presence_penalty, logit_bias_ids, logit_bias_values, penalty_rows)
+register_fakes("sample", "sample_with_logprobs", "token_logprobs", checked_last=FUSED_PENALTY_ARGUMENTS)

@@ -6,9 +6,9 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._fake_checks import check_devices
-from ._ops import add_op_namespace_prefix, ops
-from ._sampling import Param, _draw_args, _filter_args
+from ._args import Param, call, sampler_arguments
+from ._fakes import register_fakes
+from ._ops import ops
 
 
 class VerifiedDraft(NamedTuple):
@@ -64,22 +64,17 @@ def verify_draft(
     that neither synchronises nor allocates (graph-capturable). Device tensors are not
     range-checked on the host: counts are clamped to [0, S], drafts outside [0, V) rejected.
     """
-    args = (*_filter_args(temperature, top_k, top_p, min_p), *_draw_args(seed, offset))
+    arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                  offset=offset)
     if out is None:
         shape = target_logits.shape if target_logits.dim() == 3 else (0, 1)
         out = VerifiedDraft(
             torch.empty(shape[0], shape[1], dtype=torch.int64, device=target_logits.device),
             torch.empty(shape[0], dtype=torch.int64, device=target_logits.device),
         )
-    ops.verify_draft(target_logits, draft_token_ids, num_draft_tokens, draft_probs, *args, bitmask, *out)
+    call(ops, "verify_draft", *out, target_logits=target_logits, draft_token_ids=draft_token_ids,
+         num_draft_tokens=num_draft_tokens, draft_probs=draft_probs, **arguments, bitmask=bitmask)
     return VerifiedDraft(*out)
 
 
-@torch.library.register_fake(add_op_namespace_prefix("verify_draft"))
-def _verify_draft_fake(target_logits, draft_token_ids, num_draft_tokens, draft_probs, temperature,
-                       temperature_value, top_k, top_k_value, top_p, top_p_value, min_p, min_p_value,
-                       seed, seed_value, offset, offset_value, bitmask, tokens, num_accepted):
-    check_devices(target_logits, draft_token_ids=draft_token_ids, num_draft_tokens=num_draft_tokens,
-                  draft_probs=draft_probs, temperature=temperature, top_k=top_k, top_p=top_p,
-                  min_p=min_p, seed=seed, offset=offset, bitmask=bitmask, tokens=tokens,
-                  num_accepted=num_accepted)
+register_fakes("verify_draft")
