@@ -5,8 +5,10 @@ State, one row per request slot (R rows), kept where the logits are and updated 
                  the request's prompt (XGrammar's bitmask layout)
   output_counts  int32 [R, V]: how often each token has been generated
 Build it with `penalty_state_from_tokens`, add each step's tokens with `update_output_counts_`,
-and apply it with `apply_penalties_`, or fused into the sampler: `sample(..., penalties=Penalties(*state, ...))`. No call synchronises with the host when its tensors are
-on the device, so a decoding step that uses them can be captured in a CUDA graph.
+and apply it with `apply_penalties_`, or fused into the sampler ops:
+`sample(..., penalties=Penalties(*state, ...))`. No call synchronises with the host when its
+tensors are on the device, so a decoding step that uses them can be captured in a CUDA graph.
+The arithmetic is defined in logits_processor/penalties.h.
 """
 
 from __future__ import annotations
@@ -22,26 +24,45 @@ from ._ops import ops
 
 
 class PenaltyState(NamedTuple):
-    prompt_mask: torch.Tensor  # int32 [R, ceil(V / 32)]
-    output_counts: torch.Tensor  # int32 [R, V]
+    """The penalty state of R requests (what `penalty_state_from_tokens` returns).
+
+    Attributes:
+        prompt_mask (torch.Tensor): int32 ``[R, ceil(V / 32)]``; bit v % 32 of word v // 32 is
+            set iff token v occurs in the request's prompt.
+        output_counts (torch.Tensor): int32 ``[R, V]``; how often each token has been generated.
+    """
+
+    prompt_mask: torch.Tensor
+    output_counts: torch.Tensor
 
 
 class Penalties(NamedTuple):
     """Penalties and logit biases from per-request state: `apply_penalties_`'s arguments, for the
-    sampler ops' `penalties=` (fused: applied as the logits are read, never written).
+    sampler ops' ``penalties=`` (fused: applied as the logits are read, never written).
 
-    Build it as `Penalties(*state, repetition_penalty, frequency_penalty, presence_penalty,
-    logit_bias_ids=..., logit_bias_values=..., rows=...)` with `state` a PenaltyState; the
-    fields mean what apply_penalties_'s arguments of the same names mean."""
+    Build it as ``Penalties(*state, repetition_penalty, frequency_penalty, presence_penalty,
+    logit_bias_ids=..., logit_bias_values=..., rows=...)`` with `state` a PenaltyState.
 
-    prompt_mask: torch.Tensor  # int32 [R, ceil(V / 32)]
-    output_counts: torch.Tensor  # int32 [R, V]
+    Attributes (each as the argument of `apply_penalties_` of the same name):
+        prompt_mask (torch.Tensor): int32 ``[R, ceil(V / 32)]``.
+        output_counts (torch.Tensor): int32 ``[R, V]``.
+        repetition_penalty (float or torch.Tensor): default 1.0 (off).
+        frequency_penalty (float or torch.Tensor): default 0.0 (off).
+        presence_penalty (float or torch.Tensor): default 0.0 (off).
+        logit_bias_ids (torch.Tensor, optional): int64 ``[B, L]``, -1 pads; default no biases.
+        logit_bias_values (torch.Tensor, optional): floating-point ``[B, L]``.
+        rows (sequence of int or integer tensor, optional): ``[B]``, logits row b -> state row
+            rows[b]; default row b is state row b.
+    """
+
+    prompt_mask: torch.Tensor
+    output_counts: torch.Tensor
     repetition_penalty: Param = 1.0
     frequency_penalty: Param = 0.0
     presence_penalty: Param = 0.0
-    logit_bias_ids: Optional[torch.Tensor] = None  # int64 [B, L], -1 pads
-    logit_bias_values: Optional[torch.Tensor] = None  # float [B, L]
-    rows: Rows = None  # logits row b -> state row rows[b]
+    logit_bias_ids: Optional[torch.Tensor] = None
+    logit_bias_values: Optional[torch.Tensor] = None
+    rows: Rows = None
 
 
 def penalty_arguments(penalties: Penalties, rows: str) -> dict:
@@ -71,8 +92,18 @@ FUSED_PENALTY_ARGUMENTS = tuple(fused_penalty_arguments(None))
 def penalty_state_from_tokens(
     prompt_token_ids: torch.Tensor, output_token_ids: torch.Tensor, vocab_size: int
 ) -> PenaltyState:
-    """The state of R requests from their token ids: int64 [R, L] tensors (each row a request's
-    prompt, or its generated tokens so far), padded with -1. The state is on their device."""
+    """The penalty state of R requests from their token ids.
+
+    Args:
+        prompt_token_ids (torch.Tensor): int64 ``[R, L]``, each row a request's prompt, padded with -1.
+        output_token_ids (torch.Tensor): int64 ``[R, L']``, each row the request's generated
+            tokens so far, padded with -1 (``L'`` may be 0).
+        vocab_size (int): V, the number of tokens.
+
+    Returns:
+        PenaltyState: ``(prompt_mask int32 [R, ceil(V / 32)], output_counts int32 [R, V])``, on
+        the device of the token ids.
+    """
     rows = prompt_token_ids.shape[0] if isinstance(prompt_token_ids, torch.Tensor) and prompt_token_ids.dim() else 0
     mask_shape = get_bitmask_shape(rows, vocab_size)  # checks vocab_size
     device = prompt_token_ids.device if isinstance(prompt_token_ids, torch.Tensor) else None
@@ -84,13 +115,20 @@ def penalty_state_from_tokens(
 
 
 def update_output_counts_(output_counts: torch.Tensor, token_ids: torch.Tensor, rows: Rows = None) -> torch.Tensor:
-    """Count generated tokens, in place: output_counts[rows[b], token_ids[b, k]] += 1.
+    """Count generated tokens, in place: ``output_counts[rows[b], token_ids[b, k]] += 1``.
 
-    token_ids: int64 [B] (one token per row, as `sample` returns) or [B, K] (several, e.g.
-    accepted speculative tokens); -1 entries (no token) are skipped. rows maps row b to its
-    state row (a list or an int64 tensor; default: row b is state row b, and B must be R).
     Host tensors are range-checked; device ones are not read on the host (no synchronisation),
-    and ids or rows out of range are skipped. Returns output_counts.
+    and ids or rows out of range are skipped.
+
+    Args:
+        output_counts (torch.Tensor): int32 ``[R, V]``, the state's counts, updated in place.
+        token_ids (torch.Tensor): int64 ``[B]`` (one token per row, as `sample` returns) or
+            ``[B, K]`` (several, e.g. accepted speculative tokens); -1 entries (no token) are skipped.
+        rows (sequence of int or integer tensor, optional): ``[B]``, the state row of each row b;
+            default row b is state row b, and B must be R.
+
+    Returns:
+        torch.Tensor: `output_counts`.
     """
     call(ops, "update_output_counts_", output_counts=output_counts, token_ids=token_ids,
          rows=indices_tensor(rows, "rows"))
@@ -109,22 +147,39 @@ def apply_penalties_(
     logit_bias_values: Optional[torch.Tensor] = None,
     rows: Rows = None,
 ) -> torch.Tensor:
-    """Apply the penalties and logit biases to logits [B, V] in place, in one pass; returns logits.
+    """Apply the penalties and logit biases to the logits in place, in one pass.
 
-    For token v of row b, with state row s = rows[b] (default b), count = output_counts[s, v]
-    and seen = (v in the prompt) or count > 0, in float32 and in this order (vLLM's and the
-    OpenAI API's definition):
-      if seen:       x = x / r if x > 0 else x * r            (repetition_penalty r > 0)
-      if count > 0:  x = x - (f * count + p)                  (frequency f, presence p)
-      x = x + bias   for each entry of the row's logit biases with id v, in list order
-    Each penalty is a number or a length-B tensor on the logits' device; 1, 0 and 0 disable
-    them. logit_bias_ids int64 [B, L] (-1 pads) and logit_bias_values (float [B, L]) are the
-    rows' sparse biases. float16/bfloat16 logits are computed in float32 and rounded to nearest
-    even once; tokens that are neither seen nor biased keep their bits. NaN logits stay NaN.
+    For token v of row b, with state row s = rows[b], count = output_counts[s, v] and
+    seen = (v in the prompt) or count > 0, in float32 and in this order (vLLM's and the
+    OpenAI API's definition; exactly: logits_processor/penalties.h):
 
-    Host tensors are checked (NaN, r <= 0, ids or rows out of range raise); device tensors are
-    not read on the host: there a NaN or non-positive r counts as 1, a NaN f or p as 0, and a
-    row mapped outside the state is left unchanged.
+        if seen:       x = x / r if x > 0 else x * r
+        if count > 0:  x = x - (f * count + p)
+        x = x + bias   for each of the row's logit biases with id v, in list order
+
+    float16/bfloat16 logits are computed in float32 and rounded to nearest even once; tokens
+    that are neither seen nor biased keep their bits. NaN logits stay NaN. Host tensors are
+    checked (NaN, r <= 0, ids or rows out of range raise); device tensors are not read on the
+    host: there a NaN or non-positive r counts as 1, a NaN f or p as 0, and a row mapped
+    outside the state is left unchanged.
+
+    Args:
+        logits (torch.Tensor): ``[B, V]``, float32/float16/bfloat16 (rows may be strided), written in place.
+        prompt_mask (torch.Tensor): int32 ``[R, ceil(V / 32)]``, the state's prompt mask.
+        output_counts (torch.Tensor): int32 ``[R, V]``, the state's counts.
+        repetition_penalty (float or torch.Tensor): r > 0, a number or a floating-point ``[B]``
+            tensor on the logits' device (one request per row); default 1.0 (off).
+        frequency_penalty (float or torch.Tensor): f, a number or a floating-point ``[B]`` tensor; default 0.0 (off).
+        presence_penalty (float or torch.Tensor): p, a number or a floating-point ``[B]`` tensor; default 0.0 (off).
+        logit_bias_ids (torch.Tensor, optional): int64 ``[B, L]``, each row's biased token ids,
+            -1 pads; default no biases.
+        logit_bias_values (torch.Tensor, optional): floating-point ``[B, L]``, the biases of those ids.
+        rows (sequence of int or integer tensor, optional): ``[B]``, on the CPU or the logits'
+            device: logits row b reads state row rows[b], as engines keep request slots;
+            default row b is state row b, and B must be R.
+
+    Returns:
+        torch.Tensor: `logits`.
     """
     penalties = Penalties(prompt_mask, output_counts, repetition_penalty, frequency_penalty, presence_penalty,
                           logit_bias_ids, logit_bias_values, rows)

@@ -1,4 +1,5 @@
-"""Fused sampling: penalties, temperature, top-k / top-p / min-p (intersection) and the draw, in one op."""
+"""Fused sampling: penalties, temperature, top-k / top-p / min-p (intersection) and the draw, in one op;
+and the log-probabilities of the same distributions."""
 
 from __future__ import annotations
 
@@ -25,35 +26,51 @@ def sample(
     penalties: Optional[Penalties] = None,
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Draw one token per row: int64 ids [B] from logits [B, V] (float32/float16/bfloat16, not modified).
+    """Draw one token per row.
 
-    Each parameter is a number (every row) or a length-B tensor on the logits' device (one
-    request per row). With p = softmax(logits / temperature) over the allowed tokens, the kept
-    set is the intersection of three filters: p >= the k-th largest p (top_k > 0), the smallest
-    top set whose mass reaches top_p (top_p < 1), and p >= min_p * max p (min_p > 0). Ties at a
+    With p = softmax(logits / temperature) over the allowed tokens, the kept set is the
+    intersection of the top-k, top-p and min-p filters (FlashInfer's "joint" mode). Ties at a
     cutoff are all kept, so a filter may keep more than k tokens; the most likely token is
-    always kept. top_k <= 0, top_p = 1 and min_p <= 0 disable their filter. The token is drawn in proportion to p over the kept set (Gumbel-max).
-    temperature <= 0 (or NaN in a tensor) is greedy: the argmax, lowest index on ties.
+    always kept. The token is drawn in proportion to p over the kept set (Gumbel-max). NaN
+    logits count as -inf, +inf as the largest finite value. The exact definitions of the
+    cutoffs and the draw are in logits_processor/sampling.h; the CPU and CUDA implementations
+    return the same tokens.
 
-    bitmask (optional, int32 [B, ceil(V/32)], XGrammar's layout) excludes disallowed tokens
-    without writing the logits: the result equals `apply_token_bitmask(logits.clone(), bitmask)`
-    then `sample`. NaN logits count as -inf, +inf as the largest finite value; a row with no
-    allowed logit above -inf returns -1.
+    Each sampling parameter is a number (every row) or a length-B tensor on the logits' device
+    (one request per row). Numbers are checked (a NaN temperature, top_p outside [0, 1], min_p
+    above 1 or NaN raise); per-row tensors are not read on the host: their top_p and min_p are
+    clamped to [0, 1], and a NaN temperature is greedy. With `out` given and every parameter a
+    number or a device tensor, the CUDA op neither synchronises nor allocates, so a decoding
+    step can be captured in a CUDA graph.
 
-    penalties (optional, a Penalties): repetition, frequency and presence penalties and logit
-    biases from per-request state, applied as each logit is read (one pass, the logits not
-    written): the result equals `apply_penalties_(logits.clone(), **penalties._asdict())` then
-    `sample`, token for token. For float16/bfloat16 logits the penalised value is rounded to
-    the logits' dtype, as apply_penalties_ stores it, before the sampler uses it.
+    Args:
+        logits (torch.Tensor): ``[B, V]``, float32/float16/bfloat16; not modified.
+        temperature (float or torch.Tensor): a number or a floating-point ``[B]`` tensor; default
+            1.0. <= 0 is greedy: the argmax, lowest index on ties.
+        top_k (int or torch.Tensor): keep the tokens with p >= the k-th largest p; an int or an
+            integer ``[B]`` tensor; <= 0 (default 0) disables the filter.
+        top_p (float or torch.Tensor): keep the smallest top set whose mass reaches top_p; in
+            [0, 1]; 1.0 (default) disables the filter.
+        min_p (float or torch.Tensor): keep the tokens with p >= min_p * max p; at most 1;
+            <= 0 (default 0.0) disables the filter.
+        seed (int or torch.Tensor): the Philox key. With an int, row b draws from the stream
+            keyed by (seed, b, offset); with an integer ``[B]`` tensor, from (seed[b], offset[b])
+            alone, so a request draws the same tokens whatever its row or batch. Default 0.
+        offset (int or torch.Tensor): the step counter of the stream, an int or an integer
+            ``[B]`` tensor: advance it every step (the draw is replayable). Default 0.
+        bitmask (torch.Tensor, optional): int32 ``[B, ceil(V / 32)]``, XGrammar's layout;
+            excludes disallowed tokens without writing the logits: the result equals
+            `apply_token_bitmask` on a copy, then `sample`. Default: every token allowed.
+        penalties (Penalties, optional): repetition, frequency and presence penalties and logit
+            biases from per-request state, applied as each logit is read (the logits are not
+            written): the result equals ``apply_penalties_(logits.clone(), **penalties._asdict())``
+            then `sample`, token for token (float16/bfloat16 penalised values are rounded to the
+            logits' dtype, as apply_penalties_ stores them). Default: none.
+        out (torch.Tensor, optional): int64 ``[B]``, where to write the tokens; default a new tensor.
 
-    Randomness is counter-based (Philox) and replayable: with a number `seed`, row b draws from
-    the stream keyed by (seed, b, offset); with a length-B int64 `seed` tensor, from (seed[b],
-    offset[b]) alone, so a request draws the same tokens whatever its row or batch. Advance
-    `offset` every step. The CPU and CUDA implementations return the same tokens.
-
-    With `out` given and every parameter a number or a device tensor, the CUDA op neither
-    synchronises nor allocates, so a decoding step can be captured in a CUDA graph.
-    Per-row tensors are not range-checked on the host: top_p and min_p are clamped to [0, 1].
+    Returns:
+        torch.Tensor: int64 ``[B]`` (`out`), the token ids, in [0, V); -1 for a row with no
+        allowed logit above -inf.
     """
     arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                   offset=offset)
@@ -64,12 +81,20 @@ def sample(
 
 
 class SampleWithLogprobs(NamedTuple):
-    """What `sample_with_logprobs` returns (the layout of vLLM's LogprobsTensors)."""
+    """What `sample_with_logprobs` returns (the layout of vLLM's LogprobsTensors).
 
-    tokens: torch.Tensor  # int64 [B]
-    logprobs: torch.Tensor  # float32 [B, 1 + num_logprobs]
-    logprob_token_ids: torch.Tensor  # int64 [B, 1 + num_logprobs]
-    ranks: torch.Tensor  # int64 [B]
+    Attributes:
+        tokens (torch.Tensor): int64 ``[B]``, the sampled tokens.
+        logprobs (torch.Tensor): float32 ``[B, 1 + num_logprobs]``: column 0 the sampled
+            token's log-probability, columns 1.. the most likely tokens'.
+        logprob_token_ids (torch.Tensor): int64 ``[B, 1 + num_logprobs]``, the ids of those columns.
+        ranks (torch.Tensor): int64 ``[B]``, the sampled token's rank.
+    """
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    logprob_token_ids: torch.Tensor
+    ranks: torch.Tensor
 
 
 def sample_with_logprobs(
@@ -89,23 +114,40 @@ def sample_with_logprobs(
 ) -> SampleWithLogprobs:
     """`sample`, and the log-probabilities of the draw, from the same passes over the logits.
 
-    tokens: exactly `sample`'s with the same arguments. Column 0 of logprobs / logprob_token_ids
-    is the sampled token; columns 1.. the num_logprobs most likely tokens, most likely first,
-    ties by lowest id; ranks: 1 + the number of tokens strictly more likely than the sampled one.
-    All under one distribution, chosen by logprobs_mode:
-    - "processed" (default): the distribution sampled from: softmax of logits / T over the kept
-      set (penalties, bitmask, then top-k, top-p and min-p), -inf outside it. Greedy rows (T <= 0) report
-      log_softmax of the allowed logits at T = 1, without the filters (their argmax is the
-      most likely token there).
-    - "raw": log_softmax of the logits as given: no penalties, temperature, filter or bitmask.
-    NaN logits count as -inf and +inf as the largest finite float, as in the draw.
-    Columns past the distribution's support hold id -1 and logprob -inf; a row with nothing
-    allowed returns token -1, every logprob -inf, every id -1 and rank 0.
+    The tokens are exactly `sample`'s with the same arguments. The log-probabilities are within
+    2e-6 of a float64 log_softmax of the same float32 scores, identical on CPU and CUDA and
+    whatever the batch (how: logits_processor/sampling.h). NaN logits count as -inf and +inf as
+    the largest finite float, as in the draw. `token_logprobs` on the same logits and parameters
+    returns column 0 bit for bit.
 
-    `token_logprobs` on the same logits and parameters returns column 0 bit for bit. Values are
-    within 2e-6 of a float64 log_softmax of the same float32 scores, identical on CPU and
-    CUDA and whatever the batch. `out`: a SampleWithLogprobs of preallocated tensors (for CUDA
-    graphs), returned.
+    Args:
+        logits (torch.Tensor): as in `sample`.
+        temperature (float or torch.Tensor): as in `sample`; default 1.0.
+        top_k (int or torch.Tensor): as in `sample`; default 0.
+        top_p (float or torch.Tensor): as in `sample`; default 1.0.
+        min_p (float or torch.Tensor): as in `sample`; default 0.0.
+        seed (int or torch.Tensor): as in `sample`; default 0.
+        offset (int or torch.Tensor): as in `sample`; default 0.
+        bitmask (torch.Tensor, optional): as in `sample`.
+        penalties (Penalties, optional): as in `sample`.
+        num_logprobs (int): N, in [0, V]: how many of the most likely tokens to report besides
+            the sampled one; default 0.
+        logprobs_mode (str): the distribution the log-probabilities are under:
+            ``"processed"`` (default): the one sampled from: softmax of logits / temperature over
+            the kept set (penalties, bitmask, then top-k, top-p and min-p), -inf outside it;
+            greedy rows (temperature <= 0) report log_softmax of the allowed logits at
+            temperature 1, without the filters (their argmax is the most likely token there).
+            ``"raw"``: log_softmax of the logits as given: no penalties, temperature, filter or bitmask.
+        out (SampleWithLogprobs, optional): preallocated tensors of the shapes below (for CUDA
+            graphs); default new tensors.
+
+    Returns:
+        SampleWithLogprobs: (`out`) ``tokens`` int64 ``[B]``; ``logprobs`` float32 and
+        ``logprob_token_ids`` int64 ``[B, 1 + N]``: column 0 the sampled token, columns 1.. the N
+        most likely tokens, most likely first, ties by lowest id; columns past the
+        distribution's support hold id -1 and logprob -inf; ``ranks`` int64 ``[B]``: 1 + the
+        number of tokens strictly more likely than the sampled one. A row with nothing allowed
+        returns token -1, every logprob -inf, every id -1 and rank 0.
     """
     arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                   offset=offset)
@@ -138,12 +180,27 @@ def token_logprobs(
     logprobs_mode: str = "processed",
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """float32 [B]: the log-probability of token_ids[b] (int [B]) under row b's distribution, as
-    `sample_with_logprobs` defines it; bit for bit its column 0 on the same logits and parameters.
+    """The log-probability of given tokens under each row's distribution, as `sample_with_logprobs`
+    defines it: bit for bit its column 0 on the same logits and parameters.
 
-    For a trainer to recompute, on its own forward pass, what the sampler reported. A token
-    outside the distribution's support gets -inf, and so does an id outside [0, V) (such as the
-    -1 of a row with nothing allowed): device tensors are not read on the host.
+    For a trainer to recompute, on its own forward pass, what the sampler reported.
+
+    Args:
+        logits (torch.Tensor): as in `sample`.
+        token_ids (torch.Tensor): integer ``[B]`` on the logits' device, one token per row. An
+            id outside the distribution's support gets -inf, and so does one outside [0, V)
+            (such as the -1 of a row with nothing allowed): device tensors are not read on the host.
+        temperature (float or torch.Tensor): as in `sample`; default 1.0.
+        top_k (int or torch.Tensor): as in `sample`; default 0.
+        top_p (float or torch.Tensor): as in `sample`; default 1.0.
+        min_p (float or torch.Tensor): as in `sample`; default 0.0.
+        bitmask (torch.Tensor, optional): as in `sample`.
+        penalties (Penalties, optional): as in `sample`.
+        logprobs_mode (str): ``"processed"`` (default) or ``"raw"``, as in `sample_with_logprobs`.
+        out (torch.Tensor, optional): float32 ``[B]``, where to write the result; default a new tensor.
+
+    Returns:
+        torch.Tensor: float32 ``[B]`` (`out`): the log-probability of token_ids[b] in row b.
     """
     arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     if not isinstance(token_ids, torch.Tensor):

@@ -12,10 +12,16 @@ from ._ops import ops
 
 
 class VerifiedDraft(NamedTuple):
-    """What `verify_draft` returns."""
+    """What `verify_draft` returns.
 
-    tokens: torch.Tensor  # int64 [B, S + 1]: the accepted drafts, then one more token; -1 after
-    num_accepted: torch.Tensor  # int64 [B]
+    Attributes:
+        tokens (torch.Tensor): int64 ``[B, S + 1]``: row b's accepted drafts, then one more
+            token, in ``tokens[b, :num_accepted[b] + 1]``; -1 after them.
+        num_accepted (torch.Tensor): int64 ``[B]``, the number of accepted drafts of each row.
+    """
+
+    tokens: torch.Tensor
+    num_accepted: torch.Tensor
 
 
 def verify_draft(
@@ -36,33 +42,48 @@ def verify_draft(
     """Speculative-decoding verification: the longest accepted prefix of each row's drafts, then
     a correction or bonus token, distributed exactly as tokens drawn one by one from the target.
 
-    target_logits: [B, S + 1, V] float32/float16/bfloat16; position j scores the token after j
-    accepted drafts. draft_token_ids: int64 [B, S]. num_draft_tokens: int64 [B] (row b verifies
-    its first n_b drafts; default all S). draft_probs: float32 [B, S, V], the draft model's
-    distribution q_j at each position, or None for deterministic proposals (n-gram lookup,
-    greedy EAGLE): q_j is then the point mass at the draft. bitmask: int32 [B, S + 1, words],
-    position j's grammar mask (XGrammar's layout; the matcher advanced over the drafts, then
-    rolled back). The sampling parameters (numbers or length-B tensors, as in `sample`) apply to
-    every position of a row. There is no `penalties=`: apply penalties to target_logits first
-    (`apply_penalties_` on each position's [B, V] slice, with the counts that position would see).
-
     With p_j the distribution `sample` draws from at position j (bitmask, temperature, then
-    top-k ∩ top-p ∩ min-p), for j = 0 .. n_b - 1: accept draft d_j with probability
-    min(1, p_j(d_j) / q_j(d_j)); on the first rejection emit a token drawn from
+    top-k ∩ top-p ∩ min-p) and q_j the draft's, for j = 0 .. n_b - 1: accept draft d_j with
+    probability min(1, p_j(d_j) / q_j(d_j)); on the first rejection emit a token drawn from
     max(0, p_j - q_j) (normalised) and stop; if all n_b are accepted, emit a bonus token drawn
     from p_n. With draft_probs None this is: draw t_j from p_j, accept iff t_j = d_j, else emit
-    t_j. Greedy rows (temperature <= 0) accept while d_j is the argmax, then emit the argmax.
-    A draft outside p_j's support (forbidden by the bitmask, filtered out) is always rejected.
-    A position with nothing allowed emits -1 and stops the row.
+    t_j. Greedy rows (temperature <= 0) accept while d_j is the argmax, then emit the argmax. A
+    draft outside p_j's support (forbidden by the bitmask, filtered out) is always rejected; a
+    position with nothing allowed emits -1 and stops the row. Residual differences p - q below
+    1.2e-38 count as 0. The exact rule and its random streams: logits_processor/verify.h.
 
-    Returns (tokens, num_accepted): tokens[b, :num_accepted[b] + 1] are the emitted tokens, the
-    rest -1. Randomness is `sample`'s Philox keyed by (seed, row, offset) or per-row seeds, on
-    counters of its own (sampling.h, verify.h): replayable, disjoint from `sample`'s draws.
-    Residual differences p - q below 1.2e-38 count as 0. `out`: a VerifiedDraft of
-    preallocated tensors, returned. The CPU and CUDA implementations return the same tokens;
-    with `out` given and every parameter a number or a device tensor, the CUDA op is one launch
-    that neither synchronises nor allocates (graph-capturable). Device tensors are not
-    range-checked on the host: counts are clamped to [0, S], drafts outside [0, V) rejected.
+    The sampling parameters apply to every position of a row. Randomness is `sample`'s Philox
+    keyed by (seed, row, offset) or per-row seeds, on counters of its own: replayable, disjoint
+    from `sample`'s draws. The CPU and CUDA implementations return the same tokens; with `out`
+    given and every parameter a number or a device tensor, the CUDA op is one launch that
+    neither synchronises nor allocates (graph-capturable). There is no ``penalties=``: apply
+    penalties to target_logits first (`apply_penalties_` on each position's ``[B, V]`` slice,
+    with the counts that position would see).
+
+    Args:
+        target_logits (torch.Tensor): ``[B, S + 1, V]``, float32/float16/bfloat16; position j
+            scores the token after j accepted drafts.
+        draft_token_ids (torch.Tensor): int64 ``[B, S]``, the drafts. Host drafts are
+            range-checked; device ones outside [0, V) are rejected.
+        num_draft_tokens (torch.Tensor, optional): integer ``[B]``: row b verifies its first n_b
+            drafts; default all S. Host counts are checked to lie in [0, S]; device ones are clamped.
+        draft_probs (torch.Tensor, optional): float32 ``[B, S, V]``, the draft model's
+            distribution q_j at each position; default None, for deterministic proposals (n-gram
+            lookup, greedy EAGLE): q_j is then the point mass at the draft.
+        temperature (float or torch.Tensor): as in `sample`; default 1.0.
+        top_k (int or torch.Tensor): as in `sample`; default 0.
+        top_p (float or torch.Tensor): as in `sample`; default 1.0.
+        min_p (float or torch.Tensor): as in `sample`; default 0.0.
+        seed (int or torch.Tensor): as in `sample`; default 0.
+        offset (int or torch.Tensor): as in `sample`; default 0.
+        bitmask (torch.Tensor, optional): int32 ``[B, S + 1, ceil(V / 32)]``, position j's grammar
+            mask (XGrammar's layout; the matcher advanced over the drafts, then rolled back);
+            default every token allowed.
+        out (VerifiedDraft, optional): preallocated tensors of the shapes below; default new tensors.
+
+    Returns:
+        VerifiedDraft: ``(tokens int64 [B, S + 1], num_accepted int64 [B])`` (`out`'s tensors):
+        ``tokens[b, :num_accepted[b] + 1]`` are the emitted tokens, the rest -1.
     """
     arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                   offset=offset)
