@@ -74,9 +74,11 @@ ASAN_ENV = LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-f
 
 sanitize: $(STAMP)
 	$(ASAN_ENV) LP_SANITIZE=1 $(PY) tools/build.py
-	$(ASAN_ENV) LP_BUILD_DIR=build-asan $(PY) -m pytest tests/test_bitmask.py tests/test_sampling.py tests/test_penalties.py \
-		tests/test_properties_bitmask.py tests/test_properties_sampling.py tests/test_bad_input.py \
-		tests/test_scale.py tests/test_logprobs.py tests/test_properties_logprobs.py tests/test_verify.py
+	$(ASAN_ENV) LP_BUILD_DIR=build-asan $(PY) -m pytest tests/ops/test_bitmask.py tests/ops/test_sampling.py \
+		tests/ops/test_penalties.py tests/reliability/test_properties_bitmask.py \
+		tests/reliability/test_properties_sampling.py tests/reliability/test_bad_input.py \
+		tests/reliability/test_scale.py tests/ops/test_logprobs.py \
+		tests/reliability/test_properties_logprobs.py tests/ops/test_verify.py
 
 # The Hub bundle (release/: build/<variant>/, benchmarks/, CARD.md as README.md) and its report
 # (release-report.md). Refuses on a dirty tree, a Python-ABI violation or metadata the loader

@@ -7,7 +7,7 @@ Rules for every test here, old and new:
   `t.clone()`, and compute what it must return (the reference, XGrammar) from an untouched copy.
 - Compare with an independent reference on fresh random inputs. A check such as
   `torch.equal(x, x.clone())` cannot fail: keep a copy from before the op instead.
-- tests/test_planted_defects.py plants defects in the ops (tests/planted_defects.py) and
+- tests/reliability/test_planted_defects.py plants defects in the ops (tests/planted_defects.py) and
   requires the hand-written tests to fail on each: a test of a new behaviour should come with a
   defect that it catches.
 """

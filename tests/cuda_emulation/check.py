@@ -47,8 +47,8 @@ def sanitizer_environment(flavor: str) -> dict[str, str]:
 
 
 # One file per kernel family: bitmask and sample, logprobs, penalties, verify_draft.
-SANITIZED_FILES = ["tests/test_cuda_emulation.py", "tests/test_logprobs_cuda.py",
-                   "tests/test_penalties.py", "tests/test_verify.py"]
+SANITIZED_FILES = ["tests/cuda_emulation/test_sampler_cuda.py", "tests/cuda_emulation/test_logprobs_cuda.py",
+                   "tests/ops/test_penalties.py", "tests/ops/test_verify.py"]
 
 PARTS = {
     "forward": (PYTEST + ["tests"], {**sanitizer_environment("fibers"), "LP_EMULATION_SCHEDULE": "forward"}),

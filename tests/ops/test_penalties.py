@@ -18,7 +18,7 @@ import torch
 from conftest import requires_cuda
 from harness import bits, random_logits
 from reference import pack_bitmask, penalties_reference, penalty_state_reference, random_bitmask, unpack_bitmask
-from test_cuda_emulation import SANITIZED
+from cuda_emulation.cases import SANITIZED
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Each combination of the three penalties and the bias: (repetition, frequency, presence, bias).

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from reference import pack_bitmask, random_bitmask, sampling_reference, unpack_bitmask
-from test_cuda_emulation import SANITIZED
+from cuda_emulation.cases import SANITIZED
 from test_sampling import chi_square_p_value
 
 V = 45  # not a multiple of 32
