@@ -78,7 +78,8 @@ sanitize: $(STAMP)
 		tests/ops/test_penalties.py tests/reliability/test_properties_bitmask.py \
 		tests/reliability/test_properties_sampling.py tests/reliability/test_bad_input.py \
 		tests/reliability/test_scale.py tests/ops/test_logprobs.py \
-		tests/reliability/test_properties_logprobs.py tests/ops/test_verify.py
+		tests/reliability/test_properties_logprobs.py tests/ops/test_verify.py \
+		tests/build/test_build_contents.py
 
 # The Hub bundle (release/: build/<variant>/, benchmarks/, CARD.md as README.md) and its report
 # (release-report.md). Refuses on a dirty tree, a Python-ABI violation or metadata the loader
