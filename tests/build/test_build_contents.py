@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BUILD, ROOT
-from harness import SANITIZED
+from conftest import BUILD, ROOT, SANITIZED
 
 
 def test_cuda_build_carries_all_architectures():

@@ -22,6 +22,8 @@ from conftest import OFFLINE, ROOT
 sys.path.insert(0, str(ROOT / "tools"))
 import check_torch_headers  # noqa: E402
 
+pytestmark = pytest.mark.no_sanitize("compiles the sources against torch's headers and runs no op")
+
 CONFIG = tomllib.loads((ROOT / "build.toml").read_text())
 OLDEST = check_torch_headers.oldest_torch(CONFIG)
 

@@ -45,6 +45,7 @@ def tail_row(d: float) -> torch.Tensor:
     return row
 
 
+@pytest.mark.no_sanitize("18,000 rows of 250,001 logits: 380 s under ASan; the same draw runs in the sampler tests")
 @pytest.mark.parametrize("d", list(TAIL_DRAWS))
 def test_far_tail_is_drawn_in_proportion(lp, d):
     draws = TAIL_DRAWS[d]

@@ -19,6 +19,8 @@ import pytest
 from conftest import ROOT
 from planted_defects import DEFECTS, ENV
 
+pytestmark = pytest.mark.no_sanitize("reruns the op tests with Python-level defects: 220 s under ASan for nothing new")
+
 TEST_FILE = {
     "apply_token_bitmask_inplace": "tests/ops/test_bitmask.py",
     "apply_packed_bitmask": "tests/ops/test_bitmask.py",
