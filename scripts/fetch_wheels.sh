@@ -18,7 +18,7 @@
 #   use (certify.py starts that early, in the background).
 # - jsonschema and its dependencies, attrs included (the image's recorded package list of
 #   Nov 2026 in shared/docs/gpu-runs.md does not show it; the first dry run found
-#   tests/test_demo.py failing at collection without it): the demo test validates with it.
+#   tests/examples/test_demo.py failing at collection without it): the demo test validates with it.
 # - flashinfer.sampling's imports the image's list may lack: nvidia-ml-py (pynvml) and
 #   requests with urllib3, idna, charset-normalizer and certifi. Carried duplicates of image
 #   packages are harmless: pure-Python wheels, first on PYTHONPATH.

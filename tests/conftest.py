@@ -7,7 +7,7 @@ Rules for every test here, old and new:
   `t.clone()`, and compute what it must return (the reference, XGrammar) from an untouched copy.
 - Compare with an independent reference on fresh random inputs. A check such as
   `torch.equal(x, x.clone())` cannot fail: keep a copy from before the op instead.
-- tests/test_planted_defects.py plants defects in the ops (tests/planted_defects.py) and
+- tests/reliability/test_planted_defects.py plants defects in the ops (tests/planted_defects.py) and
   requires the hand-written tests to fail on each: a test of a new behaviour should come with a
   defect that it catches.
 """
@@ -28,6 +28,19 @@ HAS_CUDA_VARIANT = any(BUILD.glob("torch*-cu*"))
 
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+SANITIZED = "libasan" in os.environ.get("LD_PRELOAD", "")  # this process runs under ASan
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ASan (`make sanitize` runs every test there) a test marked no_sanitize(reason)
+    skips, saying why: each test is sanitized unless it opts out."""
+    if not SANITIZED:
+        return
+    for item in items:
+        marker = item.get_closest_marker("no_sanitize")
+        if marker is not None:
+            item.add_marker(pytest.mark.skip(reason=f"not under ASan: {marker.args[0]}"))
 
 # Certification mode: the GPU machine has no network (scripts/certify.py sets LP_OFFLINE=1), so
 # a test that would fetch from a package index skips there, saying so, instead of erroring.

@@ -21,8 +21,6 @@ from kernels import get_local_kernel
 
 from conftest import BUILD, HAS_CUDA_VARIANT  # LP_BUILD_DIR is read there
 
-SANITIZED = "libasan" in os.environ.get("LD_PRELOAD", "")  # this process runs under ASan
-
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True,
                           suppress_health_check=_SLOW_OK, print_blob=True)

@@ -1,10 +1,10 @@
 """A pytest plugin that plants one defect in the loaded ops, to show that the tests can fail.
 
-    LP_PLANT_DEFECT=ignore-indices PYTHONPATH=tests pytest -p planted_defects tests/test_bitmask.py
+    LP_PLANT_DEFECT=ignore-indices PYTHONPATH=tests pytest -p planted_defects tests/ops/test_bitmask.py
 
 runs the tests against ops with that defect (one of DEFECTS): every kernel package a fixture
 returns gets the defective op in place of the real one, behind the package's Python functions.
-`tests/test_planted_defects.py` runs the hand-written tests once per defect and requires a
+`tests/reliability/test_planted_defects.py` runs the hand-written tests once per defect and requires a
 failure. Each defective op first runs the real op on the caller's arguments, so bad input is
 still rejected as before and only the result is wrong; it then redoes or undoes the work.
 """

@@ -102,7 +102,7 @@ def check(mutant: Mutant) -> str | None:
     runs = 1 if mutant.flavor == "fibers" else SANITIZER_RUNS
     for _ in range(runs):
         run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                              "--capture=sys", "-m", "emulation", "tests/test_cuda_emulation.py",
+                              "--capture=sys", "-m", "emulation", "tests/cuda_emulation/test_sampler_cuda.py",
                               "-k", mutant.tests],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
         output = run.stdout + run.stderr

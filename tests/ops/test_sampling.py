@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from conftest import requires_cuda
 from harness import names_as_subject
+from op_cases import random_row_params
 from reference import random_bitmask, sampling_reference
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -85,16 +85,6 @@ def test_heterogeneous_rows_with_bitmask(lp, dtype):
         counts = torch.bincount(tokens[r], minlength=vocab).double()
         assert (counts / n - expected[r]).abs().max() < 0.006, r  # sigma <= 1.6e-3 at 100k draws
         assert chi_square_p_value(counts, expected[r] * n) > 1e-4, r
-
-
-def random_row_params(rows, g):
-    """Per-row temperature, top_k, top_p and min_p, each filter often active."""
-    return dict(
-        temperature=torch.rand(rows, generator=g) * 1.5 + 0.05,
-        top_k=torch.randint(0, 60, (rows,), generator=g),
-        top_p=torch.rand(rows, generator=g),
-        min_p=torch.rand(rows, generator=g) * 0.3,
-    )
 
 
 def _assert_in_kept_set(tokens, logits, slack=1e-4, **kwargs):
@@ -274,62 +264,3 @@ def test_opcheck_and_compile(lp):
 
     offset = torch.full((4,), 5, dtype=torch.int64)
     assert torch.equal(step(logits, bitmask, offset), lp.sample(logits, temperature=0.7, top_k=20, top_p=0.9, seed=3, offset=5, bitmask=bitmask))
-
-
-# --- CUDA only ---------------------------------------------------------------------------
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("vocab", [1, 50, 32000, 128256])
-@pytest.mark.parametrize("rows", [3, 256])  # 3: rows split over blocks; 256: a block per row
-def test_cuda_agrees_with_cpu(lp, cuda_target, dtype, vocab, rows):
-    """The CPU replays the GPU's decisions: token agreement on the same inputs (on a GPU, and
-    in the CUDA emulation, where the arithmetic is the host's and agreement must be exact)."""
-    g = torch.Generator().manual_seed(110)
-    logits = (torch.randn(rows, vocab, generator=g) * 3).to(dtype)
-    logits[::9, ::5] = float("nan")
-    bitmask = random_bitmask(rows, vocab, g, "words")
-    params = random_row_params(rows, g)
-    params["seed"] = torch.randint(0, 2**62, (rows,), generator=g)
-    params["offset"] = torch.randint(0, 2**40, (rows,), generator=g)
-    params["temperature"][::4] = 0.0  # greedy rows
-    params["top_k"][1::4], params["top_p"][1::4], params["min_p"][1::4] = 0, 1.0, 0.0  # unfiltered rows
-    cpu = lp.sample(logits, bitmask=bitmask, **params)
-    device = cuda_target.device
-    gpu = cuda_target.lp.sample(logits.to(device), bitmask=bitmask.to(device),
-                                **{k: v.to(device) for k, v in params.items()})
-    agreement = (cpu == gpu.cpu()).float().mean().item()
-    print(f"CUDA/CPU token agreement, {dtype}, B={rows}, V={vocab}: {agreement:.4f}")
-    assert agreement >= (0.999 if device == "cuda" else 1.0)
-    greedy = params["temperature"] == 0
-    assert torch.equal(cpu[greedy], gpu.cpu()[greedy])
-
-
-@requires_cuda
-def test_cuda_graph_decode_step(lp):
-    g = torch.Generator().manual_seed(111)
-    logits = torch.randn(8, 5000, generator=g).cuda()
-    bitmask = random_bitmask(8, 5000, g, "mixed").cuda()
-    seeds = torch.arange(8, device="cuda")
-    offset = torch.zeros(8, dtype=torch.int64, device="cuda")
-    temperature = torch.full((8,), 0.8, device="cuda")
-    out = torch.empty(8, dtype=torch.int64, device="cuda")
-    work = logits.clone()
-
-    def step():
-        lp.apply_token_bitmask_inplace(work, bitmask)
-        lp.sample(work, temperature=temperature, top_k=50, top_p=0.9, seed=seeds, offset=offset, out=out)
-
-    step()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    results = []
-    for step_index in [1, 2, 1]:
-        work.copy_(logits)
-        offset.fill_(step_index)
-        graph.replay()
-        results.append(out.clone())
-    torch.cuda.synchronize()
-    assert torch.equal(results[0], results[2])
-    eager = lp.sample(logits.cpu(), temperature=0.8, top_k=50, top_p=0.9, seed=seeds.cpu(), offset=1, bitmask=bitmask.cpu())
-    assert torch.equal(results[0].cpu(), eager)

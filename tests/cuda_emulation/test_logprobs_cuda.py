@@ -15,8 +15,8 @@ import torch
 
 from conftest import requires_cuda
 from reference import random_bitmask
-from test_cuda_emulation import (BIN_PATHS, PATHS, SANITIZED, crowded_logits, row_params, special_bitmask,
-                                 special_logits)
+from cuda_emulation.cases import (BIN_PATHS, PATHS, SANITIZED, crowded_logits, row_params, special_bitmask,
+                                  special_logits)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 MODES = ["processed", "raw"]

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from harness import SANITIZED
+from conftest import SANITIZED
 from reference import bitmask_reference, random_bitmask, sampling_reference, unpack_bitmask
 
 NEG_INF = float("-inf")

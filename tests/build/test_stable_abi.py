@@ -34,9 +34,10 @@ import torch
 from kernels import get_local_kernel
 from kernels.variants import ArchVariant, TorchStableAbi, get_variants_local, resolve_variant
 
-from conftest import BUILD, skip_if_offline
+from conftest import BUILD, ROOT, skip_if_offline
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.no_sanitize("checks build/'s release variants; build-asan/ holds one instrumented CPU variant")
+
 # LP_OTHER_VENV puts it elsewhere (test_offline_mode_skips_the_network_tests: a missing one).
 OTHER_VENV = Path(os.environ.get("LP_OTHER_VENV", ROOT / ".venv-torch213"))
 OTHER_TORCH = "2.13.0"

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from reference import pack_bitmask, random_bitmask, sampling_reference, unpack_bitmask
-from test_cuda_emulation import SANITIZED
 from test_sampling import chi_square_p_value
 
 V = 45  # not a multiple of 32
@@ -315,67 +314,3 @@ def test_out_opcheck_and_compile(lp_cpu):
     compiled = step(target, drafts, q, bitmask, offset)
     eager = lp_cpu.verify_draft(target, drafts, draft_probs=q, temperature=0.7, top_k=20, seed=3, offset=5, bitmask=bitmask)
     assert torch.equal(compiled.tokens, eager.tokens) and torch.equal(compiled.num_accepted, eager.num_accepted)
-
-
-# --- CUDA: the kernel against the CPU, bit for bit (a GPU, or the emulation) ------------------
-
-# Row r: temperature / filters of path r % 5, drafts mostly the target's argmax (long
-# accepted runs), some random, some forbidden by the bitmask.
-CUDA_PATHS = [dict(temperature=0.0), dict(), dict(top_k=7), dict(top_p=0.8, min_p=0.05),
-              dict(temperature=0.6, top_k=40, top_p=0.9)]
-
-
-def cuda_case(g, rows, drafts_count, vocab, dtype):
-    target = torch.randn(rows, drafts_count + 1, vocab, generator=g) * 3
-    target[2::7, 1] = float("nan")  # position 1 of some rows: nothing allowed
-    target[::5, :, ::3] = float("nan")
-    bitmask = random_bitmask(rows * (drafts_count + 1), vocab, g, "words").view(rows, drafts_count + 1, -1)
-    bitmask[:, :, 0] |= 0xF  # tokens 0-3 allowed everywhere
-    bitmask[4::9, -1] = 0  # the bonus position of some rows allows nothing
-    allowed = torch.where(unpack_bitmask(bitmask.view(-1, bitmask.shape[-1]), vocab).view(target.shape),
-                          torch.nan_to_num(target, nan=float("-inf")), float("-inf"))
-    drafts = allowed[:, :-1].argmax(-1)
-    random = torch.randint(0, vocab, drafts.shape, generator=g)
-    drafts = torch.where(torch.rand(drafts.shape, generator=g) < 0.25, random, drafts)
-    q = torch.softmax(target[:, :-1].nan_to_num(0.0) + torch.randn(rows, drafts_count, vocab, generator=g), -1)
-    params = dict(temperature=torch.rand(rows, generator=g) + 0.4, top_k=torch.zeros(rows, dtype=torch.int64),
-                  top_p=torch.ones(rows), min_p=torch.zeros(rows))
-    for r in range(rows):
-        for name, value in CUDA_PATHS[r % len(CUDA_PATHS)].items():
-            params[name][r] = value
-    counts = torch.randint(0, drafts_count + 1, (rows,), generator=g)
-    counts[: rows // 2] = drafts_count
-    return target.to(dtype), drafts, counts, q, bitmask, params
-
-
-@pytest.mark.emulation
-# Under the sanitizers (`make emulate`'s tsan and asan parts: an OS thread per CUDA thread) the
-# small shapes only.
-@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows,drafts_count,vocab",
-                         [(10, 4, 45), (40, 2, 1001)] if SANITIZED else [(10, 4, 45), (40, 2, 1001), (3, 16, 32000)])
-def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, drafts_count, vocab):
-    g = torch.Generator().manual_seed(rows * vocab + sms)
-    target, drafts, counts, q, bitmask, params = cuda_case(g, rows, drafts_count, vocab, dtype)
-    # Rows and positions of a padded buffer: strides the kernels must follow.
-    buffer = torch.zeros(rows, drafts_count + 1, vocab + 5, dtype=dtype)
-    buffer[..., 3 : vocab + 3] = target
-    padded = buffer[..., 3 : vocab + 3]
-    assert torch.equal(lp_cpu.verify_draft(padded, drafts, counts, bitmask=bitmask, **params).tokens,
-                       lp_cpu.verify_draft(target, drafts, counts, bitmask=bitmask, **params).tokens)
-    target = padded
-    seeds = dict(seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
-    for draft_probs in (q, None):
-        for rng in (seeds, dict(seed=5, offset=9)):
-            kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, **rng)
-            expected = lp_cpu.verify_draft(target, drafts, counts, **kwargs)
-            before = emulation.launches()
-            with emulation.gpu(sms) as lp:
-                got = lp.verify_draft(target, drafts, counts, **kwargs)
-            assert emulation.launches() == before + 1  # one launch for the batch
-            assert torch.equal(got.tokens, expected.tokens), (got.tokens != expected.tokens).nonzero().tolist()
-            assert torch.equal(got.num_accepted, expected.num_accepted)
-    # The case exercised long accepted runs, rejections and empty positions.
-    assert expected.num_accepted.max() >= 2 and (expected.num_accepted < counts).any()
-    assert (expected.tokens == -1).any()

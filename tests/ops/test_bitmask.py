@@ -1,13 +1,11 @@
 """Grammar bitmask ops against plain torch and XGrammar's own function, through the loader."""
 
-from pathlib import Path
-
 import pytest
 import torch
 import xgrammar
 
-from conftest import BUILD, ROOT, devices, requires_cuda
-from harness import SANITIZED, names_as_subject
+from conftest import devices
+from harness import names_as_subject
 from reference import bitmask_reference, pack_bitmask, random_bitmask, unpack_bitmask
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -265,89 +263,3 @@ def test_torch_compile_fullgraph(lp):
 
     expected = torch.softmax(bitmask_reference(logits * 2.0, bitmask, fill_value=-1e9), dim=-1)
     assert torch.allclose(step(logits, bitmask), expected)
-
-
-# --- build -------------------------------------------------------------------------------
-
-def test_cuda_build_carries_all_architectures():
-    """The CUDA .so holds machine code for every capability metadata.json lists, and that is
-    every capability of build.toml, or exactly those of LP_CUDA_ARCHS where a narrowed build
-    is tested."""
-    import json
-    import os
-    import sys
-    import tomllib
-
-    sys.path.insert(0, str(ROOT / "tools"))
-    from fatbin import fatbin_entries
-
-    variants = sorted(BUILD.glob("torch*-cu*"))
-    if not variants:
-        pytest.skip("no CUDA variant was built (CPU-only torch or no nvcc)")
-    archs = json.loads((variants[0] / "metadata.json").read_text())["backend"]["archs"]
-    expected = set()
-    for arch in archs:
-        sm = int(arch.removesuffix("+PTX").replace(".", ""))
-        expected.add(("sass", sm))
-        if arch.endswith("+PTX"):
-            expected.add(("ptx", sm))
-    found = fatbin_entries(next(variants[0].glob("*.abi3.so")))
-    assert found == expected
-    narrowed = os.environ.get("LP_CUDA_ARCHS")
-    if narrowed:
-        assert sorted(archs) == sorted(a.strip() for a in narrowed.split(",") if a.strip()), \
-            "the build does not carry exactly the capabilities LP_CUDA_ARCHS names"
-    else:
-        config = tomllib.loads((ROOT / "build.toml").read_text())
-        assert archs == config["kernel"]["logits_processor_cuda"]["cuda-capabilities"]
-        assert {"8.0", "8.6", "8.9", "9.0", "10.0", "12.0+PTX"} <= set(archs)
-
-
-def test_sanitizer_run_loads_the_instrumented_build(lp):
-    """Under ASan (`make sanitize`) the ops come from the instrumented .so of build-asan/; in
-    any other run from an uninstrumented one (a sanitizer run against a plain build would
-    check nothing)."""
-    (so,) = Path(lp.__file__).parent.glob("*.abi3.so")
-    symbols = so.read_bytes()
-    assert (b"__asan_report_load" in symbols, b"__ubsan_handle" in symbols) == (SANITIZED, SANITIZED), so
-
-
-# --- CUDA only ---------------------------------------------------------------------------
-
-def test_cuda_many_rows(cuda_target):
-    g = torch.Generator().manual_seed(11)
-    rows, vocab = 70000, 40  # past XGrammar's 65535-row grid limit
-    logits = torch.randn(rows, vocab, generator=g)
-    bitmask = random_bitmask(rows, vocab, g, "mixed")
-    got = logits.clone().to(cuda_target.device)  # .to("cpu") alone would be logits itself
-    cuda_target.lp.apply_token_bitmask_inplace(got, bitmask.to(cuda_target.device))
-    assert torch.equal(got.cpu(), bitmask_reference(logits, bitmask))
-
-
-@requires_cuda
-def test_cuda_device_indices(lp):
-    """Device indices are never read on the host: the kernel skips those out of range. (The
-    emulation cannot show this: its indices are host tensors, which the binding checks.)"""
-    g = torch.Generator().manual_seed(11)
-    rows, vocab = 70000, 40
-    logits = torch.randn(rows, vocab, generator=g)
-    bitmask = random_bitmask(rows, vocab, g, "mixed")
-    idx = torch.tensor([69999, 5, -3, 70000, 5], device="cuda")  # out-of-range device indices are skipped
-    got = logits.cuda()
-    lp.apply_token_bitmask_inplace(got, bitmask.cuda(), indices=idx)
-    assert torch.equal(got.cpu(), bitmask_reference(logits, bitmask, indices=[69999, 5]))
-
-
-@requires_cuda
-def test_cuda_graph_capture(lp):
-    logits = torch.randn(8, 1000, device="cuda")
-    bitmask = torch.randint(-(2**31), 2**31 - 1, (8, 32), dtype=torch.int32, device="cuda")
-    idx = torch.tensor([1, 3, 5], device="cuda")
-    work = logits.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        lp.apply_token_bitmask_inplace(work, bitmask, indices=idx)
-    work.copy_(logits)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(work.cpu(), bitmask_reference(logits.cpu(), bitmask.cpu(), indices=[1, 3, 5]))

@@ -12,6 +12,8 @@ import math
 import pytest
 import torch
 
+from op_cases import check_top_cell_refined
+
 N_TAIL = 250_000
 # d -> draws: d = 18 carries most of the power per draw (see test_tail_test_rejects_the_old_noise).
 TAIL_DRAWS = {17: 2000, 18: 10000, 20: 6000}
@@ -43,6 +45,7 @@ def tail_row(d: float) -> torch.Tensor:
     return row
 
 
+@pytest.mark.no_sanitize("18,000 rows of 250,001 logits: 380 s under ASan; the same draw runs in the sampler tests")
 @pytest.mark.parametrize("d", list(TAIL_DRAWS))
 def test_far_tail_is_drawn_in_proportion(lp, d):
     draws = TAIL_DRAWS[d]
@@ -65,68 +68,10 @@ def test_tail_test_rejects_the_old_noise():
     assert expected_old[20] == 0.0
 
 
-# --- the top cell ---------------------------------------------------------------------------
-# Philox4x32-10 in Python, to check the kernels' noise where it is rarest: a word at the top of
-# its range (probability 2^-32), whose uniform the kernels refine with 32 more bits.
-PHILOX_M = (0xD2511F53, 0xCD9E8D57)
-PHILOX_W = (0x9E3779B9, 0xBB67AE85)
-
-
-def philox(counter, key0, key1):
-    c = list(counter)
-    for _ in range(10):
-        p0, p1 = PHILOX_M[0] * c[0], PHILOX_M[1] * c[2]
-        c = [(p1 >> 32) ^ c[1] ^ key0, p1 & 0xFFFFFFFF, (p0 >> 32) ^ c[3] ^ key1, p0 & 0xFFFFFFFF]
-        key0, key1 = (key0 + PHILOX_W[0]) & 0xFFFFFFFF, (key1 + PHILOX_W[1]) & 0xFFFFFFFF
-    return c
-
-
-# Found by a search: with per-row seed 12345 (stream 0) and offset 57233, token 213482's word
-# (counter (53370, 0, 57233, 0), word 2) is 2^32 - 1.
-TOP_SEED, TOP_OFFSET, TOP_TOKEN = 12345, 57233, 213482
-
-
-def gumbel(w: float) -> float:
-    """-ln(-ln(1 - w)) in float64."""
-    return -math.log(-math.log1p(-w))
-
-
-def top_cell_case():
-    """(refined G of TOP_TOKEN, G of token 0, G the top cell's midpoint would give)."""
-    group, word = TOP_TOKEN // 4, TOP_TOKEN % 4
-    assert philox([group, 0, TOP_OFFSET, 0], TOP_SEED, 0)[word] == 2**32 - 1
-    refining = philox([group | 2**31, 0, TOP_OFFSET, 0], TOP_SEED, 0)[word]
-    word0 = philox([0, 0, TOP_OFFSET, 0], TOP_SEED, 0)[0]
-    return gumbel((refining + 0.5) * 2.0**-64), gumbel((2**32 - word0 - 0.5) * 2.0**-32), gumbel(0.5 * 2.0**-32)
-
-
-def draw_between_two(lp, device, d, **kwargs):
-    """Token 0 at score 0, TOP_TOKEN at -d, token 1 at -1000 (never drawn; it makes top_k = 2
-    a filter) and every other token -inf: the winner."""
-    row = torch.full((1, TOP_TOKEN + 1), -math.inf)
-    row[0, 0], row[0, 1], row[0, TOP_TOKEN] = 0.0, -1000.0, -d
-    seed, offset = torch.tensor([TOP_SEED]), torch.tensor([TOP_OFFSET])
-    return int(lp.sample(row.to(device), seed=seed.to(device), offset=offset.to(device), **kwargs))
-
-
-def check_top_cell_refined(lp, device):
-    """TOP_TOKEN wins exactly when -d + G_top > G_0 with its refined G (0.5 away from the
-    midpoint's, so an unrefined top cell gets one of the two draws wrong); without a filter
-    (the draw over the row) and with top_k = 2 (the draw over the gathered candidates)."""
-    g_top, g_0, g_midpoint = top_cell_case()
-    assert abs(g_top - g_midpoint) > 0.2
-    crossover = g_top - g_0
-    for kwargs in [{}, {"top_k": 2}]:
-        assert draw_between_two(lp, device, crossover - 0.05, **kwargs) == TOP_TOKEN, kwargs
-        assert draw_between_two(lp, device, crossover + 0.05, **kwargs) == 0, kwargs
-
+# --- the top cell (tests/op_cases.py: Philox in Python, the case and its check) ------------------
 
 def test_top_cell_is_refined(lp):
     check_top_cell_refined(lp, "cpu")
-
-
-def test_top_cell_is_refined_cuda(cuda_target):
-    check_top_cell_refined(cuda_target.lp, cuda_target.device)
 
 
 # --- floating-point mode --------------------------------------------------------------------

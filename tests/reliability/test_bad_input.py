@@ -5,7 +5,7 @@ every input tensor bit for bit as it was. The cases run in child processes (one 
 restarted after a crash), so a crash fails exactly the case that caused it instead of the
 test run. Per-row sampler tensors holding NaN or values outside [0, 1] are not bad input: they are
 documented (greedy / clamped, as no host check may read a device tensor) and covered by
-tests/test_properties_sampling.py. Sampler cases skip only if the build has no `sample` op.
+tests/reliability/test_properties_sampling.py. Sampler cases skip only if the build has no `sample` op.
 """
 
 from __future__ import annotations
@@ -460,10 +460,12 @@ def run_children(backend: str, ids: list[str]) -> dict[str, dict]:
     takes the rest."""
     outcomes: dict[str, dict] = {}
     remaining = list(ids)
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import test_bad_input as m; "
-            "m.child_main(sys.argv[2], sys.argv[3:])")
+    # this folder for this module, tests/ for the harness it imports
+    code = ("import sys; sys.path[:0] = sys.argv[1:3]; import test_bad_input as m; "
+            "m.child_main(sys.argv[3], sys.argv[4:])")
+    here = Path(__file__).resolve().parent
     while remaining:
-        proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), backend, *remaining],
+        proc = subprocess.run([sys.executable, "-c", code, str(here), str(here.parent), backend, *remaining],
                               capture_output=True, text=True, timeout=600, env=os.environ.copy())
         current = None
         for line in proc.stdout.splitlines():

@@ -22,6 +22,8 @@ from conftest import OFFLINE, ROOT
 sys.path.insert(0, str(ROOT / "tools"))
 import check_torch_headers  # noqa: E402
 
+pytestmark = pytest.mark.no_sanitize("compiles the sources against torch's headers and runs no op")
+
 CONFIG = tomllib.loads((ROOT / "build.toml").read_text())
 OLDEST = check_torch_headers.oldest_torch(CONFIG)
 
@@ -61,8 +63,8 @@ def test_offline_mode_skips_the_network_tests(tmp_path):
     create it must skip, naming the switch; an error here is what the first dry run saw."""
     env = {**os.environ, "LP_OFFLINE": "1", "PIP_NO_INDEX": "1",
            "LP_OTHER_VENV": str(tmp_path / "missing-venv")}
-    network_tests = ["tests/test_stable_abi.py::test_cpu_variant_runs_unchanged_under_torch_2_13",
-                     "tests/test_stable_abi.py::test_cuda_variant_needs_a_cuda_torch"]
+    network_tests = ["tests/build/test_stable_abi.py::test_cpu_variant_runs_unchanged_under_torch_2_13",
+                     "tests/build/test_stable_abi.py::test_cuda_variant_needs_a_cuda_torch"]
     junit = tmp_path / "junit.xml"
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            f"--junitxml={junit}", *network_tests], cwd=ROOT, env=env,

@@ -82,6 +82,7 @@ def test_demo_loop_draws_only_allowed_tokens_and_valid_outputs(lp, offline_pair,
             assert r.check(o.text) is not None, o.text
 
 
+@pytest.mark.no_sanitize("demo.main() loads the default variant (CUDA on a CUDA torch); build-asan/ has only CPU")
 @pytest.mark.parametrize("model_dir", [False, True], ids=["offline", "--model"])
 def test_demo_main_prints_outputs_and_summary(capsys, tmp_path, offline_pair, model_dir, restore_threads):
     args = ["--tokens", str(MAX_TOKENS), "--device", "cpu"]

@@ -1,0 +1,51 @@
+"""What the built shared objects hold: the CUDA variant machine code for every architecture it
+lists, and sanitizer instrumentation exactly in a sanitizer run (`make sanitize`)."""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import BUILD, ROOT, SANITIZED
+
+
+def test_cuda_build_carries_all_architectures():
+    """The CUDA .so holds machine code for every capability metadata.json lists, and that is
+    every capability of build.toml, or exactly those of LP_CUDA_ARCHS where a narrowed build
+    is tested."""
+    import json
+    import os
+    import sys
+    import tomllib
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from fatbin import fatbin_entries
+
+    variants = sorted(BUILD.glob("torch*-cu*"))
+    if not variants:
+        pytest.skip("no CUDA variant was built (CPU-only torch or no nvcc)")
+    archs = json.loads((variants[0] / "metadata.json").read_text())["backend"]["archs"]
+    expected = set()
+    for arch in archs:
+        sm = int(arch.removesuffix("+PTX").replace(".", ""))
+        expected.add(("sass", sm))
+        if arch.endswith("+PTX"):
+            expected.add(("ptx", sm))
+    found = fatbin_entries(next(variants[0].glob("*.abi3.so")))
+    assert found == expected
+    narrowed = os.environ.get("LP_CUDA_ARCHS")
+    if narrowed:
+        assert sorted(archs) == sorted(a.strip() for a in narrowed.split(",") if a.strip()), \
+            "the build does not carry exactly the capabilities LP_CUDA_ARCHS names"
+    else:
+        config = tomllib.loads((ROOT / "build.toml").read_text())
+        assert archs == config["kernel"]["logits_processor_cuda"]["cuda-capabilities"]
+        assert {"8.0", "8.6", "8.9", "9.0", "10.0", "12.0+PTX"} <= set(archs)
+
+
+def test_sanitizer_run_loads_the_instrumented_build(lp):
+    """Under ASan (`make sanitize`) the ops come from the instrumented .so of build-asan/; in
+    any other run from an uninstrumented one (a sanitizer run against a plain build would
+    check nothing)."""
+    (so,) = Path(lp.__file__).parent.glob("*.abi3.so")
+    symbols = so.read_bytes()
+    assert (b"__asan_report_load" in symbols, b"__ubsan_handle" in symbols) == (SANITIZED, SANITIZED), so

@@ -1,0 +1,106 @@
+"""Inputs and helpers shared by the CUDA tests (tests/cuda_emulation/test_*_cuda.py): the
+sampler's paths, per-row parameters and special logits, and the smaller cases of a sanitized
+emulation build."""
+
+from __future__ import annotations
+
+import torch
+
+from cuda_emulation.emulation import FLAVOR
+from reference import random_bitmask
+
+SANITIZED = FLAVOR != "fibers"  # an OS thread per CUDA thread: slower, so smaller cases
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# 132 SMs' grids have thousands of blocks, each a rendezvous of 256 OS threads when sanitized.
+SMS = [1, 8] if SANITIZED else [1, 8, 132]
+
+# Every path of the sampler; rows of a batch cycle through them.
+PATHS = {
+    "greedy": dict(temperature=0.0),
+    "unfiltered": dict(),
+    "top_k": dict(top_k=7),
+    "top_p": dict(top_p=0.8),
+    "min_p": dict(min_p=0.1),
+    "top_k_top_p": dict(top_k=40, top_p=0.9),
+    "all": dict(top_k=50, top_p=0.9, min_p=0.05),
+}
+
+
+def row_params(rows: int, g: torch.Generator) -> dict:
+    """Per-row parameters, row r on path r % 7 with its own temperature, seed and offset."""
+    temperature = torch.rand(rows, generator=g) + 0.3
+    top_k = torch.zeros(rows, dtype=torch.int64)
+    top_p = torch.ones(rows)
+    min_p = torch.zeros(rows)
+    for r in range(rows):
+        path = list(PATHS.values())[r % len(PATHS)]
+        temperature[r] = path.get("temperature", temperature[r])
+        top_k[r] = path.get("top_k", 0)
+        top_p[r] = path.get("top_p", 1.0)
+        min_p[r] = path.get("min_p", 0.0)
+    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                seed=torch.randint(0, 2**62, (rows,), generator=g),
+                offset=torch.randint(0, 2**40, (rows,), generator=g))
+
+
+def special_logits(rows: int, vocab: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """Random logits with NaN columns, ties, and rows all -inf, all NaN but one, or with +inf."""
+    x = torch.randn(rows, vocab, generator=g) * 3
+    x[::9, ::5] = float("nan")
+    x[1::6, : vocab // 2] = x[1::6, :1]  # ties at every cutoff
+    for r in range(rows):
+        if r % 11 == 3:
+            x[r] = float("-inf")
+        elif r % 11 == 5:
+            x[r] = float("nan")
+            x[r, vocab - 1] = 1.0
+        elif r % 11 == 8:
+            x[r, vocab // 3] = float("inf")
+    return x.to(dtype)
+
+
+def special_bitmask(rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
+    bitmask = random_bitmask(rows, vocab, g, "words")
+    bitmask[4::13] = 0  # fully masked rows
+    return bitmask
+
+
+def assert_launched(emulation, before: int) -> None:
+    assert emulation.launches() > before, "the op did not launch an emulated kernel"
+
+
+
+# The cutoffs' key bins (the top 12 bits of the score key): filters whose cutoffs fall inside
+# one crowded bin (crowded_logits).
+BIN_PATHS = {
+    "top_k_1": dict(top_k=1),
+    "top_k_50": dict(top_k=50),
+    "top_k_1024": dict(top_k=1024),
+    "top_k_in_crowd": dict(top_k=2500),
+    "top_p": dict(top_p=0.5),
+    "top_p_0.99": dict(top_p=0.99),
+    "min_p": dict(min_p=0.9),
+    "top_k_top_p": dict(top_k=2500, top_p=0.7),
+    "all": dict(top_k=2000, top_p=0.9, min_p=0.95),
+}
+
+
+def crowded_logits(rows: int, vocab: int, crowd: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """`crowd` logits of each row in one key bin, [1, 1.125) (at temperature 1), above the
+    rest, rounded to 2^-12 so that many tie; some exactly at the bin's edges 1 and 1.125 (the
+    next bin's first key), the rest of the row far below."""
+    x = torch.randn(rows, vocab, generator=g) - 4
+    crowd_values = torch.floor((1 + torch.rand(rows, crowd, generator=g) / 8) * 4096) / 4096
+    crowd_values[:, :7] = 1.0
+    crowd_values[:, 7:10] = 1.125
+    for r in range(rows):
+        x[r, torch.randperm(vocab, generator=g)[:crowd]] = crowd_values[r]
+    return x.to(dtype)
+
+
+def unaligned_rows(logits: torch.Tensor) -> torch.Tensor:
+    """The same values as rows of a buffer whose row stride is odd, starting one element in."""
+    rows, vocab = logits.shape
+    buffer = torch.zeros(rows, vocab + 3, dtype=logits.dtype)
+    buffer[:, 1 : 1 + vocab] = logits
+    return buffer[:, 1 : 1 + vocab]

@@ -1,0 +1,237 @@
+"""Inputs and checks that an op's tests on the CPU (tests/ops/) and its CUDA tests
+(tests/cuda_emulation/, on a GPU or emulated) share: each runs them against its own target."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from harness import bits, random_logits
+from reference import penalties_reference, random_bitmask
+
+
+# --- the sampler ------------------------------------------------------------------------------
+
+def random_row_params(rows, g):
+    """Per-row temperature, top_k, top_p and min_p, each filter often active."""
+    return dict(
+        temperature=torch.rand(rows, generator=g) * 1.5 + 0.05,
+        top_k=torch.randint(0, 60, (rows,), generator=g),
+        top_p=torch.rand(rows, generator=g),
+        min_p=torch.rand(rows, generator=g) * 0.3,
+    )
+
+
+# --- the top cell of the sampler's noise ----------------------------------------------------
+# Philox4x32-10 in Python, to check the kernels' noise where it is rarest: a word at the top of
+# its range (probability 2^-32), whose uniform the kernels refine with 32 more bits.
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+
+
+def philox(counter, key0, key1):
+    c = list(counter)
+    for _ in range(10):
+        p0, p1 = PHILOX_M[0] * c[0], PHILOX_M[1] * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ key0, p1 & 0xFFFFFFFF, (p0 >> 32) ^ c[3] ^ key1, p0 & 0xFFFFFFFF]
+        key0, key1 = (key0 + PHILOX_W[0]) & 0xFFFFFFFF, (key1 + PHILOX_W[1]) & 0xFFFFFFFF
+    return c
+
+
+# Found by a search: with per-row seed 12345 (stream 0) and offset 57233, token 213482's word
+# (counter (53370, 0, 57233, 0), word 2) is 2^32 - 1.
+TOP_SEED, TOP_OFFSET, TOP_TOKEN = 12345, 57233, 213482
+
+
+def gumbel(w: float) -> float:
+    """-ln(-ln(1 - w)) in float64."""
+    return -math.log(-math.log1p(-w))
+
+
+def top_cell_case():
+    """(refined G of TOP_TOKEN, G of token 0, G the top cell's midpoint would give)."""
+    group, word = TOP_TOKEN // 4, TOP_TOKEN % 4
+    assert philox([group, 0, TOP_OFFSET, 0], TOP_SEED, 0)[word] == 2**32 - 1
+    refining = philox([group | 2**31, 0, TOP_OFFSET, 0], TOP_SEED, 0)[word]
+    word0 = philox([0, 0, TOP_OFFSET, 0], TOP_SEED, 0)[0]
+    return gumbel((refining + 0.5) * 2.0**-64), gumbel((2**32 - word0 - 0.5) * 2.0**-32), gumbel(0.5 * 2.0**-32)
+
+
+def draw_between_two(lp, device, d, **kwargs):
+    """Token 0 at score 0, TOP_TOKEN at -d, token 1 at -1000 (never drawn; it makes top_k = 2
+    a filter) and every other token -inf: the winner."""
+    row = torch.full((1, TOP_TOKEN + 1), -math.inf)
+    row[0, 0], row[0, 1], row[0, TOP_TOKEN] = 0.0, -1000.0, -d
+    seed, offset = torch.tensor([TOP_SEED]), torch.tensor([TOP_OFFSET])
+    return int(lp.sample(row.to(device), seed=seed.to(device), offset=offset.to(device), **kwargs))
+
+
+def check_top_cell_refined(lp, device):
+    """TOP_TOKEN wins exactly when -d + G_top > G_0 with its refined G (0.5 away from the
+    midpoint's, so an unrefined top cell gets one of the two draws wrong); without a filter
+    (the draw over the row) and with top_k = 2 (the draw over the gathered candidates)."""
+    g_top, g_0, g_midpoint = top_cell_case()
+    assert abs(g_top - g_midpoint) > 0.2
+    crossover = g_top - g_0
+    for kwargs in [{}, {"top_k": 2}]:
+        assert draw_between_two(lp, device, crossover - 0.05, **kwargs) == TOP_TOKEN, kwargs
+        assert draw_between_two(lp, device, crossover + 0.05, **kwargs) == 0, kwargs
+
+
+# --- penalties and their fusion into the sampler ops --------------------------------------------
+
+# Each combination of the three penalties and the bias: (repetition, frequency, presence, bias).
+COMBINATIONS = list(itertools.product([False, True], repeat=4))
+
+
+def assert_same_logits(got: torch.Tensor, expected: torch.Tensor, context=None) -> None:
+    """Bit for bit, except that any NaN equals any NaN."""
+    assert got.dtype == expected.dtype and got.shape == expected.shape, context
+    nan = torch.isnan(got)
+    assert torch.equal(nan, torch.isnan(expected)), (context, nan.nonzero()[:5].tolist())
+    differ = (bits(got) != bits(expected)) & ~nan
+    assert not differ.any(), (context, differ.nonzero()[:5].tolist(), got[differ][:5], expected[differ][:5])
+
+
+def random_state(state_rows: int, vocab: int, g: torch.Generator):
+    """(prompt_mask, output_counts): a sparse or dense prompt, and counts mostly 0, some large."""
+    prompt_mask = random_bitmask(state_rows, vocab, g, "mixed")
+    sparse = torch.rand(state_rows, prompt_mask.shape[1], generator=g) < 0.7
+    prompt_mask = torch.where(sparse, prompt_mask & torch.randint(0, 2**31, prompt_mask.shape, generator=g,
+                                                                   dtype=torch.int32) & 0x01010101, prompt_mask)
+    counts = torch.randint(1, 5, (state_rows, vocab), generator=g, dtype=torch.int32)
+    counts *= (torch.rand(state_rows, vocab, generator=g) < 0.3).to(torch.int32)
+    counts[:, ::97] = 100_000  # counts that make f * count large
+    return prompt_mask, counts
+
+
+def random_penalties(rows: int, combination, per_row: bool, g: torch.Generator) -> dict:
+    """The penalties one combination turns on, as numbers or per-row tensors; bias with
+    repeated ids, padding, and ids at both ends of the vocabulary."""
+    repetition, frequency, presence, bias = combination
+    kwargs = {}
+    for name, on, make in [
+        ("repetition_penalty", repetition, lambda n: torch.rand(n, generator=g) * 1.5 + 0.5),
+        ("frequency_penalty", frequency, lambda n: torch.rand(n, generator=g) * 2 - 1),
+        ("presence_penalty", presence, lambda n: torch.rand(n, generator=g) * 2 - 1),
+    ]:
+        if on:
+            kwargs[name] = make(rows) if per_row else float(make(1))
+    return kwargs
+
+
+def random_bias(rows: int, vocab: int, g: torch.Generator, width: int = 6):
+    ids = torch.randint(-1, vocab, (rows, width), generator=g)
+    ids[:, 0] = vocab - 1
+    ids[:, 1] = ids[:, 2]  # a repeated id: both biases add, in list order
+    values = torch.randn(rows, width, generator=g) * 3
+    values[::3, -1] = float("-inf")  # a ban
+    return dict(logit_bias_ids=ids, logit_bias_values=values)
+
+
+def penalty_case(rows: int, vocab: int, dtype: torch.dtype, combination, per_row: bool, mapped: bool,
+                 g: torch.Generator):
+    """(logits, prompt_mask, output_counts, kwargs) for one call."""
+    state_rows = rows + 3 if mapped else rows
+    prompt_mask, counts = random_state(state_rows, vocab, g)
+    logits = random_logits(rows * vocab, dtype, g, special_rate=0.02).view(rows, vocab)
+    kwargs = random_penalties(rows, combination, per_row, g)
+    if combination[3]:
+        kwargs.update(random_bias(rows, vocab, g))
+    if mapped:
+        kwargs["rows"] = torch.randperm(state_rows, generator=g)[:rows]
+    return logits, prompt_mask, counts, kwargs
+
+
+# The sampler paths the fused tests cycle through (greedy, the single-pass draw, filters).
+FUSED_SAMPLING = [dict(temperature=0.0), dict(temperature=0.8),
+                  dict(temperature=0.9, top_k=20, top_p=0.9), dict(temperature=1.1, top_p=0.8, min_p=0.05)]
+
+
+def fused_cases(rows: int, vocab: int, dtype: torch.dtype, g: torch.Generator, combinations=COMBINATIONS,
+                bias_width: int = 6):
+    """(logits, prompt_mask, counts, penalty kwargs, sampler kwargs) for each combination of the
+    penalties and the bias, numbers or per-row tensors, with or without rows, a sampler path and
+    a bitmask (or none) each."""
+    for i, combination in enumerate(combinations):
+        logits, prompt_mask, counts, kwargs = penalty_case(rows, vocab, dtype, combination[:3] + (False,),
+                                                           i % 2 == 0, i % 3 == 0, g)
+        if combination[3]:
+            kwargs.update(random_bias(rows, vocab, g, width=bias_width))
+        sampling = dict(FUSED_SAMPLING[i % len(FUSED_SAMPLING)], seed=torch.randint(0, 2**40, (rows,), generator=g),
+                        offset=i)
+        if i % 4 < 2:
+            sampling["bitmask"] = random_bitmask(rows, vocab, g, "mixed")
+        yield logits, prompt_mask, counts, kwargs, sampling
+
+
+def filters(sampling: dict) -> dict:
+    """The arguments token_logprobs takes of a sample call's."""
+    return {k: v for k, v in sampling.items() if k not in ("seed", "offset")}
+
+
+def raw_ranks(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """1 + the tokens strictly above each row's token in the logits as given (NaN as -inf, +inf as
+    the largest float); 0 where the token is -1."""
+    x = logits.float().nan_to_num(nan=float("-inf"), posinf=torch.finfo(torch.float32).max)
+    mine = x.gather(1, tokens.clamp(min=0).unsqueeze(1))
+    return torch.where(tokens >= 0, 1 + (x > mine).sum(1), 0)
+
+
+def check_fused(lp, logits, prompt_mask, counts, kwargs, sampling, context, expected_lp=None) -> None:
+    """sample, sample_with_logprobs (processed and raw) and token_logprobs with penalties= against
+    the same ops (of expected_lp, default lp) on the reference's penalised logits; the logits unchanged."""
+    expected_lp = expected_lp or lp
+    before = logits.clone()
+    penalised = penalties_reference(logits, prompt_mask, counts, **kwargs)
+    penalties = lp.Penalties(prompt_mask, counts, **kwargs)
+    tokens = lp.sample(logits, **sampling, penalties=penalties)
+    assert torch.equal(tokens, expected_lp.sample(penalised, **sampling)), context
+    got = lp.sample_with_logprobs(logits, **sampling, penalties=penalties, num_logprobs=3)
+    expected = expected_lp.sample_with_logprobs(penalised, **sampling, num_logprobs=3)
+    for name, a, b in zip(got._fields, got, expected):
+        assert torch.equal(bits(a), bits(b)), (context, name)
+    got_lp = lp.token_logprobs(logits, tokens, **filters(sampling), penalties=penalties)
+    assert torch.equal(bits(got_lp), bits(expected.logprobs[:, 0])), context
+    # raw: the tokens are the penalised draw's, the log-probabilities those of the logits as given
+    raw = lp.sample_with_logprobs(logits, **sampling, penalties=penalties, num_logprobs=3, logprobs_mode="raw")
+    unpenalised = expected_lp.sample_with_logprobs(logits, **sampling, num_logprobs=3, logprobs_mode="raw")
+    assert torch.equal(raw.tokens, tokens), context
+    given = expected_lp.token_logprobs(logits, tokens, logprobs_mode="raw")
+    assert torch.equal(bits(raw.logprobs[:, 0]), bits(given)), context
+    assert torch.equal(bits(raw.logprobs[:, 1:]), bits(unpenalised.logprobs[:, 1:])), context
+    assert torch.equal(raw.logprob_token_ids[:, 1:], unpenalised.logprob_token_ids[:, 1:]), context
+    assert torch.equal(raw.ranks, raw_ranks(logits, tokens)), context
+    assert torch.equal(bits(logits), bits(before)), context
+
+
+def fused_decode_loop(lp, device: str, steps: int = 50) -> None:
+    """`steps` decode steps with fused penalties (sample + update_output_counts_, the calls a CUDA
+    graph captures) on `device`, against a CPU loop that applies apply_penalties_ to a clone and
+    samples: the same tokens every step, and the same counts at the end."""
+    g = torch.Generator().manual_seed(22)
+    slots, vocab = 6, 3000
+    rows = torch.tensor([4, 0, 2, 5])
+    prompts = torch.randint(-1, vocab, (slots, 40), generator=g)
+    generated = torch.randint(-1, vocab, (slots, 10), generator=g)
+    state = lp.penalty_state_from_tokens(prompts.to(device), generated.to(device), vocab)
+    reference_state = lp.penalty_state_from_tokens(prompts, generated, vocab)
+    params = dict(repetition_penalty=torch.tensor([1.2, 1.0, 0.8, 1.5]), frequency_penalty=0.3,
+                  presence_penalty=torch.tensor([0.0, 0.5, -0.2, 1.0]), **random_bias(4, vocab, g, width=3))
+    penalties = lp.Penalties(*state, **{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in params.items()},
+                             rows=rows.to(device))
+    sampling = dict(temperature=0.8, top_p=0.95, seed=torch.tensor([3, 1, 4, 1]))
+    device_sampling = dict(sampling, seed=sampling["seed"].to(device))
+    for step in range(steps):
+        logits = (torch.randn(4, vocab, generator=g) * 2).to(torch.bfloat16 if step % 2 else torch.float32)
+        if step == 7:
+            logits[1] = float("-inf")  # no candidate: the row samples -1, which counts nothing
+        tokens = lp.sample(logits.to(device, copy=True), offset=step, **device_sampling, penalties=penalties)
+        lp.update_output_counts_(state.output_counts, tokens, rows=penalties.rows)
+        work = lp.apply_penalties_(logits.clone(), *reference_state, rows=rows, **params)
+        expected = lp.sample(work, offset=step, **sampling)
+        lp.update_output_counts_(reference_state.output_counts, expected, rows=rows)
+        assert torch.equal(tokens.cpu(), expected), step
+    assert torch.equal(state.output_counts.cpu(), reference_state.output_counts)
