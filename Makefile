@@ -17,14 +17,14 @@ $(STAMP): requirements-dev.txt
 build: $(STAMP)
 	$(PY) tools/build.py
 
-# Every test through the loader, then the CPU tests again under ASan + UBSan (sanitize), then
-# the CUDA kernels in the CUDA emulation (emulate).
-test: build
-	$(PY) -m pytest -m "not emulation" tests
-	$(MAKE) sanitize
-	$(MAKE) emulate
+# Builds, then every test through the loader, the CPU tests under ASan + UBSan (sanitize) and
+# the CUDA kernels in the CUDA emulation (emulate), each part timed: tests/run.py.
+test: $(STAMP)
+	$(PY) tests/run.py test
 
-demo: build
+# Only what this machine runs (no GPU: the CPU variant; else CUDA for its GPUs), then the demo.
+demo: $(STAMP)
+	$(PY) tools/build.py --this-machine
 	$(PY) examples/demo.py
 
 bench: build emulation-build
@@ -34,14 +34,14 @@ clean:
 	rm -rf build build-asan build-emulation
 
 # The CUDA emulation (tests/cuda_emulation/): the .cu kernels built by the host compiler and
-# run on CPU threads, through the binding's CUDA path, against the CPU variant of build/.
+# run on fibers, through the binding's CUDA path, against the CPU variant of build/.
 emulation-build: $(STAMP)
 	$(PY) tools/build_emulation.py
 
-# The CUDA tests on fibers (both thread orders), under ThreadSanitizer and ASan + UBSan, and the
-# mutation check, each part timed (tests/cuda_emulation/check.py).
-emulate: build emulation-build
-	$(PY) tests/cuda_emulation/check.py
+# The CUDA tests on fibers (both thread orders), under ThreadSanitizer and ASan + UBSan, their
+# coverage and the mutation check (tests/run.py's emulation parts).
+emulate: $(STAMP)
+	$(PY) tests/run.py emulate
 
 # Global-memory bytes per row of each CUDA path, in passes over the row: `<path> <passes> B=<b>`.
 traffic: emulation-build
@@ -62,20 +62,11 @@ artifact: build
 certify-dryrun:
 	scripts/certify_dryrun.sh
 
-# The CPU variant built with AddressSanitizer + UBSan into build-asan/, and every test run
-# against it but the emulated ones (`make emulate` runs those under the emulation's own ASan
-# build); a test unsuited to it opts out, `@pytest.mark.no_sanitize(reason)`, and skips there
-# saying why. Any report aborts the run. The ASan runtime must come first in the process, so
-# it is preloaded (also for the build, which imports the module it built), with libstdc++
-# (ASan intercepts __cxa_throw and needs it loaded first, or every C++ exception aborts);
-# detect_leaks=0 because CPython itself leaks at exit.
-ASAN_ENV = LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libstdc++.so)" \
-	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1 \
-	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-
+# The CPU variant built with AddressSanitizer + UBSan into build-asan/, and every test
+# but the emulated ones run against it (a test unsuited to it opts out:
+# @pytest.mark.no_sanitize(reason)); any report aborts the run (tests/run.py's sanitize group).
 sanitize: $(STAMP)
-	$(ASAN_ENV) LP_SANITIZE=1 $(PY) tools/build.py
-	$(ASAN_ENV) LP_BUILD_DIR=build-asan $(PY) -m pytest -m "not emulation" tests
+	$(PY) tests/run.py sanitize
 
 # The Hub bundle (release/: build/<variant>/, benchmarks/, CARD.md as README.md) and its report
 # (release-report.md). Refuses on a dirty tree, a Python-ABI violation or metadata the loader

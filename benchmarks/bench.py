@@ -711,8 +711,8 @@ def log_emulated_traffic() -> None:
     """The CUDA kernels' global-memory traffic in passes over the row, as `make traffic`
     prints it (counted by the CUDA emulation, tests/cuda_emulation/traffic.py)."""
     sys.path.insert(0, str(ROOT / "tests" / "cuda_emulation"))
+    from traffic import lines  # (sets the traffic flavor before emulation reads it)
     from emulation import BUILD, Emulation
-    from traffic import lines
 
     if not BUILD.is_dir():
         log(f"bench: CUDA global-memory traffic: no CUDA emulation build in {BUILD} (make emulation-build)")

@@ -22,13 +22,15 @@ EOS = "<|endoftext|>"
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".cpp", ".cu", ".cuh", ".h"}
 
 
-def load_package():
+def load_package(device: str):
     """LP_BUILD_DIR (as for the tests: the certification's .artifact/), else this checkout's
-    build/ when it has one (what `make` builds), else the Hub release."""
+    build/ when it has one (what `make` builds), else the Hub release: the CPU variant for a run
+    on the CPU (`make demo` without a GPU builds only that one), else the loader's choice."""
     build = Path(os.environ.get("LP_BUILD_DIR", REPO / "build"))
+    backend = "cpu" if torch.device(device).type == "cpu" else None
     if build.is_dir():
-        return get_local_kernel(build)
-    return get_kernel(REPO_ID, version=1)
+        return get_local_kernel(build, backend=backend)
+    return get_kernel(REPO_ID, version=1, backend=backend)
 
 
 def default_device() -> str:

@@ -117,7 +117,7 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", type=int, default=64, help="most tokens per row (default: 64)")
     parser.add_argument("--device", default=_offline.default_device())
     args = parser.parse_args(argv)
-    lp = _offline.load_package()
+    lp = _offline.load_package(args.device)
     kinds, texts, graphed, seconds = decode(lp, _offline.train_tokenizer(), args.device, args.tokens)
     for kind, text in zip(kinds, texts):
         print(f"{kind:5} {text}")

@@ -326,7 +326,7 @@ def main(argv=None) -> int:
         # The tiny model's ops are microseconds long: splitting them over threads only adds
         # synchronisation, which on a busy machine costs several times the work itself.
         torch.set_num_threads(1)
-    lp = _offline.load_package()
+    lp = _offline.load_package(args.device)
     tokenizer, model = _offline.load_model(args.model, args.device)
     info = _offline.tokenizer_info(tokenizer, _offline.model_vocab_size(model))
     print(

@@ -92,7 +92,7 @@ def main(argv=None) -> None:
     parser.add_argument("--model", help="local Hugging Face causal LM directory (default: a tiny random model)")
     parser.add_argument("--device", default=_offline.default_device())
     args = parser.parse_args(argv)
-    lp = _offline.load_package()
+    lp = _offline.load_package(args.device)
     tokenizer, model = _offline.load_model(args.model, args.device)
     person, total = run(lp, tokenizer, model)
     print(f"JSON schema: {person}\nEBNF:        {total}")

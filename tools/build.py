@@ -12,6 +12,8 @@ metadata.json, the Python package from torch-ext/logits_processor/, a generated 
 `<ops>.abi3.so`, where `<ops>` = `_logits_processor_<backend>_<source hash>` is at once the
 module name, TORCH_EXTENSION_NAME and the torch.ops namespace.
 
+  python tools/build.py [--this-machine]   (--this-machine: see this_machine(); `make demo`)
+
 Environment:
   LP_CUDA_ARCHS   narrow the CUDA capabilities, e.g. "9.0" (default: all of build.toml)
   LP_BACKENDS     "cuda", "cpu" or "cuda,cpu" (default: every backend this machine can build)
@@ -28,6 +30,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -255,7 +258,10 @@ def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) ->
     so_path = variant_dir / f"{ops_name}.abi3.so"
     if so_path.exists():
         # The hash covers the compiled sources only: refresh the Python package, which may have
-        # changed without them.
+        # changed without them (a module removed from it too).
+        for stale in set(variant_dir.glob("*.py")) - {variant_dir / "_ops.py"}:
+            if not (PACKAGE / stale.name).exists():
+                stale.unlink()
         shutil.copytree(PACKAGE, variant_dir, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
         print(f"[build] {variant_dir.relative_to(ROOT)} is up to date ({ops_name})")
         remove_other_variants(out_root, backend, variant_dir)
@@ -285,7 +291,7 @@ def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) ->
 
 
 def write_variant(config: dict, variant_dir: Path, built: Path, ops_name: str, backend: dict,
-                  strip: bool) -> None:
+                  strip: bool, quiet: bool = False) -> None:
     """variant_dir as the loader reads it: the Python package, `<ops>.abi3.so` (built),
     _ops.py and metadata.json (`backend` is its backend entry)."""
     if variant_dir.exists():
@@ -305,10 +311,27 @@ def write_variant(config: dict, variant_dir: Path, built: Path, ops_name: str, b
         "backend": backend,
     }
     (variant_dir / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
-    print(f"[build] wrote {variant_dir.relative_to(ROOT)} ({ops_name})", flush=True)
+    if not quiet:
+        print(f"[build] wrote {variant_dir.relative_to(ROOT)} ({ops_name})", flush=True)
+
+
+def this_machine() -> None:
+    """`--this-machine`: build only what runs here (`make demo`): without a visible GPU the CPU
+    variant, else the CUDA variant for the GPUs' capabilities, and the CPU one."""
+    if not torch.cuda.is_available():
+        print("[build] no GPU visible: the CPU variant only", flush=True)
+        os.environ["LP_BACKENDS"] = "cpu"
+        return
+    capabilities = sorted({"{}.{}".format(*torch.cuda.get_device_capability(d)) for d in range(torch.cuda.device_count())})
+    print(f"[build] CUDA for this machine's GPUs only: {', '.join(capabilities)}", flush=True)
+    os.environ["LP_CUDA_ARCHS"] = ",".join(capabilities)
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--this-machine"]:
+        this_machine()
+    elif sys.argv[1:]:
+        raise SystemExit(f"usage: {sys.argv[0]} [--this-machine]")
     config = tomllib.loads((ROOT / "build.toml").read_text())
     sanitize = os.environ.get("LP_SANITIZE") == "1"
     out_root = ROOT / ("build-asan" if sanitize else "build")

@@ -4,15 +4,16 @@ build.toml lists them) compiled by the host compiler against the emulation heade
 configuration, scratch, launch) on CPU tensors. Each flavor is a CPU variant the loader reads:
 build-emulation/<flavor>/torch-stable-abi210-cpu-x86_64-linux/.
 
-Flavors:
-  fibers  a block's threads as fibers, the fast one; its kernels are compiled with the
-          compiler's ThreadSanitizer instrumentation but linked with tests/cuda_emulation/
-          traffic.cpp instead of the sanitizer, which counts global-memory bytes
-  tsan    one OS thread per CUDA thread; kernels and runtime under ThreadSanitizer
-  asan    one OS thread per CUDA thread; kernels and runtime under AddressSanitizer + UBSan
-The binding and the CPU oracle's sources are compiled once, uninstrumented, for all three.
+Flavors (a block's threads run as fibers in each, runtime.cpp):
+  fibers   the kernels as they are: the fast one, for the agreement tests in both orders
+  traffic  the kernels with ThreadSanitizer's instrumentation, linked with tests/cuda_emulation/
+           traffic.cpp instead of the sanitizer: its hooks count the global-memory bytes
+  tsan     the kernels under ThreadSanitizer, each CUDA thread a TSan fiber
+  asan     the kernels and the runtime under AddressSanitizer + UBSan
+The binding and the CPU oracle's sources are compiled once, uninstrumented, for all of them;
+the kernels of fibers, tsan and asan carry gcov counters (COVERAGE), a mutant's none.
 
-  python tools/build_emulation.py [FLAVOR ...]        (default: all three)
+  python tools/build_emulation.py [FLAVOR ...]        (default: all)
   python tools/build_emulation.py --mutant NAME --flavor F SOURCE=REPLACEMENT ...
       a variant with kernel sources replaced (the mutation check), into
       build-emulation/mutants/NAME/, reusing everything else of the flavor's build
@@ -42,17 +43,28 @@ SHARED_OBJ = OUT / ".obj" / "shared"
 
 SANITIZE_ADDRESS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                     "-fno-omit-frame-pointer"]
+# Line coverage of the kernels' own sources (logits_processor/, not the emulation's headers)
+# (tests/cuda_emulation/coverage.py compares the sanitizer runs' with the fibers runs'). The
+# kernels of those flavors are all built at -O2 -g: gcov counts a line in the function it was
+# inlined into early, which depends on the optimisation level.
+COVERAGE = ["--coverage", f"-fprofile-filter-files={ROOT / 'logits_processor'}/"]
 FLAVORS = {
-    # kernels: flags for the kernels; runtime: for the emulation's runtime; link: for the .so
-    "fibers": dict(kernels=["-O2", "-fsanitize=thread", "-Wno-tsan"], runtime=["-O2"], link=[],
-                   extra=["tests/cuda_emulation/traffic.cpp"]),
-    # (-Wno-tsan: ThreadSanitizer ignores __threadfence, which orders writes between blocks,
-    # and blocks never overlap here.)
-    "tsan": dict(kernels=["-O1", "-g", "-fsanitize=thread", "-Wno-tsan"],
-                 runtime=["-O1", "-g", "-fsanitize=thread"],
-                 link=["-fsanitize=thread"], extra=[]),
-    "asan": dict(kernels=["-O1", "-g"] + SANITIZE_ADDRESS, runtime=["-O1", "-g"] + SANITIZE_ADDRESS,
-                 link=["-fsanitize=address,undefined"], extra=[]),
+    # kernels, runtime: the flags of the kernels and of the emulation's runtime; link: of the
+    # .so; extra: sources of the flavor's own; coverage: how its kernels count lines
+    "fibers": dict(kernels=["-O2", "-g"], runtime=["-O2"], link=[], extra=[],
+                   coverage=COVERAGE + ["-fprofile-update=single"]),
+    # The kernels compiled with ThreadSanitizer's instrumentation but linked with traffic.cpp
+    # instead of the sanitizer: its hooks count the global-memory bytes. (-Wno-tsan: the
+    # instrumentation ignores __threadfence, which only orders writes between blocks.)
+    "traffic": dict(kernels=["-O2", "-fsanitize=thread", "-Wno-tsan"], runtime=["-O2"], link=[],
+                    extra=["tests/cuda_emulation/traffic.cpp"], coverage=[]),
+    # The runtime is not instrumented: it tells ThreadSanitizer what the block's threads, its
+    # fibers, synchronise on (runtime.cpp). Coverage counters are updated atomically: the
+    # threads' plain increments would be races to it.
+    "tsan": dict(kernels=["-O2", "-g", "-fsanitize=thread", "-Wno-tsan"], runtime=["-O1", "-g", "-DLP_EMULATION_TSAN"],
+                 link=["-fsanitize=thread"], extra=[], coverage=COVERAGE + ["-fprofile-update=atomic"]),
+    "asan": dict(kernels=["-O2", "-g"] + SANITIZE_ADDRESS, runtime=["-O1", "-g"] + SANITIZE_ADDRESS,
+                 link=["-fsanitize=address,undefined"], extra=[], coverage=COVERAGE + ["-fprofile-update=single"]),
 }
 
 
@@ -103,7 +115,7 @@ def common_flags(cfg: dict) -> list[str]:
 
 
 def ninja_file(cfg: dict, cxx: str, flags: list[str], ops: str, flavors: list[str], out_root: Path,
-               replacements: dict[str, Path], with_shared_rules: bool) -> str:
+               replacements: dict[str, Path], with_shared_rules: bool, coverage: bool) -> str:
     lines = [
         f"cxx = {cxx}",
         f"flags = {' '.join(flags)} -DTORCH_EXTENSION_NAME={ops}",
@@ -130,10 +142,12 @@ def ninja_file(cfg: dict, cxx: str, flags: list[str], ops: str, flavors: list[st
             path = replacements.get(source, ROOT / source)
             kind = "runtime" if source.startswith("tests/") else "kernels"
             language = "-x c++ " if path.suffix == ".cu" else ""
-            lines += [f"build {obj}: compile {path}", f"  extra = {language}{' '.join(spec[kind])}", ""]
+            measured = spec["coverage"] if coverage and kind == "kernels" else []
+            lines += [f"build {obj}: compile {path}", f"  extra = {language}{' '.join(spec[kind] + measured)}", ""]
             objects.append(obj)
+        linked = ["--coverage"] if coverage and spec["coverage"] else []
         lines += [f"build {obj_dir / (ops + '.so')}: link {' '.join(map(str, objects))}",
-                  f"  ldflags = -L{torch_lib} -lc10 -ltorch_cpu -ltorch {' '.join(spec['link'])}", ""]
+                  f"  ldflags = -L{torch_lib} -lc10 -ltorch_cpu -ltorch {' '.join(spec['link'] + linked)}", ""]
     return "\n".join(lines)
 
 
@@ -144,21 +158,26 @@ def undefined_symbols(so: Path) -> list[str]:
 
 
 def build_emulation(flavors: list[str], out_root: Path = OUT,
-                    replacements: dict[str, Path] | None = None) -> dict[str, Path]:
-    """Builds the flavors into out_root/<flavor>/<variant>/; returns the variant dirs."""
+                    replacements: dict[str, Path] | None = None, quiet: bool = False) -> dict[str, Path]:
+    """Builds the flavors into out_root/<flavor>/<variant>/; returns the variant dirs. (quiet:
+    no progress lines, for builds running side by side.)"""
     replacements = replacements or {}
     cfg = config()
     flags = common_flags(cfg)
     ops = ops_name(cfg, flags)
     include = OUT / ".obj" / "include"
     include.mkdir(parents=True, exist_ok=True)
-    (include / "registration.h").write_text(build.REGISTRATION_H)
+    registration = include / "registration.h"
+    if not registration.exists() or registration.read_text() != build.REGISTRATION_H:  # (mutants build concurrently)
+        registration.write_text(build.REGISTRATION_H)
     out_root.mkdir(parents=True, exist_ok=True)
     cxx = os.environ.get("CXX", "c++")
     (out_root / "build.ninja").write_text(
-        ninja_file(cfg, cxx, flags, ops, flavors, out_root, replacements, with_shared_rules=out_root == OUT))
+        ninja_file(cfg, cxx, flags, ops, flavors, out_root, replacements, with_shared_rules=out_root == OUT,
+                   coverage=not replacements))  # (a mutant's coverage is nobody's)
     jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
-    print(f"[emulation] {', '.join(flavors)} into {out_root.relative_to(ROOT)}", flush=True)
+    if not quiet:
+        print(f"[emulation] {', '.join(flavors)} into {out_root.relative_to(ROOT)}", flush=True)
     # The venv's ninja (requirements-dev.txt), as torch's extension builds use, else PATH's.
     ninja = shutil.which("ninja", path=str(Path(sys.executable).parent)) or "ninja"
     subprocess.run([ninja, "-C", str(out_root), "-j", jobs, "--quiet"], check=True)
@@ -166,21 +185,21 @@ def build_emulation(flavors: list[str], out_root: Path = OUT,
     variants = {}
     for flavor in flavors:
         so = out_root / ".obj" / flavor / f"{ops}.so"
-        if flavor == "fibers":
+        if flavor == "traffic":
             # Every instrumentation hook the kernels call must come from traffic.cpp, or the
             # loader would fail (or, worse, find a sanitizer's).
             missing = [s for s in undefined_symbols(so) if s.startswith("__tsan_")]
             if missing:
                 raise SystemExit(f"[emulation] traffic.cpp lacks the hooks {', '.join(missing)}")
         variant_dir = out_root / flavor / build.variant_name("cpu", stable)
-        build.write_variant(cfg, variant_dir, so, ops, {"type": "cpu"}, strip=False)
+        build.write_variant(cfg, variant_dir, so, ops, {"type": "cpu"}, strip=False, quiet=quiet)
         variants[flavor] = variant_dir
     return variants
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("flavors", nargs="*", help="fibers, tsan, asan (default: all)")
+    parser.add_argument("flavors", nargs="*", help="fibers, traffic, tsan, asan (default: all)")
     parser.add_argument("--mutant", help="build a mutant of --flavor into build-emulation/mutants/NAME")
     parser.add_argument("--flavor", default="fibers")
     args = parser.parse_args()

@@ -22,7 +22,11 @@ from conftest import OFFLINE, ROOT
 sys.path.insert(0, str(ROOT / "tools"))
 import check_torch_headers  # noqa: E402
 
-pytestmark = pytest.mark.no_sanitize("compiles the sources against torch's headers and runs no op")
+# (one xdist worker for the file: it creates the shared torch-2.10-headers cache)
+pytestmark = [
+    pytest.mark.no_sanitize("compiles the sources against torch's headers and runs no op"),
+    pytest.mark.xdist_group("torch-2.10-headers"),
+]
 
 CONFIG = tomllib.loads((ROOT / "build.toml").read_text())
 OLDEST = check_torch_headers.oldest_torch(CONFIG)

@@ -36,7 +36,11 @@ from kernels.variants import ArchVariant, TorchStableAbi, get_variants_local, re
 
 from conftest import BUILD, ROOT, skip_if_offline
 
-pytestmark = pytest.mark.no_sanitize("checks build/'s release variants; build-asan/ holds one instrumented CPU variant")
+# (one xdist worker for the file: it creates the shared torch-2.13-venv cache)
+pytestmark = [
+    pytest.mark.no_sanitize("checks build/'s release variants; build-asan/ holds one instrumented CPU variant"),
+    pytest.mark.xdist_group("torch-2.13-venv"),
+]
 
 # LP_OTHER_VENV puts it elsewhere (test_offline_mode_skips_the_network_tests: a missing one).
 OTHER_VENV = Path(os.environ.get("LP_OTHER_VENV", ROOT / ".venv-torch213"))

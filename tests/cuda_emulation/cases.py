@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from cuda_emulation.emulation import FLAVOR
+from cuda_emulation.emulation import SANITIZED
 from reference import random_bitmask
 
-SANITIZED = FLAVOR != "fibers"  # an OS thread per CUDA thread: slower, so smaller cases
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# 132 SMs' grids have thousands of blocks, each a rendezvous of 256 OS threads when sanitized.
 SMS = [1, 8] if SANITIZED else [1, 8, 132]
 
 # Every path of the sampler; rows of a batch cycle through them.

@@ -3,15 +3,17 @@
 // the tests can run every kernel without a GPU (tools/build_emulation.py, `make emulate`).
 //
 // The execution model: a launch runs its blocks one at a time, in a shuffled order; a block's
-// threads run either as fibers on one OS thread, switching only at __syncthreads (forward or
-// reversed thread order: an order can hide a missing barrier, two rarely both do), or as one
-// OS thread each, for ThreadSanitizer and AddressSanitizer (runtime.cpp). __syncthreads is a
-// real barrier of the block; a thread that returns while others wait at a barrier (or that
-// reaches a barrier after another returned) fails the launch. `__shared__` variables are
-// statics, which is exact since one block runs at a time. CUB's block primitives keep CUB's
-// documented contract and no more: a reduction's result is valid in thread 0 only (the others
-// get a poison value), and a collective ends without a barrier, so a caller that reuses its
-// temporary storage without one reads the wrong data here.
+// threads run as fibers on one OS thread, switching only at __syncthreads, in forward or
+// reversed thread order (an order can hide a missing barrier, two rarely both do); the
+// sanitizer builds run the same fibers, told to ThreadSanitizer as one thread each, with
+// happens-before only from barriers, atomics and the launch's start and end (runtime.cpp),
+// so that a race is reported on every schedule. __syncthreads is a real barrier of the block;
+// a thread that returns while others wait at a barrier (or that reaches a barrier after
+// another returned) fails the launch. `__shared__` variables are statics, which is exact
+// since one block runs at a time. Atomics are relaxed, as CUDA's are. CUB's block primitives
+// keep CUB's documented contract and no more: a reduction's result is valid in thread 0 only
+// (the others get a poison value), and a collective ends without a barrier, so a caller that
+// reuses its temporary storage without one reads the wrong data here.
 //
 // What the emulation cannot show: the GPU's arithmetic and code generation (kernels are built
 // without __CUDA_ARCH__, so device-only branches are not compiled: keep them arithmetic-
@@ -111,7 +113,7 @@ const char* cudaGetErrorString(cudaError_t error);
 
 // --- built-in variables and device functions -------------------------------------------------
 
-inline thread_local uint3 threadIdx;  // set by the scheduler before a thread (fiber) runs
+inline uint3 threadIdx;  // set by the scheduler before a thread (fiber) runs
 inline uint3 blockIdx;
 inline dim3 blockDim;
 inline dim3 gridDim;
@@ -146,13 +148,13 @@ inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst
 
 template <typename T>
 T atomicAdd(T* address, std::type_identity_t<T> value) {
-  return std::atomic_ref<T>(*address).fetch_add(value);
+  return std::atomic_ref<T>(*address).fetch_add(value, std::memory_order_relaxed);
 }
 
 template <typename T>
   requires std::is_integral_v<T>
 T atomicOr(T* address, std::type_identity_t<T> value) {
-  return std::atomic_ref<T>(*address).fetch_or(value);
+  return std::atomic_ref<T>(*address).fetch_or(value, std::memory_order_relaxed);
 }
 
 // CUDA's max for two values of one integer or floating type (CUDA also converts mixed types;

@@ -6,9 +6,8 @@ set the emulated device and read what the emulation observed, through ctypes on 
 .so (exported by tests/cuda_emulation/runtime.cpp and traffic.cpp).
 
 Environment:
-  LP_EMULATION           the flavor to load: fibers (default), tsan or asan
-  LP_EMULATION_SCHEDULE  a block's threads as fibers in forward (default) or reversed order,
-                         or as OS threads ("threads", the only schedule of tsan and asan)
+  LP_EMULATION           the flavor to load: fibers (default), traffic, tsan or asan
+  LP_EMULATION_SCHEDULE  a block's threads (fibers) in forward (default) or reversed order
   LP_EMULATION_BUILD     the flavor's directory (default build-emulation/<flavor>); the
                          mutation check points it at a mutant
 """
@@ -25,8 +24,10 @@ from kernels import get_local_kernel
 ROOT = Path(__file__).resolve().parents[2]
 FLAVOR = os.environ.get("LP_EMULATION", "fibers")
 BUILD = Path(os.environ.get("LP_EMULATION_BUILD", ROOT / "build-emulation" / FLAVOR))
-SCHEDULES = {"forward": 0, "reversed": 1, "threads": 2}
-SCHEDULE = os.environ.get("LP_EMULATION_SCHEDULE", "forward" if FLAVOR == "fibers" else "threads")
+COUNTS_TRAFFIC = FLAVOR == "traffic"  # its build counts global-memory bytes (traffic.cpp)
+SANITIZED = FLAVOR in ("tsan", "asan")
+SCHEDULES = {"forward": 0, "reversed": 1}
+SCHEDULE = os.environ.get("LP_EMULATION_SCHEDULE", "forward")
 H200_SMS = 132
 
 # cudaError_t values the tests inject (cuda_emulation.h)
@@ -41,6 +42,7 @@ class Emulation:
         self.lp = get_local_kernel(build, backend="cpu")
         so = next(Path(self.lp._ops.__file__).parent.glob("*.abi3.so"))
         self._lib = ctypes.CDLL(str(so))
+        self.counts_traffic = hasattr(self._lib, "lp_emulation_traffic")  # the traffic build
         self._lib.lp_emulation_launches.restype = ctypes.c_uint64
         self._lib.lp_emulation_configure.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64]
         self.configure()
@@ -76,17 +78,21 @@ class Emulation:
         finally:
             self._lib.lp_emulation_set_device(0, 9, 0, 1)
 
-    def traffic(self) -> tuple[int, int]:
-        """(bytes read, bytes written) in global memory since the last reset (fibers only)."""
+    def traffic(self) -> tuple[int, int] | None:
+        """(bytes read, bytes written) in global memory since the last reset; None where the
+        build does not count them (every flavor but traffic)."""
+        if not self.counts_traffic:
+            return None
         read, written = ctypes.c_uint64(), ctypes.c_uint64()
         self._lib.lp_emulation_traffic(ctypes.byref(read), ctypes.byref(written))
         return read.value, written.value
 
     def vector_read_bytes(self) -> int:
-        """The part of traffic()'s bytes read that 16-byte loads read."""
+        """The part of traffic()'s bytes read that 16-byte loads read (the traffic build only)."""
         read = ctypes.c_uint64()
         self._lib.lp_emulation_vector_traffic(ctypes.byref(read))
         return read.value
 
     def reset_traffic(self) -> None:
-        self._lib.lp_emulation_reset_traffic()
+        if self.counts_traffic:
+            self._lib.lp_emulation_reset_traffic()

@@ -16,24 +16,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "tests"))
 from build_emulation import OUT, build_emulation  # noqa: E402
-from check import sanitizer_environment  # noqa: E402
+from run import JOBS, emulation_environment  # noqa: E402
 
 SAMPLER = "logits_processor/sampling_cuda.cu"
 AGREEMENT = "AssertionError"
 
-
-# A sanitizer's mutant gets a few runs: the OS schedules its threads, and ThreadSanitizer sees
-# a race only in the interleavings where it happens (on a loaded machine one run in eight here
-# showed the race's wrong result first, failing the agreement check without a report). The
-# fibers' schedules are fixed: one run.
-SANITIZER_RUNS = 3
 
 
 @dataclass
@@ -96,36 +91,39 @@ def check(mutant: Mutant) -> str | None:
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / Path(mutant.source).name
         copy.write_text(text.replace(mutant.old, mutant.new))
-        variants = build_emulation([mutant.flavor], OUT / "mutants" / mutant.name, {mutant.source: copy})
-    env = {**os.environ, **sanitizer_environment(mutant.flavor),
+        variants = build_emulation([mutant.flavor], OUT / "mutants" / mutant.name, {mutant.source: copy}, quiet=True)
+    # One run decides: the fibers' schedules are fixed, and ThreadSanitizer's verdict does not
+    # depend on them (the emulation gives it happens-before from synchronisation alone).
+    env = {**os.environ, **emulation_environment(mutant.flavor),
            "LP_EMULATION_BUILD": str(variants[mutant.flavor].parent)}
-    runs = 1 if mutant.flavor == "fibers" else SANITIZER_RUNS
-    for _ in range(runs):
-        run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                              "--capture=sys", "-m", "emulation", "tests/cuda_emulation/test_sampler_cuda.py",
-                              "-k", mutant.tests],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-        output = run.stdout + run.stderr
-        if run.returncode == 0:
-            return "the emulated tests passed"
-        if mutant.evidence in output:
-            return None
-    return f"the tests failed without {mutant.evidence!r} in {runs} runs:\n{output[-3000:]}"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                          "--capture=sys", "-m", "emulation", "tests/cuda_emulation/test_sampler_cuda.py",
+                          "-k", mutant.tests],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    output = run.stdout + run.stderr
+    if run.returncode == 0:
+        return "the emulated tests passed"
+    if mutant.evidence not in output:
+        return f"the tests failed without {mutant.evidence!r}:\n{output[-3000:]}"
+    return None
+
+
+def timed_check(mutant: Mutant) -> tuple[str | None, float]:
+    start = time.monotonic()
+    return check(mutant), time.monotonic() - start
 
 
 def main() -> None:
     wanted = sys.argv[1:]
+    mutants = [m for m in MUTANTS if not wanted or m.name in wanted]
     escaped = []
-    for mutant in MUTANTS:
-        if wanted and mutant.name not in wanted:
-            continue
-        start = time.monotonic()
-        problem = check(mutant)
-        verdict = "caught" if problem is None else f"NOT CAUGHT: {problem}"
-        print(f"[mutants] {mutant.name} ({mutant.flavor}): {verdict} ({time.monotonic() - start:.0f} s)",
-              flush=True)
-        if problem is not None:
-            escaped.append(mutant.name)
+    # Several at a time (each builds its kernel, then runs its tests); reported in list order.
+    with ThreadPoolExecutor(max_workers=int(JOBS)) as pool:
+        for mutant, (problem, seconds) in zip(mutants, pool.map(timed_check, mutants)):
+            verdict = "caught" if problem is None else f"NOT CAUGHT: {problem}"
+            print(f"[mutants] {mutant.name} ({mutant.flavor}): {verdict} ({seconds:.0f} s)", flush=True)
+            if problem is not None:
+                escaped.append(mutant.name)
     if escaped:
         raise SystemExit(f"[mutants] the emulation missed: {', '.join(escaped)}")
 

@@ -1,18 +1,27 @@
 // TEST INFRASTRUCTURE: the CUDA emulation's runtime (see cuda_emulation.h): the emulated
-// device, and the schedulers that run a grid's blocks, one block at a time in a shuffled
-// order, its threads as fibers (forward or reversed order) or as OS threads.
+// device, and the scheduler that runs a grid's blocks one at a time in a shuffled order, a
+// block's threads as fibers on this OS thread (forward or reversed order), which the
+// sanitizers are told about (ThreadSanitizer: one TSan fiber per CUDA thread).
 #include <link.h>
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
 #include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
+
+// The tsan flavor builds this file uninstrumented (its bookkeeping is no kernel's memory) and
+// annotates what the kernels' threads see instead; the asan flavor instruments it.
+#if defined(LP_EMULATION_TSAN)
+#include <sanitizer/tsan_interface.h>
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 #include "cuda_emulation.h"
 #include "runtime.h"
@@ -20,14 +29,7 @@
 namespace cuda_emulation {
 namespace {
 
-enum class Schedule { kFibersForward = 0, kFibersReversed = 1, kThreads = 2 };
-
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-// The sanitizers would need fiber annotations to follow stack switches: threads only.
-constexpr bool kFibersAvailable = false;
-#else
-constexpr bool kFibersAvailable = true;
-#endif
+enum class Schedule { kFibersForward = 0, kFibersReversed = 1 };
 
 struct Device {
   int index = 0;
@@ -39,7 +41,7 @@ struct Device {
 
 struct Config {
   Device device;
-  Schedule schedule = kFibersAvailable ? Schedule::kFibersForward : Schedule::kThreads;
+  Schedule schedule = Schedule::kFibersForward;
   uint64_t seed = 0;
   cudaError_t fail_next_launch = cudaSuccess;
 };
@@ -117,18 +119,44 @@ struct Fiber {
   unsigned int rank;
   FiberState state;
   unsigned int barriers;
+  void* tsan_fiber;          // ThreadSanitizer's context for this CUDA thread (tsan build)
+  void* asan_fake_stack;     // AddressSanitizer's saved fake stack (asan build)
 };
 
-constexpr std::size_t kFiberStack = 256 * 1024;  // generous: the sanitizer-free build only
+constexpr std::size_t kFiberStack = 512 * 1024;  // the sanitizers' frames are larger
 constexpr std::size_t kGuard = 4096;             // an overflow faults on this page
+
+// What the sanitizers are told, so that a block's threads are distinct threads to them
+// although they share one OS thread (no-ops in the fibers build):
+// - ThreadSanitizer: each CUDA thread is a TSan fiber, switched to without synchronisation,
+//   so that the only happens-before edges between CUDA threads are the kernel's own: its
+//   atomics, and the sync points below. A race is then reported on every schedule, whatever
+//   the order the threads run in (the verdict does not depend on timing).
+// - AddressSanitizer: each switch of stacks is announced, so that it tracks the stack in use.
+// The sync points are the barriers and the block and launch boundaries: every thread
+// arriving at sync point n releases into sync_point(n), and every thread leaving it acquires
+// it. Two objects alternate: a thread can arrive at point n + 2 only after all have left n.
+#if defined(LP_EMULATION_TSAN)
+char sync_points[2];
+void* sync_point(uint64_t n) { return &sync_points[n & 1]; }
+void arrive_at(uint64_t n) { __tsan_release(sync_point(n)); }
+void leave(uint64_t n) { __tsan_acquire(sync_point(n)); }
+#else
+void arrive_at(uint64_t) {}
+void leave(uint64_t) {}
+#endif
 
 struct FiberPool {
   char* stacks = nullptr;
   std::size_t count = 0;
   std::vector<Fiber> fibers;
   void* scheduler_sp = nullptr;
+  void* scheduler_tsan_fiber = nullptr;
+  const void* scheduler_stack_bottom = nullptr;  // as AddressSanitizer reports it
+  std::size_t scheduler_stack_size = 0;
   Fiber* current = nullptr;
   Kernel kernel{};
+  uint64_t sync_point = 0;  // the last one every thread has passed
   std::string error;  // set by a fiber that broke a CUDA contract
 
   void reserve(std::size_t n) {
@@ -138,18 +166,64 @@ struct FiberPool {
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (memory == MAP_FAILED) throw std::runtime_error("CUDA emulation: no memory for fiber stacks");
     stacks = static_cast<char*>(memory);
-    count = n;
     for (std::size_t i = 0; i < n; ++i) mprotect(stacks + i * kFiberStack, kGuard, PROT_NONE);
     fibers.resize(n);
+#if defined(LP_EMULATION_TSAN)
+    if (!scheduler_tsan_fiber) scheduler_tsan_fiber = __tsan_get_current_fiber();
+    for (std::size_t i = count; i < n; ++i) fibers[i].tsan_fiber = __tsan_create_fiber(0);
+#endif
+    count = n;
   }
+
+  char* stack_bottom(unsigned int rank) const { return stacks + rank * kFiberStack + kGuard; }
 };
 
 FiberPool pool;
 
+// The scheduler resumes `fiber` until it next stops (a barrier, its return, a failure).
+void enter(Fiber& fiber) {
+#if defined(LP_EMULATION_TSAN)
+  __tsan_switch_to_fiber(fiber.tsan_fiber, __tsan_switch_to_fiber_no_sync);
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, pool.stack_bottom(fiber.rank), kFiberStack - kGuard);
+#endif
+  lp_fiber_switch(&pool.scheduler_sp, fiber.sp);
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+}
+
+// Where a fiber runs again after `enter` (its first start or a return from `stop`).
+void resumed(Fiber& fiber) {
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_finish_switch_fiber(fiber.asan_fake_stack, &pool.scheduler_stack_bottom, &pool.scheduler_stack_size);
+#else
+  (void)fiber;
+#endif
+}
+
+// The running fiber hands control back to the scheduler (for good once it has returned).
+void stop(Fiber& fiber) {
+#if defined(LP_EMULATION_TSAN)
+  __tsan_switch_to_fiber(pool.scheduler_tsan_fiber, __tsan_switch_to_fiber_no_sync);
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+  __sanitizer_start_switch_fiber(fiber.state == FiberState::kReturned ? nullptr : &fiber.asan_fake_stack,
+                                 pool.scheduler_stack_bottom, pool.scheduler_stack_size);
+#endif
+  lp_fiber_switch(&fiber.sp, pool.scheduler_sp);
+  resumed(fiber);
+}
+
 [[noreturn]] void fiber_main(Fiber* fiber) {
+  resumed(*fiber);
+  leave(pool.sync_point);  // the launch's start, or the previous block's end
   pool.kernel.thread_main(pool.kernel.closure);
+  arrive_at(pool.sync_point + 1);  // the block's end
   fiber->state = FiberState::kReturned;
-  lp_fiber_switch(&fiber->sp, pool.scheduler_sp);
+  stop(*fiber);
   __builtin_unreachable();
 }
 
@@ -169,14 +243,20 @@ void prepare_fiber(Fiber& fiber, unsigned int rank) {
   frame[6] = reinterpret_cast<uint64_t>(&fiber);          // rbx: its argument
   frame[7] = 0;                                           // rbp
   frame[8] = reinterpret_cast<uint64_t>(&lp_fiber_start);  // return address
-  fiber = Fiber{frame, rank, FiberState::kReady, 0};
+  fiber.sp = frame;
+  fiber.rank = rank;
+  fiber.state = FiberState::kReady;
+  fiber.barriers = 0;
+  fiber.asan_fake_stack = nullptr;
 }
 
 void fibers_syncthreads() {
-  Fiber* fiber = pool.current;
-  fiber->state = FiberState::kAtBarrier;
-  ++fiber->barriers;
-  lp_fiber_switch(&fiber->sp, pool.scheduler_sp);
+  Fiber& fiber = *pool.current;
+  fiber.state = FiberState::kAtBarrier;
+  ++fiber.barriers;
+  arrive_at(pool.sync_point + 1);
+  stop(fiber);
+  leave(pool.sync_point);
 }
 
 void run_block_fibers(unsigned int threads, bool reversed) {
@@ -188,9 +268,10 @@ void run_block_fibers(unsigned int threads, bool reversed) {
       fiber.state = FiberState::kReady;
       pool.current = &fiber;
       threadIdx = unflatten(fiber.rank, blockDim);
-      lp_fiber_switch(&pool.scheduler_sp, fiber.sp);
+      enter(fiber);
       if (fiber.state == FiberState::kFailed) throw std::runtime_error(std::move(pool.error));
     }
+    ++pool.sync_point;  // every thread is at the barrier, or returned: the block's end
     const Fiber* returned = nullptr;
     const Fiber* waiting = nullptr;
     for (unsigned int rank = 0; rank < threads; ++rank) {
@@ -204,117 +285,6 @@ void run_block_fibers(unsigned int threads, bool reversed) {
           " returned while thread " + std::to_string(waiting->rank) + " waits at its __syncthreads() #" +
           std::to_string(waiting->barriers) + " (every thread of a block must reach each barrier)");
   }
-}
-
-// --- threads: one OS thread per CUDA thread, for the sanitizers ----------------------------
-
-struct Abort {};  // unwinds a thread's kernel code once the launch has failed
-
-// Persistent workers (thread creation dominates under the sanitizers otherwise): worker r
-// runs CUDA thread r of every block of a launch, one block after another.
-struct ThreadPool {
-  std::mutex mutex;
-  std::condition_variable changed;
-  unsigned int workers = 0;
-  uint64_t launch = 0;  // a new value starts a launch
-  const std::vector<uint3>* order = nullptr;
-  Kernel kernel{};
-  unsigned int threads = 0;   // the launch's block size: workers [0, threads) take part
-  unsigned int arrived = 0;   // at the current barrier
-  unsigned int returned = 0;  // from the kernel, in the current block
-  unsigned int finished = 0;  // with the launch
-  uint64_t barrier_generation = 0;
-  std::size_t block = 0;  // position in the launch's block order
-  std::string error;
-
-  void fail(std::string message) {
-    if (error.empty()) error = std::move(message);
-    changed.notify_all();
-  }
-};
-
-ThreadPool& thread_pool() {
-  static ThreadPool* pool = new ThreadPool;  // never destroyed: its workers live on
-  return *pool;
-}
-
-bool running_on_threads = false;  // the running launch is on the pool, not on fibers
-
-void threads_syncthreads() {
-  ThreadPool& p = thread_pool();
-  std::unique_lock lock(p.mutex);
-  if (p.returned > 0)
-    p.fail("CUDA emulation: " + block_name(blockIdx) + ": a thread reached __syncthreads() after " +
-           std::to_string(p.returned) + " returned (every thread of a block must reach each barrier)");
-  if (!p.error.empty()) throw Abort{};
-  if (++p.arrived == p.threads) {
-    p.arrived = 0;
-    ++p.barrier_generation;
-    p.changed.notify_all();
-    return;
-  }
-  const uint64_t generation = p.barrier_generation;
-  p.changed.wait(lock, [&] { return p.barrier_generation != generation || !p.error.empty(); });
-  if (p.barrier_generation == generation) throw Abort{};
-}
-
-// Worker `rank`'s part of the launch: thread `rank` of each block in turn.
-void run_launch_on_worker(ThreadPool& p, std::unique_lock<std::mutex>& lock, unsigned int rank) {
-  for (std::size_t position = 0; position < p.order->size() && p.error.empty(); ++position) {
-    threadIdx = unflatten(rank, blockDim);
-    lock.unlock();
-    try {
-      p.kernel.thread_main(p.kernel.closure);
-      lock.lock();
-    } catch (const Abort&) {
-      lock.lock();
-      return;
-    }
-    if (p.arrived > 0)
-      p.fail("CUDA emulation: " + block_name(blockIdx) + ": thread " + std::to_string(rank) +
-             " returned while " + std::to_string(p.arrived) +
-             " threads wait at __syncthreads() (every thread of a block must reach each barrier)");
-    if (++p.returned == p.threads) {  // the block is done: start the next one
-      p.returned = 0;
-      ++p.block;
-      if (p.block < p.order->size()) blockIdx = (*p.order)[p.block];
-      p.changed.notify_all();
-      continue;
-    }
-    p.changed.wait(lock, [&] { return p.block != position || !p.error.empty(); });
-  }
-}
-
-// `seen`: the last launch before the worker was started.
-void worker_main(unsigned int rank, uint64_t seen) {
-  ThreadPool& p = thread_pool();
-  std::unique_lock lock(p.mutex);
-  for (;;) {
-    p.changed.wait(lock, [&] { return p.launch != seen; });
-    seen = p.launch;
-    if (rank >= p.threads) continue;
-    run_launch_on_worker(p, lock, rank);
-    if (++p.finished == p.threads) p.changed.notify_all();
-  }
-}
-
-void run_grid_threads(const std::vector<uint3>& order, unsigned int threads, const Kernel& kernel) {
-  ThreadPool& p = thread_pool();
-  std::unique_lock lock(p.mutex);
-  for (; p.workers < threads; ++p.workers) std::thread(worker_main, p.workers, p.launch).detach();
-  p.order = &order;
-  p.kernel = kernel;
-  p.threads = threads;
-  p.arrived = p.returned = p.finished = 0;
-  p.block = 0;
-  p.error.clear();
-  blockIdx = order[0];
-  running_on_threads = true;
-  ++p.launch;
-  p.changed.notify_all();
-  p.changed.wait(lock, [&] { return p.finished == p.threads; });
-  running_on_threads = false;
-  if (!p.error.empty()) throw std::runtime_error(p.error);
 }
 
 bool valid_configuration(dim3 grid, dim3 block) {
@@ -366,27 +336,14 @@ bool is_private_memory(uintptr_t address) {
          (address - thread_index < sizeof(threadIdx));
 }
 
-void syncthreads() {
-  if (running_on_threads) {
-    threads_syncthreads();
-  } else {
-    fibers_syncthreads();
-  }
-}
+void syncthreads() { fibers_syncthreads(); }
 
 void contract_violation(const char* message) {
-  if (running_on_threads) {
-    {
-      ThreadPool& p = thread_pool();
-      std::lock_guard lock(p.mutex);
-      p.fail(std::string("CUDA emulation: ") + message);
-    }
-    throw Abort{};
-  }
-  // A fiber cannot unwind into the scheduler: it stops, and the scheduler raises.
+  // A fiber cannot unwind into the scheduler: it stops, and the scheduler raises. (It never
+  // resumes: its frames are abandoned, and the next block prepares it anew.)
   pool.error = std::string("CUDA emulation: ") + message;
   pool.current->state = FiberState::kFailed;
-  lp_fiber_switch(&pool.current->sp, pool.scheduler_sp);
+  stop(*pool.current);
   __builtin_unreachable();
 }
 
@@ -414,12 +371,9 @@ void run_grid(dim3 grid, dim3 block, void (*thread_main)(const void*), const voi
   std::vector<uint3> order(blocks);
   for (unsigned int i = 0; i < blocks; ++i) order[i] = unflatten(i, grid);
   std::shuffle(order.begin(), order.end(), std::mt19937_64(config.seed + launches));
-  if (config.schedule == Schedule::kThreads) {
-    run_grid_threads(order, threads, kernel);
-    return;
-  }
   pool.reserve(threads);
   pool.kernel = kernel;
+  arrive_at(pool.sync_point);  // the inputs and parameters, before any block's threads
   counting_global_accesses = true;
   try {
     for (const uint3& b : order) {
@@ -428,9 +382,15 @@ void run_grid(dim3 grid, dim3 block, void (*thread_main)(const void*), const voi
     }
   } catch (...) {
     counting_global_accesses = false;
+    ++pool.sync_point;  // the failed block's threads never reach its end: start afresh
+#if defined(__SANITIZE_ADDRESS__)
+    // The abandoned frames' redzones stay poisoned, where the next launch's frames go.
+    ASAN_UNPOISON_MEMORY_REGION(pool.stacks, pool.count * kFiberStack);
+#endif
     throw;
   }
   counting_global_accesses = false;
+  leave(pool.sync_point);  // the last block's end: the outputs, before the host reads them
 }
 
 }  // namespace cuda_emulation
@@ -486,12 +446,10 @@ const char* cudaGetErrorString(cudaError_t error) {
 
 extern "C" {
 
-// schedule: 0 fibers in forward thread order, 1 reversed, 2 one OS thread per CUDA thread.
-// Returns 0, or -1 for a schedule this build cannot run (fibers under a sanitizer).
+// schedule: 0 a block's threads in forward order, 1 reversed. Returns 0, or -1 if invalid.
 int lp_emulation_configure(int sms, int schedule, uint64_t seed) {
   using cuda_emulation::Schedule;
-  if (schedule < 0 || schedule > 2 || sms < 1) return -1;
-  if (schedule != static_cast<int>(Schedule::kThreads) && !cuda_emulation::kFibersAvailable) return -1;
+  if (schedule < 0 || schedule > 1 || sms < 1) return -1;
   std::lock_guard lock(cuda_emulation::launch_mutex);
   config.device.sms = sms;
   config.schedule = static_cast<Schedule>(schedule);

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cuda_emulation.cases import DTYPES, SANITIZED, unaligned_rows
-from cuda_emulation.emulation import LAUNCH_OUT_OF_RESOURCES
+from cuda_emulation.cases import DTYPES, unaligned_rows
+from cuda_emulation.emulation import COUNTS_TRAFFIC, LAUNCH_OUT_OF_RESOURCES
 from reference import random_bitmask
 
 pytestmark = pytest.mark.emulation
@@ -46,7 +46,8 @@ def test_gpu_without_kernels_gets_a_clear_error(emulation):
 
 # --- the traffic counter behind `make traffic` ---------------------------------------------
 
-@pytest.mark.skipif(SANITIZED, reason="only the fibers build counts global-memory traffic")
+@pytest.mark.traffic
+@pytest.mark.skipif(not COUNTS_TRAFFIC, reason="the traffic build counts global-memory bytes")
 def test_traffic_counts_exactly_the_global_bytes(emulation):
     """Greedy reads each logit once and writes one id per row; split over blocks, each chunk
     also publishes its winner, counts its arrival (an atomic: read and write) and the last
@@ -63,7 +64,8 @@ def test_traffic_counts_exactly_the_global_bytes(emulation):
         assert (read, written) == (4 * rows * vocab + scratch_read, 8 * rows + scratch_written), sms
 
 
-@pytest.mark.skipif(SANITIZED, reason="only the fibers build counts global-memory traffic")
+@pytest.mark.traffic
+@pytest.mark.skipif(not COUNTS_TRAFFIC, reason="the traffic build counts global-memory bytes")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_traffic_counts_vector_loads(emulation, lp_cpu, dtype):
     """The sampler reads logits and bitmask words by 16-byte loads wherever a row is aligned:

@@ -86,9 +86,7 @@ def split_rows(kind: str, rows: int, vocab: int, dtype: torch.dtype, g: torch.Ge
     return buffer[:, 1:vocab + 1]
 
 
-# (Sanitized: two cases, for the races and bounds within a block.)
-SPLIT_CASES = ([(torch.bfloat16, "normal"), (torch.float32, "equal")] if SANITIZED else
-               [(dtype, kind) for dtype in DTYPES for kind in ["normal", "ties", "equal", "heavy"]])
+SPLIT_CASES = [(dtype, kind) for dtype in DTYPES for kind in ["normal", "ties", "equal", "heavy"]]
 
 
 @pytest.mark.emulation
@@ -98,7 +96,7 @@ def test_split_cut_agrees_with_cpu(emulation, lp_cpu, dtype, kind):
     or estimated masses, then the draw) with their fallbacks, per-row filters and a single row,
     with a bitmask and fused penalties: the CPU's tokens."""
     g = torch.Generator().manual_seed(len(kind) + dtype.itemsize)
-    vocab, sms = (16411, 16) if SANITIZED else (200003, 132)
+    vocab, sms = (65537, 64) if SANITIZED else (200003, 132)  # (fewer rows than SMs: split)
     rows = len(SPLIT_FILTERS)
     logits = split_rows(kind, rows, vocab, dtype, g)
     params = dict(temperature=torch.rand(rows, generator=g) + 0.5,
@@ -119,7 +117,7 @@ def test_split_cut_agrees_with_cpu(emulation, lp_cpu, dtype, kind):
                     kwargs["penalties"] = lp.Penalties(prompt_mask, counts, 1.3, 0.2, 0.1)
                 got = lp.sample(logits, **kwargs)
             assert torch.equal(got, expected), (extra.keys(), penalty is None, (got != expected).nonzero().flatten())
-    for r, filters in enumerate(SPLIT_FILTERS[:4] if SANITIZED else SPLIT_FILTERS):
+    for r, filters in enumerate(SPLIT_FILTERS):
         with emulation.gpu(sms) as lp:
             got = lp.sample(logits[r:r + 1], seed=r, temperature=0.7, **filters)
         assert torch.equal(got, lp_cpu.sample(logits[r:r + 1], seed=r, temperature=0.7, **filters)), filters
@@ -189,7 +187,7 @@ def test_sampler_all_equal_rows_agree_with_cpu(emulation, lp_cpu, dtype, vocab):
 
 
 @pytest.mark.emulation
-@pytest.mark.skipif(SANITIZED, reason="only the fibers build counts global-memory traffic")
+@pytest.mark.traffic
 def test_sampler_gathers_the_boundary_bin_unless_it_overflows(emulation, lp_cpu):
     """Top-k in a crowded bin takes two passes when the bin fits in shared memory, and more
     (the fallback's passes over the row) when it does not, with the CPU's token either way."""
@@ -201,14 +199,14 @@ def test_sampler_gathers_the_boundary_bin_unless_it_overflows(emulation, lp_cpu)
         with emulation.gpu(8) as lp:
             emulation.reset_traffic()
             got = lp.sample(logits, **kwargs)
-            read, written = emulation.traffic()
-        passes = (read + written) / (4 * vocab)
-        assert (passes < 2.01) == fits, (crowd, passes)
+            counted = emulation.traffic()  # (None unless the build counts: then the tokens alone)
+        if counted:
+            assert (sum(counted) / (4 * vocab) < 2.01) == fits, (crowd, counted)
         assert torch.equal(got, lp_cpu.sample(logits, **kwargs))
 
 
 @pytest.mark.emulation
-@pytest.mark.skipif(SANITIZED, reason="only the fibers build counts global-memory traffic")
+@pytest.mark.traffic
 def test_split_top_p_brackets_or_samples_whole(emulation, lp_cpu):
     """A split top-p row without top-k takes two passes when the first pass's estimate brackets
     t_p; when it misses (scores in wide key bins, [512, 576) here, where the estimate rounds to
@@ -227,10 +225,10 @@ def test_split_top_p_brackets_or_samples_whole(emulation, lp_cpu):
         with emulation.gpu(8) as lp:
             emulation.reset_traffic()
             got = lp.sample(logits[:1], seed=3, **kwargs)
-            read, written = emulation.traffic()
+            counted = emulation.traffic()
             batch = lp.sample(logits, seed=torch.arange(4) + 11, **kwargs)
-        passes = (read + written) / (4 * vocab)
-        assert (passes < 2.3) == two_passes, passes
+        if counted:
+            assert (sum(counted) / (4 * vocab) < 2.3) == two_passes, counted
         assert torch.equal(got, lp_cpu.sample(logits[:1], seed=3, **kwargs))
         assert torch.equal(batch, lp_cpu.sample(logits, seed=torch.arange(4) + 11, **kwargs))
 

@@ -10,11 +10,13 @@ A path over its target (TARGETS, the issue's) is reported and fails the run.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import torch
 
+os.environ.setdefault("LP_EMULATION", "traffic")  # the flavor that counts (build_emulation.py)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from emulation import Emulation  # noqa: E402
 

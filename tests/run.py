@@ -1,0 +1,123 @@
+"""`make test` and its parts, each timed, with the timing table at the end (also on failure).
+
+  python tests/run.py [PART | GROUP ...]        (default: the group `test`, every part)
+
+Parts, in the order they run:
+  build            build/: the CPU variant and the CUDA variant for every architecture
+  cpu-tests        every test outside the emulation, through the loader, on both variants
+  build-asan       build-asan/: the CPU variant under AddressSanitizer + UBSan
+  sanitize         every test but the emulated ones against it (opt-out: no_sanitize(reason))
+  build-emulation  build-emulation/: the CUDA kernels built by the host compiler, three flavors
+  forward          the CUDA kernels' tests (-m emulation) on fibers, threads in forward order
+  reversed         the same, threads in reversed order (an order can hide a missing barrier)
+  traffic          the tests that count global-memory bytes, in the build that counts them
+  tsan             their smaller cases under ThreadSanitizer (one TSan fiber per CUDA thread)
+  asan             the same under AddressSanitizer + UBSan
+  coverage         the sanitizer runs reach every line the fibers runs reach (coverage.py)
+  mutants          the mutation check: planted kernel bugs must be caught (mutations.py)
+Groups: test (all), sanitize (build-asan, sanitize), emulate (build, build-emulation and the
+emulation's parts). Any failure or sanitizer report fails the run. Tests run on every core
+(pytest-xdist); LP_TEST_JOBS overrides the count.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+JOBS = os.environ.get("LP_TEST_JOBS", str(os.cpu_count() or 1))
+PYTEST = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", JOBS, "--dist", "loadgroup"]
+# The emulation's runs: native sanitizer reports go to the terminal, not to pytest's captured fd 2.
+EMULATED = PYTEST + ["-m", "emulation", "--capture=sys"]
+
+
+def compiler_library(name: str) -> str:
+    return subprocess.run([os.environ.get("CXX", "c++"), f"-print-file-name={name}"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def sanitizer_environment(sanitizer: str) -> dict[str, str]:
+    """What a process needs to run code built with `sanitizer` ("tsan" or "asan"): its runtime
+    first in the process, and a stop at the first report."""
+    if sanitizer == "tsan":
+        # torch's OpenMP threads synchronise in uninstrumented libgomp, which ThreadSanitizer
+        # cannot see: one torch thread, so that only the emulation's threads are concurrent.
+        return {"LD_PRELOAD": compiler_library("libtsan.so"), "TSAN_OPTIONS": "halt_on_error=1",
+                "OMP_NUM_THREADS": "1"}
+    # libstdc++ preloaded too: ASan intercepts __cxa_throw and needs it loaded first;
+    # detect_leaks=0 because CPython itself leaks at exit.
+    return {"LD_PRELOAD": f"{compiler_library('libasan.so')} {compiler_library('libstdc++.so')}",
+            "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:abort_on_error=1",
+            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
+
+
+def emulation_environment(flavor: str) -> dict[str, str]:
+    """What a process needs to load the emulation build of `flavor`."""
+    return {"LP_EMULATION": flavor, **(sanitizer_environment(flavor) if flavor in ("tsan", "asan") else {})}
+
+
+CUDA_EMULATION_TESTS = ["tests/cuda_emulation"]
+PARTS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "build": ([PY, "tools/build.py"], {}),
+    "cpu-tests": (PYTEST + ["-m", "not emulation", "tests"], {}),
+    "build-asan": ([PY, "tools/build.py"], {**sanitizer_environment("asan"), "LP_SANITIZE": "1"}),
+    "sanitize": (PYTEST + ["-m", "not emulation", "tests"],
+                 {**sanitizer_environment("asan"), "LP_BUILD_DIR": "build-asan"}),
+    "build-emulation": ([PY, "tools/build_emulation.py"], {}),
+    "forward": (EMULATED + ["tests"], {**emulation_environment("fibers"), "LP_EMULATION_SCHEDULE": "forward"}),
+    "reversed": (EMULATED + ["tests"], {**emulation_environment("fibers"), "LP_EMULATION_SCHEDULE": "reversed"}),
+    "tsan": (EMULATED + CUDA_EMULATION_TESTS, emulation_environment("tsan")),
+    "asan": (EMULATED + CUDA_EMULATION_TESTS, emulation_environment("asan")),
+    "traffic": (PYTEST + ["-m", "emulation and traffic", "--capture=sys", "tests/cuda_emulation"],
+                emulation_environment("traffic")),
+    "coverage": ([PY, "tests/cuda_emulation/coverage.py", "check"], {}),
+    "mutants": ([PY, "tests/cuda_emulation/mutations.py"], {}),
+}
+EMULATION_PARTS = ["build-emulation", "forward", "reversed", "traffic", "tsan", "asan", "coverage", "mutants"]
+GROUPS = {
+    "test": list(PARTS),
+    "sanitize": ["build-asan", "sanitize"],
+    "emulate": ["build", *EMULATION_PARTS],
+}
+
+
+def table(times: dict[str, float], failed: str | None) -> str:
+    width = max(len(p) for p in PARTS)
+    rows = [f"[test] {part:<{width}}  {seconds:6.0f} s" for part, seconds in times.items()]
+    total = sum(times.values())
+    verdict = f"FAILED in {failed}" if failed else "passed"
+    return "\n".join(["[test] part" + " " * (width - 3) + "  seconds", *rows,
+                      f"[test] {'total':<{width}}  {total:6.0f} s ({total / 60:.1f} min): {verdict}"])
+
+
+def main() -> None:
+    wanted = sys.argv[1:] or ["test"]
+    unknown = [w for w in wanted if w not in PARTS and w not in GROUPS]
+    if unknown:
+        raise SystemExit(f"unknown parts {unknown}; parts: {list(PARTS)}; groups: {list(GROUPS)}")
+    selected = {p for w in wanted for p in GROUPS.get(w, [w])}
+    parts = [p for p in PARTS if p in selected]
+    times: dict[str, float] = {}
+    for part in parts:
+        if part == "forward":
+            # (the runs' coverage starts here: the fibers runs' counts, then the sanitizers')
+            subprocess.run([PY, "tests/cuda_emulation/coverage.py", "reset"], cwd=ROOT, check=True)
+        command, env = PARTS[part]
+        print(f"[test] {part}: {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(command[1:])}",
+              flush=True)
+        start = time.monotonic()
+        result = subprocess.run(command, cwd=ROOT, env={**os.environ, **env})
+        times[part] = time.monotonic() - start
+        if result.returncode != 0:
+            print(table(times, part), flush=True)
+            raise SystemExit(f"[test] {part} failed (exit status {result.returncode})")
+    print(table(times, None), flush=True)
+
+
+if __name__ == "__main__":
+    main()
