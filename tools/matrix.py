@@ -217,8 +217,12 @@ def build_variant(config: dict, spec: Spec, out_root: Path, archs: list[str] | N
                                compiled)
     (obj_dir / "build.ninja").write_text(text)
     ninja = shutil.which("ninja", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    subprocess.run([ninja, "-C", str(obj_dir), "-j", os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))]
-                   + ([] if os.environ.get("LP_VERBOSE") == "1" else ["--quiet"]), check=True)
+    # The compilers' output (nvcc's ptxas report) only with LP_VERBOSE=1 or on failure.
+    verbose = os.environ.get("LP_VERBOSE") == "1"
+    proc = subprocess.run([ninja, "-C", str(obj_dir), "-j", os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))],
+                          stdout=None if verbose else subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"{variant_dir.name}: compiling failed:\n{(proc.stdout or '')[-20000:]}")
     objects = [obj_dir / o for o in objects]
 
     if spec.machine == HOST:

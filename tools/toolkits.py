@@ -91,6 +91,29 @@ MACHINES = {
 }
 
 
+def apt_install(program: str, package: str) -> str | None:
+    """Make sure `program` is on PATH: Debian's `package` is installed with apt-get when it is
+    missing (as root, online). Returns None, or why it is not there."""
+    if shutil.which(program):
+        return None
+    if os.environ.get("LP_OFFLINE") == "1" or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return f"no {program} (Debian: apt-get install {package})"
+    start = time.monotonic()
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", package]
+    if subprocess.run(install, capture_output=True).returncode:  # no package lists yet
+        subprocess.run(["apt-get", "update", "-q"], capture_output=True)
+        proc = subprocess.run(install, capture_output=True, text=True)
+        if proc.returncode:
+            return f"apt-get install {package} failed: {proc.stderr.strip()[-500:]}"
+    print(f"[toolkits] installed {package} in {time.monotonic() - start:.0f} s", flush=True)
+    return None
+
+
+def install_compiler(machine: str) -> str | None:
+    """apt_install of the C++ compiler that targets `machine` (Debian's cross compiler)."""
+    return apt_install(MACHINES[machine].cxx, MACHINES[machine].apt_package)
+
+
 def _version_key(arch: str) -> tuple[int, int]:
     major, minor = arch.removesuffix("+PTX").split(".")
     return int(major), int(minor)

@@ -48,16 +48,20 @@ def resolved(bundle: Path, torch: str, cuda: str | None, machine: str) -> str | 
     return chosen[0].variant_str if chosen else None
 
 
-def resolution_problems(bundle: Path) -> tuple[list[str], list[str]]:
-    """(report lines, problems) of check 1 over ENVIRONMENTS x MACHINES."""
+def resolution_problems(bundle: Path, framework: str, missing: set[str] = frozenset()
+                        ) -> tuple[list[str], list[str]]:
+    """(report lines, problems) of check 1 over ENVIRONMENTS x MACHINES: each must load
+    `<framework>-<tag>-<machine>-linux` (framework: "torch-stable-abi210"). An environment whose
+    expected variant is in `missing` (left out of a partial release) is reported, not a problem."""
     lines, problems = [], []
     for machine in MACHINES:
         for torch, cuda, tag in ENVIRONMENTS:
             got = resolved(bundle, torch, cuda, machine)
             environment = f"torch {torch}+{'cu' + cuda.replace('.', '') if cuda else 'cpu'} on {machine}"
             lines.append(f"{environment}: {got or 'NOTHING LOADS'}")
-            if got is None or f"-{tag}-{machine}-" not in got:
-                problems.append(f"{environment} loads {got or 'nothing'}, expected the {tag} variant")
+            expected = f"{framework}-{tag}-{machine}-linux"
+            if got != expected and expected not in missing:
+                problems.append(f"{environment} loads {got or 'nothing'}, expected {expected}")
     return lines, problems
 
 
