@@ -13,7 +13,12 @@ same sonames that define only the symbols the objects use, so that `--as-needed`
 same NEEDED entries as a link against that machine's torch would.
 
   python tools/matrix.py [--out DIR] [NAME...]   build those variants (default: all) into DIR
+                                                 (inside the repository; default build-matrix/)
   python tools/matrix.py --list                  the matrix, and what each variant needs
+
+Python's headers are this interpreter's (only PyModule_Create of the limited API is used, whose
+declarations are the same on every 64-bit Linux); torch's are this torch's, compiled down to the
+stable ABI level (TORCH_TARGET_VERSION), as for build.py.
 
 Environment: LP_CUDA_HOME_<MM> (a local CUDA toolkit, see toolkits.py), MAX_JOBS.
 """
@@ -251,7 +256,7 @@ def build_variant(config: dict, spec: Spec, out_root: Path, archs: list[str] | N
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", help="variant names (default: the whole matrix)")
-    parser.add_argument("--out", type=Path, default=ROOT / "release" / "build")
+    parser.add_argument("--out", type=Path, default=ROOT / "build-matrix")
     parser.add_argument("--list", action="store_true")
     args = parser.parse_args()
     config = tomllib.loads((ROOT / "build.toml").read_text())

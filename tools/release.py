@@ -165,7 +165,7 @@ def matrix_variants(config: dict) -> tuple[list[Path], list[str], dict[str, str]
             folders.append(BUILD / name)
             lines.append(f"- `{name}`: from build/ (`make build`)")
             continue
-        reason = matrix.unavailable(spec)
+        reason = toolkits.install_compiler(spec.machine) or matrix.unavailable(spec)
         if reason:
             missing[name] = reason
             continue

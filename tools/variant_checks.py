@@ -22,6 +22,7 @@ from kernels.variants import _resolve_variant_for_system, get_variants_local
 from packaging.version import Version
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import toolkits  # noqa: E402
 from fatbin import fatbin_entries  # noqa: E402
 from toolkits import MACHINES  # noqa: E402
 
@@ -35,6 +36,23 @@ ENVIRONMENTS = [("2.10", "12.6", "cu126"), ("2.10", "12.8", "cu128"), ("2.11", "
 SYSTEM_LIBRARIES = {"libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1"}
 TORCH_LIBRARIES = {"libc10.so", "libtorch_cpu.so", "libtorch.so"}
 TORCH_CUDA_LIBRARIES = {"libc10_cuda.so", "libtorch_cuda.so"}
+
+
+def metadata_only_bundle(config: dict, folder: Path, names: list[str]) -> Path:
+    """Variant folders as the loader lists them, without a .so: the metadata.json that
+    tools/matrix.py writes for each of `names` (archs cut to its toolkit)."""
+    import matrix  # (imports torch, which the object checks do not need)
+
+    specs = {spec.name(config): spec for spec in matrix.matrix(config)}
+    for name in names:
+        spec = specs[name]
+        archs = toolkits.capabilities(matrix.requested_archs(config), spec.cuda) if spec.cuda else None
+        (folder / name).mkdir(parents=True)
+        (folder / name / "metadata.json").write_text(json.dumps(
+            {"id": f"_logits_processor_{spec.backend}_0000000", "name": config["general"]["name"],
+             "version": config["general"]["version"], "license": config["general"]["license"],
+             "python-depends": [], "backend": {"type": spec.backend, **({"archs": archs} if archs else {})}}))
+    return folder
 
 
 def resolved(bundle: Path, torch: str, cuda: str | None, machine: str) -> str | None:

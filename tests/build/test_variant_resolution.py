@@ -9,7 +9,6 @@ Also: the capabilities each toolkit's variant carries (kernel-builder's cut of b
 
 from __future__ import annotations
 
-import json
 import sys
 import tomllib
 
@@ -29,17 +28,7 @@ MATRIX = [f"{FRAMEWORK}-{tag}-{machine}-linux" for machine in ("x86_64", "aarch6
 
 
 def metadata_bundle(folder, names):
-    """Variant folders as the loader lists them: a metadata.json (archs as the matrix cuts them)."""
-    specs = {spec.name(CONFIG): spec for spec in matrix.matrix(CONFIG)}
-    for name in names:
-        spec = specs[name]
-        archs = toolkits.capabilities(matrix.requested_archs(CONFIG), spec.cuda) if spec.cuda else None
-        (folder / name).mkdir(parents=True)
-        (folder / name / "metadata.json").write_text(json.dumps(
-            {"id": f"_logits_processor_{spec.backend}_0000000", "name": "logits-processor", "version": 1,
-             "license": "apache-2.0", "python-depends": [],
-             "backend": {"type": spec.backend, **({"archs": archs} if archs else {})}}))
-    return folder
+    return variant_checks.metadata_only_bundle(CONFIG, folder, names)
 
 
 def test_the_matrix_is_every_toolkit_on_every_machine():
