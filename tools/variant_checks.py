@@ -4,7 +4,7 @@
    ENVIRONMENTS on each machine, which variant of a bundle it loads; the answer must be the
    one named there (the newest compatible CUDA minor), and no environment is left without one.
 2. Objects: each variant's .so is of its machine (ELF e_machine), needs no shared library but
-   those its environment provides (readelf's NEEDED), holds in its fatbin exactly the code
+   those its environment provides (readelf's NEEDED) and has no RPATH/RUNPATH, holds in its fatbin exactly the code
    metadata.json's backend.archs promises (tools/fatbin.py), and passes kernel-abi-check's
    Python-ABI check (abi3, 3.9).
 """
@@ -119,6 +119,9 @@ def object_problems(variant_dir: Path, code: set[tuple[str, int]] | None = None)
         found = elf_machine(so)
         if found != MACHINES[machine].elf_machine:
             problems.append(f"{name}: ELF machine {found}, expected {MACHINES[machine].elf_machine}")
+        dynamic = subprocess.run(["readelf", "-d", str(so)], check=True, capture_output=True, text=True).stdout
+        if "(RPATH)" in dynamic or "(RUNPATH)" in dynamic:  # kernel-builder clears it (patchelf)
+            problems.append(f"{name}: has an RPATH/RUNPATH, a path of the machine that built it")
         libraries = needed(so)
         if set(libraries) - allowed:
             problems.append(f"{name}: NEEDED {sorted(set(libraries) - allowed)}, which a torch of "
