@@ -184,7 +184,8 @@ def build_variant(config: dict, spec: Spec, out_root: Path, archs: list[str] | N
                   quick: bool = False) -> Path:
     """Build `spec` into out_root/<variant>/ (objects in out_root/.obj/<variant>/) and return
     that folder; up to date when its ops name (a hash of sources and flags) already exists.
-    `archs` narrows the CUDA capabilities; `quick` compiles device code unoptimised (a check)."""
+    `archs` narrows the CUDA capabilities; `quick` makes a check build: PTX only, unoptimised
+    (compile_flags), written with no archs in metadata.json (it has no word for PTX alone)."""
     reason = unavailable(spec)
     if reason:
         raise RuntimeError(f"{spec.name(config)}: {reason}")
