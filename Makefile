@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: build test demo bench clean sanitize certify artifact certify-dryrun emulation-build emulate traffic
+.PHONY: build test demo bench clean sanitize certify artifact certify-dryrun emulation-build emulate traffic portability
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ bench: build emulation-build
 	$(PY) benchmarks/bench.py
 
 clean:
-	rm -rf build build-asan build-emulation
+	rm -rf build build-asan build-emulation build-ci build-matrix
 
 # The CUDA emulation (tests/cuda_emulation/): the .cu kernels built by the host compiler and
 # run on fibers, through the binding's CUDA path, against the CPU variant of build/.
@@ -68,9 +68,18 @@ certify-dryrun:
 sanitize: $(STAMP)
 	$(PY) tests/run.py sanitize
 
-# The Hub bundle (release/: build/<variant>/, benchmarks/, CARD.md as README.md) and its report
-# (release-report.md). Refuses on a dirty tree, a Python-ABI violation or metadata the loader
-# rejects; prints the upload commands and runs none.
+# The Hub bundle (release/: build/<variant>/ for the whole variant matrix, benchmarks/, CARD.md
+# as README.md) and its report (release-report.md). This machine's variants come from build/,
+# the others (tools/matrix.py: cpu, cu126, cu128, cu130 x x86_64, aarch64, each with its own
+# toolkit) are built into build-matrix/. Refuses on a dirty tree, a variant it cannot build
+# (LP_RELEASE_PARTIAL=1 releases without it), a failed check (tools/variant_checks.py) or
+# metadata the loader rejects; prints the upload commands and runs none.
 .PHONY: release
 release: build
 	$(PY) tools/release.py
+
+# The checks of the matrix that download gigabytes (not in `make test`; cached outside the repo):
+# the aarch64 CPU variant under qemu-user against x86_64's results (tools/aarch64_python.py), and
+# PyPI's torch 2.10.0 (CUDA 12.8) picking and running the cu128 variant of release/build/.
+portability: build
+	LP_PORTABILITY=1 $(PY) -m pytest tests/build

@@ -1,29 +1,43 @@
 """List the CUDA code embedded in a shared object: (kind, sm) for each fatbin entry.
 
 kind is "sass" (machine code for that sm) or "ptx" (JIT-compiled on newer GPUs). Reads the
-.nv_fatbin section with objcopy; no CUDA toolkit tool (cuobjdump) is needed.
+.nv_fatbin section from the ELF section table itself, so an object of any machine (x86_64,
+aarch64) is read the same way; no CUDA toolkit tool (cuobjdump) and no objcopy is needed.
 """
 
 from __future__ import annotations
 
 import struct
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 FATBIN_MAGIC = 0xBA55ED50
 KINDS = {1: "ptx", 2: "sass"}
 
 
+def elf_section(path: Path, name: str) -> bytes:
+    """The bytes of section `name` of a little-endian 64-bit ELF file (b"" when it has none)."""
+    elf = path.read_bytes()
+    if elf[:6] != b"\x7fELF\x02\x01":
+        raise ValueError(f"{path}: not a little-endian 64-bit ELF file")
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+
+    def header(index: int) -> tuple[int, int, int]:  # (name offset, file offset, size)
+        sh_name, = struct.unpack_from("<I", elf, shoff + index * shentsize)
+        offset, size = struct.unpack_from("<QQ", elf, shoff + index * shentsize + 0x18)
+        return sh_name, offset, size
+
+    _, names_at, _ = header(shstrndx)
+    for index in range(shnum):
+        sh_name, offset, size = header(index)
+        if elf[names_at + sh_name:elf.index(b"\0", names_at + sh_name)].decode() == name:
+            return elf[offset:offset + size]
+    return b""
+
+
 def fatbin_entries(shared_object: Path) -> set[tuple[str, int]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        section = Path(tmp) / "fatbin"
-        subprocess.run(
-            ["objcopy", "-O", "binary", "--only-section=.nv_fatbin", str(shared_object), str(section)],
-            check=True,
-        )
-        data = section.read_bytes()
+    data = elf_section(shared_object, ".nv_fatbin")
     entries = set()
     offset = 0
     while offset + 16 <= len(data):

@@ -1,10 +1,18 @@
-"""`make release`: assemble what `kernel-builder upload` would push, check it, print the upload.
+"""`make release`: build the variant matrix, assemble what `kernel-builder upload` would push,
+check it, print the upload.
 
-Refuses (exit 1) when the git tree is dirty, when kernel-abi-check finds a Python-ABI (abi3,
-3.9) violation in a built object, or when a variant's metadata.json or name is not what the
-loader (kernels 0.17.2, offline) accepts. Otherwise it writes
+The matrix is tools/matrix.py's: torch-stable-abi210-{cpu,cu126,cu128,cu130}-{x86_64,aarch64}-linux.
+This machine's own variants come from build/ (`make build`, which `make release` runs first);
+the others are built by tools/matrix.py into build-matrix/ (kept between runs: a variant whose
+sources and flags did not change is not rebuilt), each with its own toolkit.
 
-  release/build/<variant>/   every variant in build/ (run `make build` first: `make release` does)
+Refuses (exit 1) when the git tree is dirty, when a variant of the matrix cannot be built here
+(a missing CUDA toolkit; LP_RELEASE_PARTIAL=1 writes the bundle without it, saying so), when a
+variant fails tools/variant_checks.py (the loader's resolution over the bundle; each object's
+ELF machine, NEEDED entries, fatbin and Python ABI), or when a variant's metadata.json or name
+is not what the loader (kernels 0.17.2, offline) accepts. Otherwise it writes
+
+  release/build/<variant>/   every variant of the matrix
   release/benchmarks/        the benchmark scripts
   release/README.md          CARD.md, the Hub card
 
@@ -18,9 +26,11 @@ an old glibc.
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -31,11 +41,17 @@ from kernels.validate import AllValidator, default_metadata_validators
 from kernels.variants import ArchVariant, TorchStableAbi, _resolve_variant_for_system, parse_variant
 from packaging.version import Version
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import matrix  # noqa: E402
+import toolkits  # noqa: E402
+import variant_checks  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
+MATRIX_BUILD = ROOT / "build-matrix"
 RELEASE = ROOT / "release"
 REPORT = ROOT / "release-report.md"
-PYTHON_ABI = "3.9"
+PYTHON_ABI = variant_checks.PYTHON_ABI
 MANYLINUX = "manylinux_2_28"
 # Torch releases the resolution check runs against: each stable-ABI variant must be accepted
 # from its ABI version on and rejected below it.
@@ -88,11 +104,11 @@ def check_metadata(variant_dir: Path, config: dict) -> list[str]:
     if str(backend.backend_type) != variant.arch.backend.name:
         problems.append(f"metadata backend {backend.backend_type} != the name's {variant.arch.backend.name}")
     if variant.arch.backend.name == "cuda":
-        wanted = sorted({arch for section in config["kernel"].values() if section["backend"] == "cuda"
-                         for arch in section.get("cuda-capabilities", [])})
-        if sorted(backend.archs or []) != wanted:
-            problems.append(f"built for CUDA archs {backend.archs}, build.toml lists {wanted} "
-                            "(rebuild without LP_CUDA_ARCHS)")
+        cuda = f"{variant.arch.backend.version.major}.{variant.arch.backend.version.minor}"
+        wanted = toolkits.capabilities(matrix.requested_archs(config), cuda)
+        if list(backend.archs or []) != wanted:
+            problems.append(f"built for CUDA archs {backend.archs}, build.toml's cut to CUDA {cuda} "
+                            f"is {wanted} (rebuild without LP_CUDA_ARCHS)")
     if problems:
         raise Refusal(f"{name}: " + "; ".join(problems))
 
@@ -111,9 +127,9 @@ def check_metadata(variant_dir: Path, config: dict) -> list[str]:
 
 
 def resolves(variant: ArchVariant, torch_version: Version) -> bool:
-    """Whether the loader picks `variant` first for a torch of that version (CUDA 13.0 for a
-    CUDA variant, the CPU backend otherwise), on this machine's CPU and OS."""
-    backend = CUDA(version=Version("13.0")) if variant.arch.backend.name == "cuda" else CPU()
+    """Whether the loader picks `variant` first for a torch of that version (with the variant's
+    own CUDA for a CUDA variant, the CPU backend otherwise), on the variant's CPU and OS."""
+    backend = CUDA(version=variant.arch.backend.version) if variant.arch.backend.name == "cuda" else CPU()
     chosen, _ = _resolve_variant_for_system(
         variants=[variant], selected_backend=backend, cpu=variant.arch.platform, os=variant.arch.os,
         torch_version=torch_version, torch_cxx11_abi=True, tvm_ffi_version=None)
@@ -121,20 +137,47 @@ def resolves(variant: ArchVariant, torch_version: Version) -> bool:
 
 
 def check_objects(variant_dir: Path) -> tuple[list[str], bool]:
-    """kernel-abi-check on each object: refuses on Python-ABI violations; returns report lines
-    and whether every object passes manylinux."""
-    lines, manylinux_ok = [], True
+    """variant_checks' object checks (refuses on any problem), then kernel-abi-check's manylinux
+    verdict on each object; returns report lines and whether every object passes manylinux."""
+    lines, problems = variant_checks.object_problems(variant_dir)
+    if problems:
+        raise Refusal("; ".join(problems))
+    manylinux_ok = True
     for so in sorted(variant_dir.glob("*.so")):
-        obj = ObjectFile(so)
-        abi = obj.check_python_abi(PYTHON_ABI)
-        if abi:
-            raise Refusal(f"{so.relative_to(ROOT)}: Python ABI (abi3, {PYTHON_ABI}) violations: {abi}")
-        manylinux = obj.check_manylinux(MANYLINUX)
+        manylinux = ObjectFile(so).check_manylinux(MANYLINUX)
         manylinux_ok &= not manylinux
         verdict = "passes" if not manylinux else "FAILS: " + ", ".join(
             f"{v.name} ({v.dep} {v.version})" for v in manylinux)
-        lines.append(f"  - `{so.name}`: abi3 {PYTHON_ABI} passes; {MANYLINUX} {verdict}")
+        lines.append(f"    {MANYLINUX} {verdict}")
     return lines, manylinux_ok
+
+
+def matrix_variants(config: dict) -> tuple[list[Path], list[str], dict[str, str]]:
+    """Every variant of the matrix that can be built here: this machine's from build/, the
+    others built into build-matrix/. Returns their folders, report lines (how each was built,
+    in how long) and {name: why it cannot be built} for the rest."""
+    folders, lines, missing = [], [], {}
+    for spec in matrix.matrix(config):
+        name = spec.name(config)
+        if spec.native:
+            if not (BUILD / name).is_dir():
+                raise Refusal(f"build/ has no {name}: run `make build`")
+            folders.append(BUILD / name)
+            lines.append(f"- `{name}`: from build/ (`make build`)")
+            continue
+        reason = toolkits.install_compiler(spec.machine) or matrix.unavailable(spec)
+        if reason:
+            missing[name] = reason
+            continue
+        start, before = time.monotonic(), set((MATRIX_BUILD / name).glob("*.so"))
+        try:
+            folders.append(matrix.build_variant(config, spec, MATRIX_BUILD))
+        except (RuntimeError, subprocess.CalledProcessError) as e:
+            raise Refusal(f"{name}: the build failed: {e}") from e
+        so = next(folders[-1].glob("*.so"))
+        how = "up to date" if so in before else f"built in {time.monotonic() - start:.0f} s"
+        lines.append(f"- `{name}`: tools/matrix.py into build-matrix/, {how}, {so.stat().st_size / 1e6:.1f} MB")
+    return folders, lines, missing
 
 
 def upload_commands(repo_id: str, version: int) -> list[str]:
@@ -158,11 +201,13 @@ def main() -> int:
             raise Refusal("the git tree is dirty (commit or remove these first):\n  " + "\n  ".join(dirty))
         Build.open(ROOT)  # build.toml as the loader's own parser reads it
         config = tomllib.loads((ROOT / "build.toml").read_text())
-        variants = sorted(d for d in BUILD.iterdir() if d.is_dir() and not d.name.startswith("."))
-        if not variants:
-            raise Refusal("build/ holds no variant: run `make build`")
+        variants, built, missing = matrix_variants(config)
+        if missing and os.environ.get("LP_RELEASE_PARTIAL") != "1":
+            raise Refusal("these variants of the matrix cannot be built here (LP_RELEASE_PARTIAL=1 "
+                          "releases without them):\n  " + "\n  ".join(f"{n}: {r}" for n, r in missing.items()))
         report = [f"# Release report: {config['general']['name']} version {config['general']['version']}",
                   "", f"Commit {subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()}",
+                  "", "## Builds", "", *built, *(f"- `{n}`: NOT BUILT: {r}" for n, r in missing.items()),
                   "", "## Variants", ""]
         manylinux_ok = True
         for variant_dir in variants:
@@ -183,6 +228,15 @@ def main() -> int:
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ROOT / "CARD.md", RELEASE / "README.md")
 
+    framework = matrix.matrix(config)[0].name(config).rsplit("-", 3)[0]
+    lines, problems = variant_checks.resolution_problems(RELEASE / "build", framework, set(missing))
+    if problems:
+        shutil.rmtree(RELEASE)
+        print("[release] refused: the loader's resolution over the bundle:\n  " + "\n  ".join(problems),
+              file=sys.stderr)
+        return 1
+    report += ["", "## Loader resolution (kernels' resolver over release/build)", "",
+               *(f"- {line}" for line in lines)]
     report += ["", "## manylinux", ""]
     if manylinux_ok:
         report.append(f"Every object passes {MANYLINUX}.")
