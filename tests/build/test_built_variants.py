@@ -15,6 +15,10 @@ import variant_checks  # noqa: E402
 
 VARIANTS = sorted(d for d in BUILD.glob("torch-*") if d.is_dir())
 
+pytestmark = pytest.mark.no_sanitize(
+    "checks build/'s release variants; build-asan/ holds one instrumented CPU variant, which needs libasan"
+)
+
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=[v.name for v in VARIANTS])
 def test_variant_objects(variant):
