@@ -47,27 +47,17 @@
 //
 // sample_with_logprobs and token_logprobs run logprobs_kernel: a block per row, the same draw,
 // then one pass over the kept set for ln Z, the rank and the top-N (row_logprobs).
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
-#include <cuda_runtime.h>
-
 #include <type_traits>
 
+#include "block_primitives.cuh"
 #include "cuda_utils.cuh"
+#include "key_bins.cuh"
 #include "sampling.h"
 #include "verify.h"
 
 namespace logits_processor {
 namespace {
 
-constexpr int kThreads = 256;  // also the radix: thread t owns digit 255 - t when scanning
-constexpr int kRadixBits = 8;
-// The first pass's histogram: key bins on the top 12 bits of a score key (sign, exponent and
-// 3 mantissa bits), each thread scanning kBinsPerThread consecutive bins.
-constexpr int kBinBits = 12;
-constexpr int kBins = 1 << kBinBits;
-constexpr int kBinShift = 32 - kBinBits;
-constexpr int kBinsPerThread = kBins / kThreads;
 // The boundary bin's candidates that fit in shared memory (8 bytes each, over the histogram).
 constexpr int kBinCapacity = 4096;
 // A row's bitmask words are staged in shared memory a tile at a time (16-byte loads, one
@@ -77,23 +67,11 @@ constexpr int64_t kMinSplitTokens = 16384;  // a chunk smaller than this is not 
 constexpr int64_t kMaxSplits = 64;
 // The largest top-k cut over chunks: each chunk lists up to k key bins (Row::count_chunk).
 constexpr int64_t kMaxSplitTopK = 1024;
-// A split top-p row's estimated bin masses (Row::count_chunk): each candidate's share is
-// 2^24 e^(s - its bin's top score), rescaled to s_max in the last block; the gathered bins
-// cover the targets within kEstimateMargin of top_p times the estimated Z (the estimate's
-// error is below 2^-24 e^(bin width) of Z, about 1e-5 for scores below 64).
-constexpr float kEstimateScale = 16777216.0f;  // 2^24
+// A split top-p row's gathered bins cover the targets within kEstimateMargin of top_p times
+// its estimated Z (key_bins.cuh's estimated masses).
 constexpr double kEstimateMargin = 1.0 / 1024;
-constexpr uint64_t kMaxEstimatedBinMass = uint64_t{1} << 50;  // keeps the estimates' sum below 2^62
 constexpr int64_t kBinListCapacity = 2048;  // (bin, count) pairs a split row's chunks list
 constexpr int kTopChunk = 20;  // top-N tokens found per pass over the row (the fast path: N <= 20)
-constexpr uint32_t kNoDigit = ~0u;
-
-struct MaxOp {
-  __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a > b ? a : b; }
-};
-
-using BlockReduce = cub::BlockReduce<uint64_t, kThreads>;
-using BlockScan = cub::BlockScan<uint64_t, kThreads>;
 
 // A candidate of the boundary bin, gathered into shared memory.
 struct BinEntry {
@@ -143,162 +121,6 @@ struct SharedState {
   uint32_t bias_filter[kBiasFilterWords];  // the row's logit bias ids (penalties.h)
 };
 
-// Block-wide reductions whose result every thread gets.
-__device__ uint64_t block_max(uint64_t v, SharedState& sh) {
-  v = BlockReduce(sh.cub.reduce).Reduce(v, MaxOp());
-  if (threadIdx.x == 0) sh.broadcast = v;
-  __syncthreads();
-  v = sh.broadcast;
-  __syncthreads();
-  return v;
-}
-
-__device__ uint64_t block_sum(uint64_t v, SharedState& sh) {
-  v = BlockReduce(sh.cub.reduce).Sum(v);
-  if (threadIdx.x == 0) sh.broadcast = v;
-  __syncthreads();
-  v = sh.broadcast;
-  __syncthreads();
-  return v;
-}
-
-__device__ uint32_t key_bin(uint32_t key) { return key >> kBinShift; }
-
-// The first key of bin b (b <= kBins: kBins is past the top key).
-__device__ uint64_t bin_start(int64_t b) { return static_cast<uint64_t>(b) << kBinShift; }
-
-// The key bins thread t scans, from the top: kBins - 1 - kBinsPerThread t downwards.
-__device__ int first_own_bin() { return kBins - 1 - kBinsPerThread * static_cast<int>(threadIdx.x); }
-
-template <typename Count>
-__device__ void zero_bins(Count* bins) {
-  for (int b = threadIdx.x; b < kBins; b += kThreads) bins[b] = 0;
-  __syncthreads();
-}
-
-// The sum of this thread's key bins.
-template <typename Count>
-__device__ uint64_t own_bins_sum(const Count* bins) {
-  uint64_t mine = 0;
-  for (int j = 0; j < kBinsPerThread; ++j) mine += bins[first_own_bin() - j];
-  return mine;
-}
-
-// The largest score of key bin b (a candidate's bin: its top key is a finite score's).
-__device__ float bin_top_score(int b) { return key_score(static_cast<uint32_t>(bin_start(b + 1) - 1)); }
-
-// A candidate's share of its key bin's estimated mass (kEstimateScale), relative to the bin's
-// top score: the same for every chunk of the row, before s_max is known.
-__device__ uint64_t estimated_mass(uint32_t key) {
-  const float below_top = lp_add(key_score(key), -bin_top_score(static_cast<int>(key_bin(key))));
-  return static_cast<uint64_t>(lp_mul(lp_exp_nonpositive(below_top), kEstimateScale));
-}
-
-// Bin b's estimated mass rescaled to s_max, in units of kEstimateScale^-1 of s_max's mass
-// (at most kMaxEstimatedBinMass: an estimate, which the draw checks).
-__device__ uint64_t rescaled_estimate(uint64_t estimate, int b, float s_max) {
-  if (estimate == 0) return 0;
-  const float above_max = lp_add(bin_top_score(b), -s_max);  // > 0 only in s_max's own bin
-  const float factor = above_max > 0.0f ? 1.0f / lp_exp_nonpositive(above_max < 60.0f ? -above_max : -60.0f)
-                                        : lp_exp_nonpositive(above_max);
-  const float m = lp_mul(static_cast<float>(estimate), factor);
-  return m < static_cast<float>(kMaxEstimatedBinMass) ? static_cast<uint64_t>(m) : kMaxEstimatedBinMass;
-}
-
-// Where a cutoff lies among the key bins: the highest bin whose bins at or above it reach
-// `target`, and the sum of the bins above it; bin -1 if the total falls short.
-struct BinCut {
-  int bin;
-  uint64_t above;
-};
-
-template <typename Count>
-__device__ BinCut find_bin(const Count* bins, uint64_t target, SharedState& sh) {
-  const uint64_t mine = own_bins_sum(bins);
-  // Defaults in case no bin qualifies; the scan's barrier orders them before the finder's.
-  if (threadIdx.x == 0) sh.bin = -1, sh.above = 0;
-  uint64_t inclusive;
-  BlockScan(sh.cub.scan).InclusiveSum(mine, inclusive);
-  uint64_t above = inclusive - mine;
-  if (above < target && inclusive >= target) {
-    for (int j = 0; j < kBinsPerThread; ++j) {
-      const int b = first_own_bin() - j;
-      if (above + bins[b] >= target) {
-        sh.bin = b, sh.above = above;
-        break;
-      }
-      above += bins[b];
-    }
-  }
-  __syncthreads();
-  const BinCut cut{sh.bin, sh.above};
-  __syncthreads();  // read by all before the next writer
-  return cut;
-}
-
-constexpr int kAllKeys = -1;  // radix_select's bin for a select over every key
-
-// The largest key t in bin `bin` whose stat (the count of keys, or with kMass their
-// token_mass sum) over the keys >= t in that bin, plus `above`, reaches `target`; kNoKey if
-// none does. for_each_key(f) calls f(key) for each key of the source (any bin): the row's
-// candidates (a pass over the row per digit) or gathered entries (shared memory). A radix
-// select on the 20 bits below the bin's, 8 at a time (bin kAllKeys: on all 32 bits).
-template <bool kMass, typename ForEachKey>
-__device__ uint32_t radix_select(ForEachKey&& for_each_key, int bin, uint64_t above, uint64_t target,
-                                 float s_max, SharedState& sh) {
-  uint32_t prefix = bin == kAllKeys ? 0u : static_cast<uint32_t>(bin_start(bin));
-  for (int low = bin == kAllKeys ? 32 : kBinShift; low > 0;) {  // bits [low, 32) decided
-    // (The last digit may be narrower: its bins then also hold decided bits, the prefix's
-    // own, which OR into the prefix unchanged.)
-    const int shift = low > kRadixBits ? low - kRadixBits : 0;
-    const uint32_t decided = low < 32 ? ~0u << low : 0u;
-    sh.histogram[threadIdx.x] = 0;
-    __syncthreads();
-    for_each_key([&](uint32_t key) {
-      if ((key & decided) == prefix)
-        atomicAdd(&sh.histogram[(key >> shift) & (kThreads - 1)],
-                  kMass ? static_cast<unsigned long long>(token_mass(key_score(key), s_max)) : 1ull);
-    });
-    __syncthreads();
-    const uint32_t digit = kThreads - 1 - threadIdx.x;  // the scan runs from the top digit down
-    const uint64_t mine = sh.histogram[digit];
-    if (threadIdx.x == 0) sh.digit = kNoDigit, sh.above = above;  // ordered by the scan's barrier
-    uint64_t inclusive;
-    BlockScan(sh.cub.scan).InclusiveSum(mine, inclusive);
-    if (above + inclusive - mine < target && above + inclusive >= target) {
-      sh.digit = digit;
-      sh.above = above + inclusive - mine;
-    }
-    __syncthreads();
-    const uint32_t chosen = sh.digit;
-    above = sh.above;
-    __syncthreads();
-    if (chosen == kNoDigit) return kNoKey;  // (the same for every thread)
-    prefix |= chosen << shift;
-    low = shift;
-  }
-  return prefix;
-}
-
-// This thread's share of elements [begin, end) of a read-only array of kSize-byte elements at
-// `base` (element-aligned): vector(first, v) for each 16-byte aligned load v of elements first ..
-// first + 16 / kSize - 1, scalar(i) for the elements before the first 16-byte boundary and
-// after the last whole vector.
-template <int64_t kSize, typename Scalar, typename Vector>
-__device__ void for_each_aligned(const char* base, int64_t begin, int64_t end, Scalar&& scalar, Vector&& vector) {
-  constexpr int64_t kPerVector = 16 / kSize;
-  const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(base + begin * kSize) % 16);
-  int64_t head = misaligned == 0 ? 0 : (16 - misaligned) / kSize;
-  head = head < end - begin ? head : end - begin;
-  const int64_t vectors = (end - begin - head) / kPerVector;
-  const int64_t body = begin + head;
-  const int64_t tail = body + vectors * kPerVector;
-  for (int64_t e = threadIdx.x; e < head + (end - tail); e += kThreads) scalar(e < head ? begin + e : tail + (e - head));
-  for (int64_t v = threadIdx.x; v < vectors; v += kThreads) {
-    const int64_t first = body + v * kPerVector;
-    vector(first, __ldg(reinterpret_cast<const uint4*>(base + first * kSize)));
-  }
-}
 
 // The logits one 16-byte load holds, and the j-th of them (little-endian: a word's lower
 // half is the lower address). Selects rather than an indexed array, which would live in
@@ -386,39 +208,6 @@ struct Split {
   __device__ unsigned long long* merged_bins(int64_t row) const { return merged + row * kBins; }
 };
 
-// Whether this block is the last of `blocks` to arrive at `counter`, called by the whole
-// block once its results are written: every thread fences its writes, thread 0 counts the
-// arrival, and the last block fences again before it reads the others' results (volatile
-// loads: never __ldg, whose cache may hold older values).
-__device__ bool last_to_arrive(unsigned int* counter, int64_t blocks, SharedState& sh) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const bool last = atomicAdd(counter, 1u) == blocks - 1;
-    if (last) __threadfence();
-    sh.broadcast = last;
-  }
-  __syncthreads();
-  const bool last = sh.broadcast != 0;
-  __syncthreads();
-  return last;
-}
-
-template <typename T>
-__device__ T load_volatile(const T& x) {
-  return *const_cast<const volatile T*>(&x);
-}
-
-// A value of a split row's state for the whole block: one volatile load (the launch's other
-// blocks may have written it) by thread 0, not one per thread.
-template <typename T>
-__device__ T block_load(const T& x, SharedState& sh) {
-  if (threadIdx.x == 0) sh.broadcast = load_volatile(x);
-  __syncthreads();
-  const T v = static_cast<T>(sh.broadcast);
-  __syncthreads();  // read by all before the next writer
-  return v;
-}
 
 constexpr uint64_t kSampledWhole = ~uint64_t{0};  // SplitRow::cut of a row to sample in one block
 
@@ -673,13 +462,6 @@ struct Row {
     return {max_key, block_sum(candidates, sh)};
   }
 
-  // The bin the last pass gathers: the highest of t_minp's, t_k's and t_p's bins, when t_k's
-  // or t_p's is that bin; -1 when the threshold is t_minp.
-  __device__ static int boundary_bin(uint32_t lower, const BinCut& k_cut, const BinCut& p_cut) {
-    const int lower_bin = lower == kNoKey ? -1 : static_cast<int>(key_bin(lower));
-    const int bin = max(lower_bin, max(k_cut.bin, p_cut.bin));
-    return bin < 0 || (k_cut.bin != bin && p_cut.bin != bin) ? -1 : bin;
-  }
 
   // The last pass's drawn(i, key): true above the boundary bin (kept: drawn in this pass);
   // the bin's candidates at or above t_minp go to gather(key, i).

@@ -13,9 +13,11 @@ Flavors:
 The binding and the CPU oracle's sources are compiled once, uninstrumented, for all three.
 
   python tools/build_emulation.py [FLAVOR ...]        (default: all three)
-  python tools/build_emulation.py --mutant NAME --flavor F SOURCE=REPLACEMENT ...
-      a variant with kernel sources replaced (the mutation check), into
-      build-emulation/mutants/NAME/, reusing everything else of the flavor's build
+  python tools/build_emulation.py --mutant NAME --flavor F --kernels DIR
+      a variant whose kernels are compiled from DIR, a changed copy of logits_processor/ (the
+      mutation check: a change to a .cu or to a header it includes), into
+      build-emulation/mutants/NAME/, reusing everything else of the flavor's build (the
+      binding and the CPU sources are compiled from logits_processor/ itself)
 
 Environment: MAX_JOBS (parallel compiles), CXX (default c++).
 """
@@ -81,14 +83,13 @@ def common_flags(cfg: dict) -> list[str]:
              "-fno-strict-aliasing"]  # the kernels move logits as uint4, as nvcc allows
             + (build.stable_abi_flags(stable) if stable else [])
             + build.section_flags(cfg, "cuda", "cxx-flags")
-            + [f"-I{EMULATION / 'include'}", f"-I{OUT / '.obj' / 'include'}", f"-I{ROOT}",
-               f"-iquote{ROOT / 'logits_processor'}"]  # a replaced kernel still finds its headers
+            + [f"-I{EMULATION / 'include'}", f"-I{OUT / '.obj' / 'include'}", f"-I{ROOT}"]
             + [f"-isystem{p}" for p in cpp_extension.include_paths()]
             + [f"-isystem{sysconfig.get_paths()['include']}"])
 
 
 def ninja_file(cxx: str, flags: list[str], ops: str, flavors: list[str], out_root: Path,
-               replacements: dict[str, Path], with_shared_rules: bool) -> str:
+               kernel_dir: Path, with_shared_rules: bool) -> str:
     lines = [
         f"cxx = {cxx}",
         f"flags = {' '.join(flags)} -DTORCH_EXTENSION_NAME={ops}",
@@ -111,7 +112,8 @@ def ninja_file(cxx: str, flags: list[str], ops: str, flavors: list[str], out_roo
         objects = list(shared)
         for source in EMULATED_KERNELS + ["tests/cuda_emulation/runtime.cpp"] + spec["extra"]:
             obj = obj_dir / (Path(source).stem + ".o")
-            path = replacements.get(source, ROOT / source)
+            # (A kernel's quoted includes resolve next to it first: a copy's headers are the copy's.)
+            path = kernel_dir / Path(source).name if source in EMULATED_KERNELS else ROOT / source
             kind = "runtime" if source.startswith("tests/") else "kernels"
             language = "-x c++ " if path.suffix == ".cu" else ""
             lines += [f"build {obj}: compile {path}", f"  extra = {language}{' '.join(spec[kind])}", ""]
@@ -128,9 +130,9 @@ def undefined_symbols(so: Path) -> list[str]:
 
 
 def build_emulation(flavors: list[str], out_root: Path = OUT,
-                    replacements: dict[str, Path] | None = None) -> dict[str, Path]:
-    """Builds the flavors into out_root/<flavor>/<variant>/; returns the variant dirs."""
-    replacements = replacements or {}
+                    kernel_dir: Path = ROOT / "logits_processor") -> dict[str, Path]:
+    """Builds the flavors into out_root/<flavor>/<variant>/, the kernels from kernel_dir (a
+    copy of logits_processor/ for a mutant); returns the variant dirs."""
     cfg = config()
     flags = common_flags(cfg)
     ops = ops_name(cfg, flags)
@@ -140,7 +142,7 @@ def build_emulation(flavors: list[str], out_root: Path = OUT,
     out_root.mkdir(parents=True, exist_ok=True)
     cxx = os.environ.get("CXX", "c++")
     (out_root / "build.ninja").write_text(
-        ninja_file(cxx, flags, ops, flavors, out_root, replacements, with_shared_rules=out_root == OUT))
+        ninja_file(cxx, flags, ops, flavors, out_root, kernel_dir, with_shared_rules=out_root == OUT))
     jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
     print(f"[emulation] {', '.join(flavors)} into {out_root.relative_to(ROOT)}", flush=True)
     # The venv's ninja (requirements-dev.txt), as torch's extension builds use, else PATH's.
@@ -167,15 +169,14 @@ def main() -> None:
     parser.add_argument("flavors", nargs="*", help="fibers, tsan, asan (default: all)")
     parser.add_argument("--mutant", help="build a mutant of --flavor into build-emulation/mutants/NAME")
     parser.add_argument("--flavor", default="fibers")
+    parser.add_argument("--kernels", type=Path, help="with --mutant: the changed copy of logits_processor/")
     args = parser.parse_args()
     if args.mutant:
-        replacements = {}
-        for item in args.flavors:
-            source, replacement = item.split("=", 1)
-            replacements[source] = Path(replacement).resolve()
+        if args.kernels is None or args.flavors:
+            raise SystemExit("--mutant takes --kernels DIR (and --flavor), no flavors")
         out_root = OUT / "mutants" / args.mutant
         shutil.rmtree(out_root, ignore_errors=True)
-        build_emulation([args.flavor], out_root, replacements)
+        build_emulation([args.flavor], out_root, args.kernels.resolve())
         return
     unknown = set(args.flavors) - set(FLAVORS)
     if unknown:
