@@ -1,4 +1,4 @@
-"""The ptxas report of a CUDA build log (`LP_VERBOSE=1 tools/build.py`), as a table per
+r"""The ptxas report of a CUDA build log (`LP_VERBOSE=1 tools/build.py`), as a table per
 (kernel or non-inlined device function, arch), and the difference between two such logs.
 
   python tools/ptxas_report.py LOG                  the table
@@ -7,9 +7,10 @@
 
 Names are demangled (c++filt) with what depends on the translation unit stripped (the
 anonymous namespace's and nvcc's per-file hashes), so a function keeps its name when it
-moves to another .cu file. --rename maps a renamed identifier of OLD's names (a whole word,
-e.g. Row=RowSampler) before the comparison. Compile times are left out; the per-module lines
-(gmem, cmem[4]) are listed apart, as they belong to the .cu file, not to a function.
+moves to another .cu file. --rename FROM=TO renames OLD's names before the comparison, as
+Python's re.sub(FROM, TO, name), in the order given: e.g. '\bRow\b=RowSampler'. Compile
+times are left out; the per-module lines (gmem, cmem[4]) are listed apart, as they belong to
+the .cu file, not to a function.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def render(props: tuple) -> str:
 
 def renamed(name: str, renames: list[tuple[str, str]]) -> str:
     for old, new in renames:
-        name = re.sub(rf"\b{re.escape(old)}\b", new, name)
+        name = re.sub(old, new, name)
     return name
 
 
@@ -100,7 +101,7 @@ def main() -> None:
     parser.add_argument("--arch", action="append", default=[], metavar="SM",
                         help="compare only this arch (e.g. sm_90; repeatable), as in a single-arch build")
     parser.add_argument("--rename", action="append", default=[], metavar="FROM=TO",
-                        help="an identifier renamed between OLD and NEW")
+                        help="a regular expression over OLD's names and its replacement")
     args = parser.parse_args()
     if len(args.logs) == 1:
         table, modules = parse(args.logs[0])

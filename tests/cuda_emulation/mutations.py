@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from build_emulation import OUT, build_emulation  # noqa: E402
 from check import sanitizer_environment  # noqa: E402
 
-SAMPLER = "logits_processor/sampling_cuda.cu"
 BLOCK = "logits_processor/block_primitives.cuh"
 BINS = "logits_processor/key_bins.cuh"
+ROW_SAMPLER = "logits_processor/row_sampler.cuh"
+SPLIT = "logits_processor/split_rows.cuh"
 AGREEMENT = "AssertionError"
 
 
@@ -64,23 +65,23 @@ MUTANTS = [
     Mutant("radix-digit", BINS, "(key >> shift) & (kThreads - 1)",
            "((key >> shift) + 1) & (kThreads - 1)", "fibers", AGREEMENT),
     # The cutoff comparison off by one: tokens exactly at the threshold dropped.
-    Mutant("cutoff", SAMPLER, "{ return key >= threshold; }", "{ return key > threshold; }", "fibers",
+    Mutant("cutoff", ROW_SAMPLER, "{ return key >= threshold; }", "{ return key > threshold; }", "fibers",
            AGREEMENT),
     # The key bin of a cutoff off by one: the bin above the one that reaches the target.
     Mutant("bin-select", BINS, "sh.bin = b, sh.above = above;", "sh.bin = b + 1, sh.above = above;",
            "fibers", AGREEMENT, "boundary_bin"),
     # A split row's chunk lists only the bins above its own k-th key's: the row's boundary bin
     # can then miss counts.
-    Mutant("split-own-bin", SAMPLER, "find_bin(sh.wide.counts, k, sh).bin : 0;",
+    Mutant("split-own-bin", SPLIT, "find_bin(sh.wide.counts, k, sh).bin : 0;",
            "find_bin(sh.wide.counts, k, sh).bin + 1 : 0;", "fibers", AGREEMENT, "split_cut"),
     # A split top-p row's chunk adds half its mass to the row's Z: t_p then lies too high.
-    Mutant("split-top-p-mass", SAMPLER, "mass = block_sum(mass, sh);  // (its", "mass = block_sum(mass, sh) / 2;  // (its",
+    Mutant("split-top-p-mass", SPLIT, "mass = block_sum(mass, sh);  // (its", "mass = block_sum(mass, sh) / 2;  // (its",
            "fibers", AGREEMENT, "split_cut"),
     # A split row's chunk adds its bins to the row's merged bins one off (top-k above 1024).
-    Mutant("split-merged-bins", SAMPLER, "atomicAdd(&row_bins[b], static_cast<unsigned long long>(v));",
+    Mutant("split-merged-bins", SPLIT, "atomicAdd(&row_bins[b], static_cast<unsigned long long>(v));",
            "atomicAdd(&row_bins[b ^ 1], static_cast<unsigned long long>(v));", "fibers", AGREEMENT, "split_cut"),
     # A split top-p row's last block trusts the estimate's bracket: t_p above it goes unseen.
-    Mutant("split-top-p-bracket", SAMPLER, "if (gathered > kBinCapacity || mass_above >= p_target) return false;",
+    Mutant("split-top-p-bracket", SPLIT, "if (gathered > kBinCapacity || mass_above >= p_target) return false;",
            "if (gathered > kBinCapacity) return false;", "fibers", AGREEMENT, "split_top_p"),
     # A read one past each row's end: past the allocation at the last row.
     Mutant("row-end", BLOCK, "e < head + (end - tail); e += kThreads", "e <= head + (end - tail); e += kThreads",
