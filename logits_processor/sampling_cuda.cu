@@ -1,241 +1,25 @@
-// CUDA sampler kernels: sample_kernel samples each row with a block of its own (RowSampler,
-// row_sampler.cuh) or, in a small batch, splits it over several blocks, finished by
-// split_draw_kernel (split_rows.cuh); one launch for the whole chain, no sort and no float
-// atomics, the arithmetic sampling.h's, so the CPU sampler returns the same tokens.
-// sample_with_logprobs and token_logprobs run logprobs_kernel: a block per row, the same draw,
-// then one pass over the kept set for ln Z, the rank and the top-N (row_logprobs).
+// The sampler's CUDA kernels and their launches: sample_kernel samples each row with a block
+// of its own (RowSampler, row_sampler.cuh) or, in a small batch, splits it over several blocks,
+// finished by split_draw_kernel (split_rows.cuh); logprobs_kernel (logprobs_cuda.cuh) and
+// verify_kernel (below) reuse the row sampler. One kernel for the whole chain of
+// filters (two for a split batch), no sort and no float atomics, the arithmetic sampling.h's,
+// so the CPU returns the same tokens.
+// One translation unit for all four: nvcc inlines the shared device code by what every caller
+// in the unit needs (for sm_100 it keeps RowSampler::cut a call in logprobs_kernel and
+// split_draw_kernel, inlined elsewhere), so a kernel in a .cu of its own would compile to
+// other code.
 #include "block_primitives.cuh"
 #include "cuda_utils.cuh"
+#include "logprobs_cuda.cuh"
 #include "row_sampler.cuh"
 #include "sampling.h"
 #include "split_rows.cuh"
 #include "verify.h"
 
 namespace logits_processor {
+
+// --- verify_draft (verify.h): here until it has a file of its own ---------------------------
 namespace {
-
-// A thread's best packed (key, index) pairs, best first, at most kTopChunk of them.
-struct TopList {
-  uint64_t v[kTopChunk];
-  int size;
-
-  __device__ void offer(uint64_t packed, int n) {
-    if (size == n && packed <= v[n - 1]) return;
-    int j = size < n ? size++ : n - 1;
-    for (; j > 0 && v[j - 1] < packed; --j) v[j] = v[j - 1];
-    v[j] = packed;
-  }
-};
-
-// What one pass over a row's kept set gives a thread: its part of the fine masses and of the
-// count of kept tokens scoring above s_token, and its best n (<= kTopChunk) packed (key,
-// index) pairs below `bound`.
-struct KeptPass {
-  FineMass z;
-  uint64_t above;
-  TopList top;
-};
-
-template <Dtype D>
-__device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token, uint64_t bound, int n) {
-  KeptPass k{{0, 0}, 0, {{}, 0}};
-  row.for_each_candidate([&](int64_t i, float s) {
-    const uint32_t key = score_key(s);
-    if (key < row.threshold) return;
-    const FineMass m = fine_mass(s, row.s_max);
-    k.z.high += m.high;
-    k.z.low += m.low;
-    k.above += s > s_token;
-    const uint64_t packed = pack_argmax(key, i);
-    if (n > 0 && packed < bound) k.top.offer(packed, n);
-  });
-  return k;
-}
-
-// The block's best n of the threads' lists into sh.top, best first; their count. n rounds of
-// a block-wide maximum, each taking one thread's head.
-__device__ int merge_top(const TopList& list, int n, SharedState& sh) {
-  int head = 0;
-  int found = 0;
-  for (; found < n; ++found) {
-    const uint64_t mine = head < list.size ? list.v[head] : kNoToken;
-    const uint64_t best = block_max(mine, sh);
-    if (best == kNoToken) break;  // (the same for every thread)
-    if (mine == best) ++head;     // packed pairs are distinct: one thread's
-    if (threadIdx.x == 0) sh.top[found] = best;
-  }
-  __syncthreads();  // sh.top is complete before anyone reads it
-  return found;
-}
-
-// sample_with_logprobs / token_logprobs for one row, by the whole block: the draw, then one
-// pass for ln Z, the rank and the first kTopChunk of the top-N (N > kTopChunk: one more pass
-// per kTopChunk tokens). Greedy, unfiltered and raw rows first find their distribution's s_max
-// and threshold (`cut`).
-template <Dtype D>
-__device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, int64_t row, SharedState& sh) {
-  const LogprobsParams& out = p.logprobs;
-  if (out.given_tokens) {
-    RowSampler<D> d = sampler.logprob_row(out.raw);
-    float value = kNegInf;
-    if (d.cut(sh)) {
-      const float s = d.kept_score(out.given_tokens[row]);
-      const KeptPass k = kept_pass(d, s, 0, 0);
-      const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
-      if (s > kNegInf) value = token_logprob(s, d.s_max, log_z);
-    }
-    if (threadIdx.x == 0) out.logprobs[row] = value;
-    return;
-  }
-  const int64_t columns = 1 + out.num_logprobs;
-  float* logprobs = out.logprobs + row * columns;
-  int64_t* ids = out.token_ids + row * columns;
-  const int64_t token = sampler.sample(sh);
-  if (threadIdx.x == 0) p.out[row] = token, out.ranks[row] = kNoRank;
-  for (int64_t c = threadIdx.x; c < columns; c += kThreads) logprobs[c] = kNegInf, ids[c] = -1;
-  if (token < 0) return;
-  RowSampler<D> d = sampler.logprob_row(out.raw);
-  // (sample cut the row unless one pass decided it: greedy or unfiltered.)
-  if ((out.raw || sampler.single_pass()) && !d.cut(sh)) return;
-  const float s_token = d.kept_score(token);
-  uint64_t bound = ~uint64_t{0};
-  int n = static_cast<int>(out.num_logprobs < kTopChunk ? out.num_logprobs : kTopChunk);
-  const KeptPass k = kept_pass(d, s_token, bound, n);
-  const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
-  const uint64_t above = block_sum(k.above, sh);  // (its barriers order the padding first)
-  if (threadIdx.x == 0) {
-    logprobs[0] = token_logprob(s_token, d.s_max, log_z);
-    ids[0] = token;
-    out.ranks[row] = 1 + static_cast<int64_t>(above);
-  }
-  TopList list = k.top;
-  for (int64_t done = 0; n > 0;) {
-    const int found = merge_top(list, n, sh);
-    if (threadIdx.x < found) {
-      const int64_t index = unpack_index(sh.top[threadIdx.x]);
-      logprobs[1 + done + threadIdx.x] = token_logprob(d.kept_score(index), d.s_max, log_z);
-      ids[1 + done + threadIdx.x] = index;
-    }
-    done += found;
-    if (found < n || done == out.num_logprobs) break;
-    bound = sh.top[n - 1];
-    __syncthreads();  // every thread has read sh.top before the next chunk writes it
-    n = static_cast<int>(out.num_logprobs - done < kTopChunk ? out.num_logprobs - done : kTopChunk);
-    list = kept_pass(d, s_token, bound, n).top;
-  }
-}
-
-// f(sampler, row, chunk, begin, end) for each of this block's work items (grid-stride): work
-// item w is chunk w % splits of row w / splits, tokens [begin, end).
-template <Dtype D, typename F>
-__device__ void for_each_chunk(const SamplingParams& p, const Split& split, SharedState& sh, F&& f) {
-  for (int64_t work = blockIdx.x; work < p.rows * split.splits; work += gridDim.x) {
-    const int64_t row = work / split.splits;
-    const int64_t chunk = work % split.splits;
-    RowSampler<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row),
-                          block_row_penalty(p, row, sh), 0.0f, kNoKey, sh.staged_words};
-    const int64_t begin = chunk * split.chunk;
-    const int64_t end = begin + split.chunk < p.vocab ? begin + split.chunk : p.vocab;
-    f(sampler, row, chunk, begin, end);
-  }
-}
-
-// Greedy and unfiltered rows are done in this kernel; cut_over_chunks rows of a split batch
-// get their first pass (split_draw_kernel finishes them); other rows are sampled whole by
-// their chunk-0 block.
-template <Dtype D>
-__global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Split split) {
-  // (sample_with_logprobs and token_logprobs have their own kernel, logprobs_kernel: its
-  // registers would lower this one's occupancy.)
-  __shared__ SharedState sh;
-  for_each_chunk<D>(p, split, sh, [&](RowSampler<D>& sampler, int64_t row, int64_t chunk, int64_t begin, int64_t end) {
-    if (split.splits > 1 && sampler.single_pass()) {
-      const uint64_t winner = single_pass_winner(sampler, begin, end, sh);
-      if (threadIdx.x == 0) split.partials(row)[chunk] = winner;
-      if (!last_to_arrive(&split.rows[row].drawn, split.splits, sh)) return;
-      const uint64_t best = partials_max(split.partials(row), split.splits, sh);
-      if (threadIdx.x == 0) p.out[row] = RowSampler<D>::unpack_or_none(best);
-    } else if (split.splits > 1 && cut_over_chunks(sampler)) {
-      count_chunk(sampler, split, row, chunk, begin, end, sh);
-    } else if (chunk == 0) {
-      const int64_t token = sampler.sample(sh);
-      if (threadIdx.x == 0) p.out[row] = token;
-    }
-  });
-}
-
-// The second kernel of a split batch: the draw of its cut_over_chunks rows.
-template <Dtype D>
-__global__ void __launch_bounds__(kThreads) split_draw_kernel(SamplingParams p, Split split) {
-  __shared__ SharedState sh;
-  for_each_chunk<D>(p, split, sh, [&](RowSampler<D>& sampler, int64_t row, int64_t chunk, int64_t begin, int64_t end) {
-    if (cut_over_chunks(sampler)) draw_chunk(sampler, split, row, chunk, begin, end, sh);
-  });
-}
-
-// One block per row, grid-stride.
-template <Dtype D>
-__global__ void __launch_bounds__(kThreads) logprobs_kernel(SamplingParams p) {
-  __shared__ SharedState sh;
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    RowSampler<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row),
-                          block_row_penalty(p, row, sh), 0.0f, kNoKey, sh.staged_words};
-    row_logprobs(p, sampler, row, sh);
-  }
-}
-
-}  // namespace
-
-int64_t sample_cuda_splits(int64_t rows, int64_t vocab) {
-  const int64_t sms = resident_block_limit(1);
-  if (rows == 0 || rows >= sms) return 1;
-  const int64_t wanted = (2 * sms + rows - 1) / rows;        // about two blocks per SM
-  const int64_t most = (vocab + kMinSplitTokens - 1) / kMinSplitTokens;  // chunks worth a block
-  const int64_t splits = wanted < most ? wanted : most;
-  return splits < 1 ? 1 : (splits > kMaxSplits ? kMaxSplits : splits);
-}
-
-int64_t sample_cuda_scratch_words(int64_t splits) { return split_scratch_words(splits); }
-
-namespace {
-
-// Whether a row of the batch may merge its key bins (merges_bins): per-row top-k or top-p,
-// or such scalars (row_params makes a NaN top_p 1).
-bool may_merge_bins(const SamplingParams& p) {
-  return p.top_k != nullptr || p.top_k_value > kMaxSplitTopK || p.top_p != nullptr || p.top_p_value < 1.0f;
-}
-
-}  // namespace
-
-int64_t sample_cuda_zeroed_words(const SamplingParams& params) {
-  return params.rows * (kSplitRowWords + (may_merge_bins(params) ? kBins : 0));
-}
-
-void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* zeroed,
-                 cudaStream_t stream) {
-  if (params.rows == 0) return;
-  const int64_t chunk = ((params.vocab + splits - 1) / splits + 3) / 4 * 4;
-  unsigned long long* merged =
-      may_merge_bins(params) ? reinterpret_cast<unsigned long long*>(zeroed + params.rows * kSplitRowWords) : nullptr;
-  const Split split{splits, chunk > 0 ? chunk : 4, reinterpret_cast<SplitRow*>(zeroed), scratch, merged};
-  const int64_t work = params.rows * splits;
-  const int64_t limit = resident_block_limit(8);
-  const unsigned int blocks = static_cast<unsigned int>(work < limit ? work : limit);
-  dispatch_dtype(params.dtype, [&]<Dtype D>() {
-    if (params.logprobs.enabled)
-      launch_kernel(params.logprobs.given_tokens ? "token_logprobs" : "sample_with_logprobs",
-                    logprobs_kernel<D>, blocks, kThreads, stream, params);
-    else
-      launch_kernel("sample", sample_kernel<D>, blocks, kThreads, stream, params, split);
-    if (!params.logprobs.enabled && splits > 1)
-      launch_kernel("sample", split_draw_kernel<D>, blocks, kThreads, stream, params, split);
-  });
-}
-
-namespace {
-
-// --- verify_draft (verify.h) ---------------------------------------------------------------
-// Here rather than in a file of its own: it walks each position with the sampler's RowSampler.
 
 // ResidualDraw over the row, the draft excluded; `row` has been cut, log_z is its
 // distribution's.
@@ -294,6 +78,102 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(VerifyParams v) {
 }
 
 }  // namespace
+
+namespace {
+
+// f(sampler, row, chunk, begin, end) for each of this block's work items (grid-stride): work
+// item w is chunk w % splits of row w / splits, tokens [begin, end).
+template <Dtype D, typename F>
+__device__ void for_each_chunk(const SamplingParams& p, const Split& split, SharedState& sh, F&& f) {
+  for (int64_t work = blockIdx.x; work < p.rows * split.splits; work += gridDim.x) {
+    const int64_t row = work / split.splits;
+    const int64_t chunk = work % split.splits;
+    RowSampler<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row),
+                          block_row_penalty(p, row, sh), 0.0f, kNoKey, sh.staged_words};
+    const int64_t begin = chunk * split.chunk;
+    const int64_t end = begin + split.chunk < p.vocab ? begin + split.chunk : p.vocab;
+    f(sampler, row, chunk, begin, end);
+  }
+}
+
+// Greedy and unfiltered rows are done in this kernel; cut_over_chunks rows of a split batch
+// get their first pass (split_draw_kernel finishes them); other rows are sampled whole by
+// their chunk-0 block.
+template <Dtype D>
+__global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Split split) {
+  __shared__ SharedState sh;
+  for_each_chunk<D>(p, split, sh, [&](RowSampler<D>& sampler, int64_t row, int64_t chunk, int64_t begin, int64_t end) {
+    if (split.splits > 1 && sampler.single_pass()) {
+      const uint64_t winner = single_pass_winner(sampler, begin, end, sh);
+      if (threadIdx.x == 0) split.partials(row)[chunk] = winner;
+      if (!last_to_arrive(&split.rows[row].drawn, split.splits, sh)) return;
+      const uint64_t best = partials_max(split.partials(row), split.splits, sh);
+      if (threadIdx.x == 0) p.out[row] = RowSampler<D>::unpack_or_none(best);
+    } else if (split.splits > 1 && cut_over_chunks(sampler)) {
+      count_chunk(sampler, split, row, chunk, begin, end, sh);
+    } else if (chunk == 0) {
+      const int64_t token = sampler.sample(sh);
+      if (threadIdx.x == 0) p.out[row] = token;
+    }
+  });
+}
+
+// The second kernel of a split batch: the draw of its cut_over_chunks rows.
+template <Dtype D>
+__global__ void __launch_bounds__(kThreads) split_draw_kernel(SamplingParams p, Split split) {
+  __shared__ SharedState sh;
+  for_each_chunk<D>(p, split, sh, [&](RowSampler<D>& sampler, int64_t row, int64_t chunk, int64_t begin, int64_t end) {
+    if (cut_over_chunks(sampler)) draw_chunk(sampler, split, row, chunk, begin, end, sh);
+  });
+}
+
+}  // namespace
+
+int64_t sample_cuda_splits(int64_t rows, int64_t vocab) {
+  const int64_t sms = resident_block_limit(1);
+  if (rows == 0 || rows >= sms) return 1;
+  const int64_t wanted = (2 * sms + rows - 1) / rows;        // about two blocks per SM
+  const int64_t most = (vocab + kMinSplitTokens - 1) / kMinSplitTokens;  // chunks worth a block
+  const int64_t splits = wanted < most ? wanted : most;
+  return splits < 1 ? 1 : (splits > kMaxSplits ? kMaxSplits : splits);
+}
+
+int64_t sample_cuda_scratch_words(int64_t splits) { return split_scratch_words(splits); }
+
+namespace {
+
+// Whether a row of the batch may merge its key bins (merges_bins): per-row top-k or top-p,
+// or such scalars (row_params makes a NaN top_p 1).
+bool may_merge_bins(const SamplingParams& p) {
+  return p.top_k != nullptr || p.top_k_value > kMaxSplitTopK || p.top_p != nullptr || p.top_p_value < 1.0f;
+}
+
+}  // namespace
+
+int64_t sample_cuda_zeroed_words(const SamplingParams& params) {
+  return params.rows * (kSplitRowWords + (may_merge_bins(params) ? kBins : 0));
+}
+
+void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* zeroed,
+                 cudaStream_t stream) {
+  if (params.rows == 0) return;
+  const int64_t chunk = ((params.vocab + splits - 1) / splits + 3) / 4 * 4;
+  unsigned long long* merged =
+      may_merge_bins(params) ? reinterpret_cast<unsigned long long*>(zeroed + params.rows * kSplitRowWords) : nullptr;
+  const Split split{splits, chunk > 0 ? chunk : 4, reinterpret_cast<SplitRow*>(zeroed), scratch, merged};
+  const int64_t work = params.rows * splits;
+  const int64_t limit = resident_block_limit(8);
+  const unsigned int blocks = static_cast<unsigned int>(work < limit ? work : limit);
+  dispatch_dtype(params.dtype, [&]<Dtype D>() {
+    if (params.logprobs.enabled)
+      launch_kernel(params.logprobs.given_tokens ? "token_logprobs" : "sample_with_logprobs",
+                    logprobs_kernel<D>, blocks, kThreads, stream, params);
+    else
+      launch_kernel("sample", sample_kernel<D>, blocks, kThreads, stream, params, split);
+    if (!params.logprobs.enabled && splits > 1)
+      launch_kernel("sample", split_draw_kernel<D>, blocks, kThreads, stream, params, split);
+  });
+}
 
 void verify_cuda(const VerifyParams& params, cudaStream_t stream) {
   if (params.target.rows == 0) return;

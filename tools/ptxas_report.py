@@ -27,7 +27,7 @@ PROPERTIES = re.compile(r"ptxas info\s*: Function properties for (\S+)")
 FRAME = re.compile(r"^\s+(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 USED = re.compile(r"ptxas info\s*: Used (\d+) registers(.*)")
 MODULE = re.compile(r"ptxas info\s*: (\d+ bytes gmem.*)")
-NVCC = re.compile(r"nvcc .* -c (\S+\.cu) ")
+NVCC = re.compile(r"nvcc\b.*?\s-c\s+(\S+\.cu)\s")
 BYTES = re.compile(r"(\d+) bytes ([\w\[\]]+(?: [a-z]+)*)")
 BARRIERS = re.compile(r"used (\d+) barriers")
 # What nvcc's names carry of their file: _GLOBAL__N__<hash>_<len>_<file>_cu_<hash> (the
