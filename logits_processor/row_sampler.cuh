@@ -4,7 +4,7 @@
 // histograms of the score keys: key_bins.cuh). Every pass reads the logits by 16-byte loads
 // where the row is aligned and the bitmask staged in shared memory a tile at a time
 // (for_each_logit). Small batches split each row over several blocks instead (split_rows.cuh);
-// the log-probabilities (logprobs_cuda.cuh) and verify_draft (sampling_cuda.cu) take their
+// the log-probabilities (logprobs_cuda.cuh) and verify_draft (verify_cuda.cuh) take their
 // distributions from it.
 #pragma once
 
