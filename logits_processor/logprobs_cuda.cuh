@@ -128,8 +128,8 @@ template <Dtype D>
 __global__ void __launch_bounds__(kThreads) logprobs_kernel(SamplingParams p) {
   __shared__ SharedState sh;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    RowSampler<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row),
-                          block_row_penalty(p, row, sh), 0.0f, kNoKey, sh.staged_words};
+    RowSampler<D> sampler{p, row_params(p, row), logits_row(p, row), row_bitmask(p, row),
+                          block_row_penalty_view(p, row, sh), 0.0f, kNoKey, sh.staged_words};
     row_logprobs(p, sampler, row, sh);
   }
 }

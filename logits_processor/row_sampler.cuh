@@ -90,8 +90,8 @@ struct Draw {
 
 // Row `row`'s penalties, with the filter of its bias ids built in shared memory. Called by
 // the whole block.
-__device__ RowPenalty block_row_penalty(const SamplingParams& p, int64_t row, SharedState& sh) {
-  RowPenalty q = row_penalty(p.penalties, row);
+__device__ RowPenaltyView block_row_penalty_view(const SamplingParams& p, int64_t row, SharedState& sh) {
+  RowPenaltyView q = row_penalty_view(p.penalties, row);
   if (!q.enabled || q.bias_width == 0) return q;  // (the same for the whole block)
   __syncthreads();  // every thread is done with the previous row's filter
   for (int w = threadIdx.x; w < kBiasFilterWords; w += kThreads) sh.bias_filter[w] = 0;
@@ -155,7 +155,7 @@ struct RowSampler {
   RowParams r;
   const void* logits;
   const int32_t* bitmask;
-  RowPenalty penalty;
+  RowPenaltyView penalty;
   float s_max;
   uint32_t threshold;  // the kept set's, once `cut` ran
   uint32_t* staged_words;  // the block's SharedState::staged_words
@@ -372,10 +372,6 @@ struct RowSampler {
     d.r.min_p = 0.0f;
     if (raw) d.bitmask = nullptr, d.penalty.enabled = false;
     return d;
-  }
-
-  __device__ static int64_t unpack_or_none(uint64_t best) {
-    return best == kNoToken ? -1 : unpack_index(best);
   }
 };
 

@@ -26,8 +26,8 @@ __device__ void for_each_chunk(const SamplingParams& p, const Split& split, Shar
   for (int64_t work = blockIdx.x; work < p.rows * split.splits; work += gridDim.x) {
     const int64_t row = work / split.splits;
     const int64_t chunk = work % split.splits;
-    RowSampler<D> sampler{p, row_params(p, row), row_logits(p, row), row_bitmask(p, row),
-                          block_row_penalty(p, row, sh), 0.0f, kNoKey, sh.staged_words};
+    RowSampler<D> sampler{p, row_params(p, row), logits_row(p, row), row_bitmask(p, row),
+                          block_row_penalty_view(p, row, sh), 0.0f, kNoKey, sh.staged_words};
     const int64_t begin = chunk * split.chunk;
     const int64_t end = begin + split.chunk < p.vocab ? begin + split.chunk : p.vocab;
     f(sampler, row, chunk, begin, end);
@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Spli
       if (threadIdx.x == 0) split.partials(row)[chunk] = winner;
       if (!last_to_arrive(&split.rows[row].drawn, split.splits, sh)) return;
       const uint64_t best = partials_max(split.partials(row), split.splits, sh);
-      if (threadIdx.x == 0) p.out[row] = RowSampler<D>::unpack_or_none(best);
+      if (threadIdx.x == 0) p.out[row] = unpack_or_none(best);
     } else if (split.splits > 1 && cut_over_chunks(sampler)) {
       count_chunk(sampler, split, row, chunk, begin, end, sh);
     } else if (chunk == 0) {

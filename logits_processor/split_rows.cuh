@@ -104,7 +104,8 @@ __device__ bool merges_bins(const RowSampler<D>& sampler) {
 // kNoToken if none.
 template <Dtype D>
 __device__ uint64_t single_pass_winner(const RowSampler<D>& sampler, int64_t begin, int64_t end, SharedState& sh) {
-  return sampler.r.greedy ? sampler.greedy_argmax(sh, begin, end) : sampler.gumbel_argmax(at_least(kNoKey), sh, begin, end);
+  return sampler.r.greedy ? sampler.greedy_argmax(sh, begin, end)
+                          : sampler.gumbel_argmax(at_least(kNoKey), sh, begin, end);
 }
 
 // The rest of this file is called by the whole block, like block_primitives.cuh's.
@@ -172,7 +173,8 @@ __device__ void bracket_top_p(const RowSampler<D>& sampler, const Split& split, 
     sh.wide.masses[b] = rescaled_estimate(load_volatile(estimates[b]), b, row_max);
   }
   __syncthreads();
-  const double target = static_cast<double>(sampler.r.top_p) * static_cast<double>(block_sum(own_bins_sum(sh.wide.masses), sh));
+  const double target =
+      static_cast<double>(sampler.r.top_p) * static_cast<double>(block_sum(own_bins_sum(sh.wide.masses), sh));
   const uint64_t least = static_cast<uint64_t>(target * (1.0 - kEstimateMargin));
   const int high = find_bin(sh.wide.masses, least > 0 ? least : 1, sh).bin;
   const int low = find_bin(sh.wide.masses, static_cast<uint64_t>(target * (1.0 + kEstimateMargin)) + 1, sh).bin;
@@ -200,7 +202,8 @@ __device__ void cut_from_chunks(const RowSampler<D>& sampler, const Split& split
     if (threadIdx.x == 0) state.cut = kSampledWhole;
     return;
   }
-  const uint32_t lower = candidates == 0 ? kNoKey : min_p_key(key_score(static_cast<uint32_t>(max_key)), sampler.r.min_p);
+  const uint32_t lower =
+      candidates == 0 ? kNoKey : min_p_key(key_score(static_cast<uint32_t>(max_key)), sampler.r.min_p);
   if (!sampler.has_top_k() && sampler.r.top_p < 1.0f) {
     bracket_top_p(sampler, split, row, static_cast<uint32_t>(max_key), lower, sh);
     return;
@@ -210,7 +213,8 @@ __device__ void cut_from_chunks(const RowSampler<D>& sampler, const Split& split
   if (sampler.has_top_k() && k < candidates) {
     if (merges_bins(sampler)) {
       const unsigned long long* bins = split.merged_bins(row);
-      for (int b = threadIdx.x; b < kBins; b += kThreads) sh.wide.counts[b] = static_cast<unsigned int>(load_volatile(bins[b]));
+      for (int b = threadIdx.x; b < kBins; b += kThreads)
+        sh.wide.counts[b] = static_cast<unsigned int>(load_volatile(bins[b]));
     } else {
       zero_bins(sh.wide.counts);
       const BinCount* list = split.bin_list(row);
@@ -245,8 +249,8 @@ __device__ void count_chunk(const RowSampler<D>& sampler, const Split& split, in
   SplitRow& state = split.rows[row];
   const bool top_k = sampler.has_top_k();
   const bool merges = merges_bins(sampler);
-  const KeyCount first =
-      sampler.count_keys(top_k ? KeyBins::kCounts : (merges ? KeyBins::kEstimatedMasses : KeyBins::kNone), begin, end, sh);
+  const KeyBins bins = top_k ? KeyBins::kCounts : (merges ? KeyBins::kEstimatedMasses : KeyBins::kNone);
+  const KeyCount first = sampler.count_keys(bins, begin, end, sh);
   if (top_k && !merges && first.candidates > 0) {
     const uint64_t k = static_cast<uint64_t>(sampler.r.top_k);
     const int own_bin = k < first.candidates ? find_bin(sh.wide.counts, k, sh).bin : 0;
@@ -299,11 +303,11 @@ __device__ void draw_cut_chunk(RowSampler<D>& sampler, const Split& split, int64
       sampler.threshold = max(lower, radix_select<false>(sampler.candidate_keys(), bin, above, k, 0.0f, sh));
       const uint64_t next_bin = bin_start(bin + 1);
       const uint32_t kept = sampler.threshold;
-      best = max(best, sampler.gumbel_argmax([=](int64_t, uint32_t key) { return key >= kept && key < next_bin; }, sh, 0,
-                                         sampler.p.vocab));
+      const auto in_bin = [=](int64_t, uint32_t key) { return key >= kept && key < next_bin; };
+      best = max(best, sampler.gumbel_argmax(in_bin, sh, 0, sampler.p.vocab));
     }
   }
-  if (threadIdx.x == 0) sampler.p.out[row] = RowSampler<D>::unpack_or_none(best);
+  if (threadIdx.x == 0) sampler.p.out[row] = unpack_or_none(best);
 }
 
 // A top-p row (cut_from_chunks bounded its gathering by kBinCapacity): each chunk's
@@ -337,7 +341,7 @@ __device__ void draw_top_p_chunk(RowSampler<D>& sampler, const Split& split, int
   const uint32_t t_p = radix_select<true>(entry_keys(gathered, sh), kAllKeys, 0, p_target, sampler.s_max, sh);
   sampler.threshold = max(lower, max(t_k, t_p));
   const uint64_t best = sampler.entries_argmax(gathered, kNoToken, sh);
-  if (threadIdx.x == 0) sampler.p.out[row] = RowSampler<D>::unpack_or_none(best);
+  if (threadIdx.x == 0) sampler.p.out[row] = unpack_or_none(best);
 }
 
 // A top-p row without top-k (bracket_top_p estimated that t_p lies in bins [low_bin, high]):
@@ -348,8 +352,8 @@ __device__ void draw_top_p_chunk(RowSampler<D>& sampler, const Split& split, int
 // threshold), selects it among them and finishes the draw; false if the bracket missed, or
 // overflowed the entries: that block then samples the row whole.
 template <Dtype D>
-__device__ bool draw_top_p_bracket(RowSampler<D>& sampler, const Split& split, int64_t row, int64_t chunk, int64_t begin,
-                                   int64_t end, int high, uint32_t lower, SharedState& sh) {
+__device__ bool draw_top_p_bracket(RowSampler<D>& sampler, const Split& split, int64_t row, int64_t chunk,
+                                   int64_t begin, int64_t end, int high, uint32_t lower, SharedState& sh) {
   SplitRow& state = split.rows[row];
   sampler.s_max = key_score(block_load(state.max_key, sh));
   const uint64_t top = bin_start(high + 1);
@@ -385,7 +389,7 @@ __device__ bool draw_top_p_bracket(RowSampler<D>& sampler, const Split& split, i
   if (t_p == kNoKey && from > lower) return false;  // t_p below the entries, and above t_minp
   sampler.threshold = max(lower, t_p);
   const uint64_t best = sampler.entries_argmax(gathered, partials_max(split.partials(row), split.splits, sh), sh);
-  if (threadIdx.x == 0) sampler.p.out[row] = RowSampler<D>::unpack_or_none(best);
+  if (threadIdx.x == 0) sampler.p.out[row] = unpack_or_none(best);
   return true;
 }
 

@@ -75,8 +75,8 @@ MUTANTS = [
     Mutant("split-own-bin", SPLIT, "find_bin(sh.wide.counts, k, sh).bin : 0;",
            "find_bin(sh.wide.counts, k, sh).bin + 1 : 0;", "fibers", AGREEMENT, "split_cut"),
     # A split top-p row's chunk adds half its mass to the row's Z: t_p then lies too high.
-    Mutant("split-top-p-mass", SPLIT, "mass = block_sum(mass, sh);  // (its", "mass = block_sum(mass, sh) / 2;  // (its",
-           "fibers", AGREEMENT, "split_cut"),
+    Mutant("split-top-p-mass", SPLIT, "mass = block_sum(mass, sh);  // (its",
+           "mass = block_sum(mass, sh) / 2;  // (its", "fibers", AGREEMENT, "split_cut"),
     # A split row's chunk adds its bins to the row's merged bins one off (top-k above 1024).
     Mutant("split-merged-bins", SPLIT, "atomicAdd(&row_bins[b], static_cast<unsigned long long>(v));",
            "atomicAdd(&row_bins[b ^ 1], static_cast<unsigned long long>(v));", "fibers", AGREEMENT, "split_cut"),
