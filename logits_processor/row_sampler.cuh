@@ -148,6 +148,8 @@ struct KeyCount {
 };
 enum class KeyBins { kNone, kCounts, kEstimatedMasses };
 
+struct Split;  // split_rows.cuh
+
 // Every member function that passes over the row is called by the whole block.
 template <Dtype D>
 struct RowSampler {
@@ -373,6 +375,12 @@ struct RowSampler {
     if (raw) d.bitmask = nullptr, d.penalty.enabled = false;
     return d;
   }
+
+  // The second kernel's part of a row split over blocks, defined with the split (split_rows.cuh).
+  // (A member, not a free function: ptxas compiles split_draw_kernel's callees in the order of
+  // their mangled names, and a name that sorts after RowSampler::cut gives other spills.)
+  __device__ void draw_chunk(const Split& split, int64_t row, int64_t chunk, int64_t begin, int64_t end,
+                             SharedState& sh);
 };
 
 }  // namespace

@@ -61,7 +61,7 @@ template <Dtype D>
 __global__ void __launch_bounds__(kThreads) split_draw_kernel(SamplingParams p, Split split) {
   __shared__ SharedState sh;
   for_each_chunk<D>(p, split, sh, [&](RowSampler<D>& sampler, int64_t row, int64_t chunk, int64_t begin, int64_t end) {
-    if (cut_over_chunks(sampler)) draw_chunk(sampler, split, row, chunk, begin, end, sh);
+    if (cut_over_chunks(sampler)) sampler.draw_chunk(split, row, chunk, begin, end, sh);
   });
 }
 

@@ -397,23 +397,23 @@ __device__ bool draw_top_p_bracket(RowSampler<D>& sampler, const Split& split, i
 // (cut_from_chunks' kSampledWhole: the chunk-0 block; a top-p bracket that missed: the last
 // block).
 template <Dtype D>
-__device__ void draw_chunk(RowSampler<D>& sampler, const Split& split, int64_t row, int64_t chunk, int64_t begin,
-                           int64_t end, SharedState& sh) {
+__device__ void RowSampler<D>::draw_chunk(const Split& split, int64_t row, int64_t chunk, int64_t begin, int64_t end,
+                                          SharedState& sh) {
   const uint64_t cut = block_load(split.rows[row].cut, sh);
   bool whole = cut == kSampledWhole && chunk == 0;
   if (cut != kSampledWhole) {
     const uint32_t lower = static_cast<uint32_t>(cut);
     const int bin = static_cast<int>(cut >> 32) - 1;
-    if (sampler.r.top_p >= 1.0f)
-      draw_cut_chunk(sampler, split, row, chunk, begin, end, bin, lower, sh);
-    else if (sampler.has_top_k())
-      draw_top_p_chunk(sampler, split, row, begin, end, bin, lower, sh);
+    if (r.top_p >= 1.0f)
+      draw_cut_chunk(*this, split, row, chunk, begin, end, bin, lower, sh);
+    else if (has_top_k())
+      draw_top_p_chunk(*this, split, row, begin, end, bin, lower, sh);
     else
-      whole = !draw_top_p_bracket(sampler, split, row, chunk, begin, end, bin, lower, sh);
+      whole = !draw_top_p_bracket(*this, split, row, chunk, begin, end, bin, lower, sh);
   }
   if (whole) {  // (one call: `sample` is inlined where it is called)
-    const int64_t token = sampler.sample(sh);
-    if (threadIdx.x == 0) sampler.p.out[row] = token;
+    const int64_t token = sample(sh);
+    if (threadIdx.x == 0) p.out[row] = token;
   }
 }
 
