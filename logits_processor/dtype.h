@@ -41,6 +41,7 @@ struct LogitsView {
   int64_t row_stride;  // in elements
 };
 
+// Row `row` of the logits (a sampler reads it as const).
 LP_HOST_DEVICE void* logits_row(const LogitsView& v, int64_t row) {
   return static_cast<char*>(v.logits) + row * v.row_stride * dtype_size(v.dtype);
 }

@@ -56,7 +56,8 @@ struct Penalties {
   int64_t bias_width;
 };
 
-struct RowPenalties {
+// One row's repetition, frequency and presence penalties (the formula's r, f and p).
+struct PenaltyValues {
   float repetition;
   float frequency;
   float presence;
@@ -64,7 +65,7 @@ struct RowPenalties {
 
 // Per-row values that no host check has seen (device tensors) are made harmless here: a NaN
 // or non-positive repetition penalty counts as 1, a NaN frequency or presence penalty as 0.
-LP_HOST_DEVICE RowPenalties row_penalties(const Penalties& p, int64_t row) {
+LP_HOST_DEVICE PenaltyValues penalty_values(const Penalties& p, int64_t row) {
   const float r = p.repetition ? p.repetition[row] : p.repetition_value;
   const float f = p.frequency ? p.frequency[row] : p.frequency_value;
   const float q = p.presence ? p.presence[row] : p.presence_value;
@@ -81,26 +82,26 @@ LP_HOST_DEVICE bool bias_filter_hit(const uint32_t* filter, int64_t i) {
   return (filter[(i >> 5) & (kBiasFilterWords - 1)] >> (i & 31)) & 1u;
 }
 
-// One logits row's penalties.
-struct RowPenalty {
+// What penalising one logits row reads: its state row, penalty values and biases.
+struct RowPenaltyView {
   bool enabled;  // false: the call has none, or the row's state row is outside the state
   const int32_t* prompt_mask;    // the state row's
   const int32_t* output_counts;  // the state row's
-  RowPenalties values;
+  PenaltyValues values;
   const int64_t* bias_ids;  // the logits row's, bias_width of them
   const float* bias_values;
   int64_t bias_width;
   const uint32_t* bias_filter;  // or nullptr: every token scans the bias list
 };
 
-LP_HOST_DEVICE RowPenalty row_penalty(const Penalties& p, int64_t row) {
+LP_HOST_DEVICE RowPenaltyView row_penalty_view(const Penalties& p, int64_t row) {
   const int64_t s = p.state_row ? p.state_row[row] : row;
-  if (!p.enabled || s < 0 || s >= p.state_rows) return RowPenalty{};
+  if (!p.enabled || s < 0 || s >= p.state_rows) return RowPenaltyView{};
   const bool biased = p.bias_width > 0;
   return {true,
           p.prompt_mask + s * p.prompt_mask_row_stride,
           p.output_counts + s * p.output_counts_row_stride,
-          row_penalties(p, row),
+          penalty_values(p, row),
           biased ? p.bias_ids + row * p.bias_ids_row_stride : nullptr,
           biased ? p.bias_values + row * p.bias_values_row_stride : nullptr,
           p.bias_width,
@@ -111,7 +112,7 @@ LP_HOST_DEVICE bool token_seen(bool in_prompt, int32_t count) { return in_prompt
 
 // The formula above without the bias, for one token. Branch-free (selects only), so the CPU
 // loop over it vectorises. (x - y is x + (-y) in IEEE arithmetic.)
-LP_HOST_DEVICE float penalized_logit(float x, bool in_prompt, int32_t count, const RowPenalties& r) {
+LP_HOST_DEVICE float penalized_logit(float x, bool in_prompt, int32_t count, const PenaltyValues& r) {
   const float repeated = x > 0.0f ? x / r.repetition : lp_mul(x, r.repetition);
   const float y = token_seen(in_prompt, count) ? repeated : x;
   const float penalty = lp_add(lp_mul(r.frequency, static_cast<float>(count)), r.presence);
@@ -179,7 +180,7 @@ LP_HOST_DEVICE float stored_logit(float x) {
 
 // The row's biases for tokens [begin, end), added in list order to value[i - begin]; each
 // biased token marked in touched[i - begin] when touched is not nullptr.
-LP_HOST_DEVICE void add_row_biases(const RowPenalty& q, int64_t begin, int64_t end, float* value,
+LP_HOST_DEVICE void add_row_biases(const RowPenaltyView& q, int64_t begin, int64_t end, float* value,
                                    bool* touched) {
   for (int64_t k = 0; k < q.bias_width; ++k) {
     const int64_t id = q.bias_ids[k];
@@ -193,7 +194,7 @@ LP_HOST_DEVICE void add_row_biases(const RowPenalty& q, int64_t begin, int64_t e
 // apply_penalties_ stores it: what the unfused sampler would read. The bias list is scanned
 // only where the filter (if any) says a bias may hit i.
 template <Dtype D>
-LP_HOST_DEVICE float penalized_token(const RowPenalty& q, int64_t i, float x) {
+LP_HOST_DEVICE float penalized_token(const RowPenaltyView& q, int64_t i, float x) {
   float y = penalized_logit(x, token_allowed(q.prompt_mask, i), q.output_counts[i], q.values);
   if (q.bias_width > 0 && (!q.bias_filter || bias_filter_hit(q.bias_filter, i))) {
     for (int64_t k = 0; k < q.bias_width; ++k)
@@ -244,7 +245,7 @@ void count_tokens_cpu(const TokenCountParams& params);
 constexpr int64_t kPenaltySpan = 4096;
 
 template <Dtype D>
-void penalize_span_cpu(const RowPenalty& q, const void* logits, int64_t begin, int64_t end, float* value,
+void penalize_span_cpu(const RowPenaltyView& q, const void* logits, int64_t begin, int64_t end, float* value,
                        bool stored);
 
 #if defined(CUDA_KERNEL) || defined(__CUDACC__)

@@ -22,7 +22,7 @@ constexpr std::array<uint32_t, 32> kLaneBit = [] {
 }();
 
 template <Dtype D>
-void penalize_chunk(const LogitsView& v, const RowPenalty& q, int64_t row, int64_t begin, int64_t end) {
+void penalize_chunk(const LogitsView& v, const RowPenaltyView& q, int64_t row, int64_t begin, int64_t end) {
   float value[kPenaltySpan];
   void* logits = logits_row(v, row);
   penalize_span_cpu<D>(q, logits, begin, end, value, false);
@@ -47,7 +47,7 @@ void penalize_chunk(const LogitsView& v, const RowPenalty& q, int64_t row, int64
 }  // namespace
 
 template <Dtype D>
-void penalize_span_cpu(const RowPenalty& q, const void* logits, int64_t begin, int64_t end, float* value,
+void penalize_span_cpu(const RowPenaltyView& q, const void* logits, int64_t begin, int64_t end, float* value,
                        bool stored) {
   bool penalised[kPenaltySpan / 32];  // per 32-token group: whether the formula ran on it
   for (int64_t first = begin; first < end; first += 32) {
@@ -85,9 +85,9 @@ void penalize_span_cpu(const RowPenalty& q, const void* logits, int64_t begin, i
   }
 }
 
-template void penalize_span_cpu<Dtype::Float32>(const RowPenalty&, const void*, int64_t, int64_t, float*, bool);
-template void penalize_span_cpu<Dtype::Float16>(const RowPenalty&, const void*, int64_t, int64_t, float*, bool);
-template void penalize_span_cpu<Dtype::BFloat16>(const RowPenalty&, const void*, int64_t, int64_t, float*, bool);
+template void penalize_span_cpu<Dtype::Float32>(const RowPenaltyView&, const void*, int64_t, int64_t, float*, bool);
+template void penalize_span_cpu<Dtype::Float16>(const RowPenaltyView&, const void*, int64_t, int64_t, float*, bool);
+template void penalize_span_cpu<Dtype::BFloat16>(const RowPenaltyView&, const void*, int64_t, int64_t, float*, bool);
 
 void apply_penalties_cpu(const LogitsView& logits, const Penalties& penalties, const ParallelFor& parallel_for) {
   const int64_t chunks = (logits.vocab + kPenaltySpan - 1) / kPenaltySpan;
@@ -96,7 +96,7 @@ void apply_penalties_cpu(const LogitsView& logits, const Penalties& penalties, c
     parallel_for(0, logits.rows * chunks, kMinItemsPerThread, [&](int64_t first, int64_t last) {
       for (int64_t item = first; item < last; ++item) {
         const int64_t row = item / chunks;
-        const RowPenalty q = row_penalty(penalties, row);
+        const RowPenaltyView q = row_penalty_view(penalties, row);
         if (!q.enabled) continue;  // a state row outside the state
         const int64_t begin = (item - row * chunks) * kPenaltySpan;
         const int64_t end = begin + kPenaltySpan < logits.vocab ? begin + kPenaltySpan : logits.vocab;

@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(kThreads) apply_penalties_kernel(LogitsView v,
   __shared__ bool touched[kChunkColumns];
   for (int64_t item = blockIdx.x; item < v.rows * chunks; item += gridDim.x) {
     const int64_t row = item / chunks;
-    const RowPenalty q = row_penalty(p, row);
+    const RowPenaltyView q = row_penalty_view(p, row);
     if (!q.enabled) continue;  // a state row outside the state: the same for the whole block
     const int64_t begin = (item - row * chunks) * kChunkColumns;
     const int64_t n = begin + kChunkColumns < v.vocab ? kChunkColumns : v.vocab - begin;

@@ -119,10 +119,6 @@ LP_HOST_DEVICE float key_score(uint32_t key) {
   return bits_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
-LP_HOST_DEVICE const void* row_logits(const SamplingParams& p, int64_t row) {
-  return static_cast<const char*>(p.logits) + row * p.row_stride * dtype_size(p.dtype);
-}
-
 LP_HOST_DEVICE const int32_t* row_bitmask(const SamplingParams& p, int64_t row) {
   return p.bitmask ? p.bitmask + row * p.bitmask_row_stride : nullptr;
 }
@@ -140,7 +136,7 @@ LP_HOST_DEVICE uint32_t allowed_word(const SamplingParams& p, const int32_t* bit
 // token goes through here, whether its logit came alone (candidate_logit) or in a vector
 // (the CUDA sampler's 16-byte loads).
 template <Dtype D>
-LP_HOST_DEVICE float candidate_from_logit(const RowPenalty& penalty, int64_t i, float x, uint32_t allowed) {
+LP_HOST_DEVICE float candidate_from_logit(const RowPenaltyView& penalty, int64_t i, float x, uint32_t allowed) {
   if (!((allowed >> (i & 31)) & 1u)) return kNegInf;
   if (penalty.enabled) x = penalized_token<D>(penalty, i, x);
   return x > kNegInf ? x : kNegInf;  // NaN fails the compare
@@ -149,7 +145,7 @@ LP_HOST_DEVICE float candidate_from_logit(const RowPenalty& penalty, int64_t i, 
 // Token i's logit as float, or -inf when it is not a candidate.
 template <Dtype D>
 LP_HOST_DEVICE float candidate_logit(const SamplingParams& p, const void* row, const int32_t* bitmask_row,
-                                     const RowPenalty& penalty, int64_t i) {
+                                     const RowPenaltyView& penalty, int64_t i) {
   return candidate_from_logit<D>(penalty, i, load_logit<D>(row, i), allowed_word(p, bitmask_row, i));
 }
 
@@ -237,6 +233,9 @@ LP_HOST_DEVICE int64_t unpack_index(uint64_t packed) {
 }
 
 constexpr uint64_t kNoToken = 0;  // pack_argmax never yields 0 for a candidate
+
+// A draw's token from its packed winner: -1 for kNoToken (nothing allowed).
+LP_HOST_DEVICE int64_t unpack_or_none(uint64_t best) { return best == kNoToken ? -1 : unpack_index(best); }
 
 // --- Log-probabilities ---------------------------------------------------------------------
 // A row's distribution: its scores s_i, s_max and a threshold key t; the support is the

@@ -91,8 +91,6 @@ bool ranks_before(const Candidate& a, const Candidate& b) {
   return a.key != b.key ? a.key > b.key : a.index < b.index;
 }
 
-int64_t unpack_or_none(uint64_t best) { return best == kNoToken ? -1 : unpack_index(best); }
-
 // The vectorised loops over a row are free functions on restrict pointers: inside RowSampler
 // gcc falls back to their scalar versions, several times slower.
 
@@ -210,7 +208,7 @@ class RowSampler {
   RowSampler(const SamplingParams& p, int64_t row, Scratch& scratch)
       : RowSampler(p, row, row_params(p, row), scratch) {}
   RowSampler(const SamplingParams& p, int64_t row, const RowParams& r, Scratch& scratch)
-      : p_(p), row_(row), r_(r), penalty_(row_penalty(p.penalties, row)), scratch_(scratch),
+      : p_(p), row_(row), r_(r), penalty_(row_penalty_view(p.penalties, row)), scratch_(scratch),
         scores_(scratch.scores.data()) {}
 
   // The token `sample` returns.
@@ -341,7 +339,7 @@ class RowSampler {
   // each chunk of the row is first penalised into the buffer (penalize_span_cpu, which adds
   // the biases in list order), then scored from the values apply_penalties_ would store.
   void load_scores(Scores mode) {
-    const void* logits = row_logits(p_, row_);
+    const void* logits = logits_row(p_, row_);
     const bool greedy = mode == Scores::Greedy;
     const float temperature = mode == Scores::Sampling ? r_.temperature : 1.0f;
     if (penalty_.enabled && mode != Scores::Raw) {
@@ -485,7 +483,7 @@ class RowSampler {
   const SamplingParams& p_;
   const int64_t row_;
   const RowParams r_;
-  const RowPenalty penalty_;
+  const RowPenaltyView penalty_;
   Scratch& scratch_;
   float* scores_;
   float s_max_ = 0.0f;

@@ -137,7 +137,7 @@ void verify_cpu(const VerifyParams& params, const ParallelFor& parallel_for);
 
 #if defined(CUDA_KERNEL) || defined(__CUDACC__)
 // One launch for the batch, a block per row walking its positions; no scratch memory and no
-// host synchronisation (sampling_cuda.cu).
+// host synchronisation (verify_cuda.cuh).
 void verify_cuda(const VerifyParams& params, cudaStream_t stream);
 #endif
 

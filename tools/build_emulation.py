@@ -14,9 +14,11 @@ The binding and the CPU oracle's sources are compiled once, uninstrumented, for 
 the kernels of fibers, tsan and asan carry gcov counters (COVERAGE), a mutant's none.
 
   python tools/build_emulation.py [FLAVOR ...]        (default: all)
-  python tools/build_emulation.py --mutant NAME --flavor F SOURCE=REPLACEMENT ...
-      a variant with kernel sources replaced (the mutation check), into
-      build-emulation/mutants/NAME/, reusing everything else of the flavor's build
+  python tools/build_emulation.py --mutant NAME --flavor F --kernels DIR
+      a variant whose kernels are compiled from DIR, a changed copy of logits_processor/ (the
+      mutation check: a change to a .cu or to a header it includes), into
+      build-emulation/mutants/NAME/, reusing everything else of the flavor's build (the
+      binding and the CPU sources are compiled from logits_processor/ itself)
 
 Environment: MAX_JOBS (parallel compiles), CXX (default c++).
 """
@@ -108,14 +110,13 @@ def common_flags(cfg: dict) -> list[str]:
              "-fno-strict-aliasing"]  # the kernels move logits as uint4, as nvcc allows
             + (build.stable_abi_flags(stable) if stable else [])
             + build.section_flags(cfg, "cuda", "cxx-flags")
-            + [f"-I{EMULATION / 'include'}", f"-I{OUT / '.obj' / 'include'}", f"-I{ROOT}",
-               f"-iquote{ROOT / 'logits_processor'}"]  # a replaced kernel still finds its headers
+            + [f"-I{EMULATION / 'include'}", f"-I{OUT / '.obj' / 'include'}", f"-I{ROOT}"]
             + [f"-isystem{p}" for p in cpp_extension.include_paths()]
             + [f"-isystem{sysconfig.get_paths()['include']}"])
 
 
 def ninja_file(cfg: dict, cxx: str, flags: list[str], ops: str, flavors: list[str], out_root: Path,
-               replacements: dict[str, Path], with_shared_rules: bool, coverage: bool) -> str:
+               kernel_dir: Path, with_shared_rules: bool, coverage: bool) -> str:
     lines = [
         f"cxx = {cxx}",
         f"flags = {' '.join(flags)} -DTORCH_EXTENSION_NAME={ops}",
@@ -137,9 +138,11 @@ def ninja_file(cfg: dict, cxx: str, flags: list[str], ops: str, flavors: list[st
         spec = FLAVORS[flavor]
         obj_dir = out_root / ".obj" / flavor
         objects = list(shared)
-        for source in emulated_kernels(cfg) + ["tests/cuda_emulation/runtime.cpp"] + spec["extra"]:
+        kernels = emulated_kernels(cfg)
+        for source in kernels + ["tests/cuda_emulation/runtime.cpp"] + spec["extra"]:
             obj = obj_dir / (Path(source).stem + ".o")
-            path = replacements.get(source, ROOT / source)
+            # (A kernel's quoted includes resolve next to it first: a copy's headers are the copy's.)
+            path = kernel_dir / Path(source).name if source in kernels else ROOT / source
             kind = "runtime" if source.startswith("tests/") else "kernels"
             language = "-x c++ " if path.suffix == ".cu" else ""
             measured = spec["coverage"] if coverage and kind == "kernels" else []
@@ -158,10 +161,10 @@ def undefined_symbols(so: Path) -> list[str]:
 
 
 def build_emulation(flavors: list[str], out_root: Path = OUT,
-                    replacements: dict[str, Path] | None = None, quiet: bool = False) -> dict[str, Path]:
-    """Builds the flavors into out_root/<flavor>/<variant>/; returns the variant dirs. (quiet:
-    no progress lines, for builds running side by side.)"""
-    replacements = replacements or {}
+                    kernel_dir: Path = ROOT / "logits_processor", quiet: bool = False) -> dict[str, Path]:
+    """Builds the flavors into out_root/<flavor>/<variant>/, the kernels from kernel_dir (a
+    copy of logits_processor/ for a mutant); returns the variant dirs. (quiet: no progress
+    lines, for builds running side by side.)"""
     cfg = config()
     flags = common_flags(cfg)
     ops = ops_name(cfg, flags)
@@ -173,8 +176,8 @@ def build_emulation(flavors: list[str], out_root: Path = OUT,
     out_root.mkdir(parents=True, exist_ok=True)
     cxx = os.environ.get("CXX", "c++")
     (out_root / "build.ninja").write_text(
-        ninja_file(cfg, cxx, flags, ops, flavors, out_root, replacements, with_shared_rules=out_root == OUT,
-                   coverage=not replacements))  # (a mutant's coverage is nobody's)
+        ninja_file(cfg, cxx, flags, ops, flavors, out_root, kernel_dir, with_shared_rules=out_root == OUT,
+                   coverage=kernel_dir == ROOT / "logits_processor"))  # (a mutant's coverage is nobody's)
     jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
     if not quiet:
         print(f"[emulation] {', '.join(flavors)} into {out_root.relative_to(ROOT)}", flush=True)
@@ -202,15 +205,14 @@ def main() -> None:
     parser.add_argument("flavors", nargs="*", help="fibers, traffic, tsan, asan (default: all)")
     parser.add_argument("--mutant", help="build a mutant of --flavor into build-emulation/mutants/NAME")
     parser.add_argument("--flavor", default="fibers")
+    parser.add_argument("--kernels", type=Path, help="with --mutant: the changed copy of logits_processor/")
     args = parser.parse_args()
     if args.mutant:
-        replacements = {}
-        for item in args.flavors:
-            source, replacement = item.split("=", 1)
-            replacements[source] = Path(replacement).resolve()
+        if args.kernels is None or args.flavors:
+            raise SystemExit("--mutant takes --kernels DIR (and --flavor), no flavors")
         out_root = OUT / "mutants" / args.mutant
         shutil.rmtree(out_root, ignore_errors=True)
-        build_emulation([args.flavor], out_root, replacements)
+        build_emulation([args.flavor], out_root, args.kernels.resolve())
         return
     unknown = set(args.flavors) - set(FLAVORS)
     if unknown:

@@ -25,8 +25,8 @@
 //   - use static __shared__ memory only (no `extern __shared__`), and CUDA features this header
 //     implements; add what is missing here (a device function, an atomic, a CUB primitive with
 //     CUB's documented contract and no more), and a stub under include/ for a new CUDA header;
-//   - list the .cu file in EMULATED_KERNELS in tools/build_emulation.py, and have its entry
-//     points declared under `#if defined(CUDA_KERNEL) || defined(__CUDACC__)` as sampling.h
+//   - list the .cu file (and the headers it includes) in build.toml's CUDA sources, which
+//     tools/build_emulation.py compiles from, and have its entry points declared under `#if defined(CUDA_KERNEL) || defined(__CUDACC__)` as sampling.h
 //     does; torch_binding.cpp then reaches it on CPU tensors in the emulation build exactly as
 //     on CUDA tensors in the CUDA build;
 //   - test it against the CPU implementation through tests/cuda_emulation/emulation.py.

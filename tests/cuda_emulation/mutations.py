@@ -1,7 +1,8 @@
 """The mutation check: the CUDA emulation must catch kernel bugs, so a few are planted.
 
-Each mutant is one textual change to a copy of a .cu source, built as its own emulation
-variant (tools/build_emulation.py --mutant: the binding and everything else reused), and the
+Each mutant is one textual change to a kernel source (a .cu, or a .cuh it includes) in a copy
+of logits_processor/, whose kernels are built as their own emulation variant
+(tools/build_emulation.py --mutant: the binding and everything else reused), and the
 emulated tests must fail on it, with the evidence expected (an agreement assertion, the
 emulator's barrier error, a sanitizer report). The change must apply exactly once: when a
 source edit moves the text, this check fails until the mutant is updated.
@@ -12,6 +13,7 @@ source edit moves the text, this check fails until the mutant is updated.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +28,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from build_emulation import OUT, build_emulation  # noqa: E402
 from run import JOBS, emulation_environment  # noqa: E402
 
-SAMPLER = "logits_processor/sampling_cuda.cu"
+BLOCK = "logits_processor/block_primitives.cuh"
+BINS = "logits_processor/key_bins.cuh"
+ROW_SAMPLER = "logits_processor/row_sampler.cuh"
+SPLIT = "logits_processor/split_rows.cuh"
 AGREEMENT = "AssertionError"
 
 
@@ -45,40 +50,40 @@ class Mutant:
 MUTANTS = [
     # The histogram is zeroed by each thread and filled by all: without the barrier between,
     # a thread's counts land in bins another thread has yet to zero.
-    Mutant("histogram-barrier", SAMPLER,
+    Mutant("histogram-barrier", BINS,
            "    sh.histogram[threadIdx.x] = 0;\n    __syncthreads();\n",
            "    sh.histogram[threadIdx.x] = 0;\n", "fibers", AGREEMENT),
-    Mutant("histogram-barrier-tsan", SAMPLER,
+    Mutant("histogram-barrier-tsan", BINS,
            "    sh.histogram[threadIdx.x] = 0;\n    __syncthreads();\n",
            "    sh.histogram[threadIdx.x] = 0;\n", "tsan", "ThreadSanitizer: data race"),
     # A radix digit off by one: each key counted in the next bin.
-    Mutant("radix-digit", SAMPLER, "(key >> shift) & (kThreads - 1)",
+    Mutant("radix-digit", BINS, "(key >> shift) & (kThreads - 1)",
            "((key >> shift) + 1) & (kThreads - 1)", "fibers", AGREEMENT),
     # The cutoff comparison off by one: tokens exactly at the threshold dropped.
-    Mutant("cutoff", SAMPLER, "{ return key >= threshold; }", "{ return key > threshold; }", "fibers",
+    Mutant("cutoff", ROW_SAMPLER, "{ return key >= threshold; }", "{ return key > threshold; }", "fibers",
            AGREEMENT),
     # The key bin of a cutoff off by one: the bin above the one that reaches the target.
-    Mutant("bin-select", SAMPLER, "sh.bin = b, sh.above = above;", "sh.bin = b + 1, sh.above = above;",
+    Mutant("bin-select", BINS, "sh.bin = b, sh.above = above;", "sh.bin = b + 1, sh.above = above;",
            "fibers", AGREEMENT, "boundary_bin"),
     # A split row's chunk lists only the bins above its own k-th key's: the row's boundary bin
     # can then miss counts.
-    Mutant("split-own-bin", SAMPLER, "find_bin(sh.wide.counts, k, sh).bin : 0;",
+    Mutant("split-own-bin", SPLIT, "find_bin(sh.wide.counts, k, sh).bin : 0;",
            "find_bin(sh.wide.counts, k, sh).bin + 1 : 0;", "fibers", AGREEMENT, "split_cut"),
     # A split top-p row's chunk adds half its mass to the row's Z: t_p then lies too high.
-    Mutant("split-top-p-mass", SAMPLER, "mass = block_sum(mass, sh);  // (its", "mass = block_sum(mass, sh) / 2;  // (its",
-           "fibers", AGREEMENT, "split_cut"),
+    Mutant("split-top-p-mass", SPLIT, "mass = block_sum(mass, sh);  // (its",
+           "mass = block_sum(mass, sh) / 2;  // (its", "fibers", AGREEMENT, "split_cut"),
     # A split row's chunk adds its bins to the row's merged bins one off (top-k above 1024).
-    Mutant("split-merged-bins", SAMPLER, "atomicAdd(&row_bins[b], static_cast<unsigned long long>(v));",
+    Mutant("split-merged-bins", SPLIT, "atomicAdd(&row_bins[b], static_cast<unsigned long long>(v));",
            "atomicAdd(&row_bins[b ^ 1], static_cast<unsigned long long>(v));", "fibers", AGREEMENT, "split_cut"),
     # A split top-p row's last block trusts the estimate's bracket: t_p above it goes unseen.
-    Mutant("split-top-p-bracket", SAMPLER, "if (gathered > kBinCapacity || mass_above >= p_target) return false;",
+    Mutant("split-top-p-bracket", SPLIT, "if (gathered > kBinCapacity || mass_above >= p_target) return false;",
            "if (gathered > kBinCapacity) return false;", "fibers", AGREEMENT, "split_top_p"),
     # A read one past each row's end: past the allocation at the last row.
-    Mutant("row-end", SAMPLER, "e < head + (end - tail); e += kThreads", "e <= head + (end - tail); e += kThreads",
+    Mutant("row-end", BLOCK, "e < head + (end - tail); e += kThreads", "e <= head + (end - tail); e += kThreads",
            "asan", "AddressSanitizer: heap-buffer-overflow"),
     # One thread leaves a block reduction early: the block's barriers no longer match.
-    Mutant("uneven-barrier", SAMPLER, "  v = BlockReduce(sh.cub.reduce).Sum(v);",
-           "  if (threadIdx.x == 7) return v;\n  v = BlockReduce(sh.cub.reduce).Sum(v);", "fibers",
+    Mutant("uneven-barrier", BLOCK, "  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);",
+           "  if (threadIdx.x == 7) return v;\n  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);", "fibers",
            "__syncthreads()"),
 ]
 
@@ -89,9 +94,11 @@ def check(mutant: Mutant) -> str | None:
     if text.count(mutant.old) != 1:
         return f"the text to change occurs {text.count(mutant.old)} times in {mutant.source}, not once"
     with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / Path(mutant.source).name
-        copy.write_text(text.replace(mutant.old, mutant.new))
-        variants = build_emulation([mutant.flavor], OUT / "mutants" / mutant.name, {mutant.source: copy}, quiet=True)
+        # The whole directory: a mutated header must shadow the original for every kernel.
+        kernels = Path(tmp) / "logits_processor"
+        shutil.copytree(ROOT / "logits_processor", kernels)
+        (kernels / Path(mutant.source).name).write_text(text.replace(mutant.old, mutant.new))
+        variants = build_emulation([mutant.flavor], OUT / "mutants" / mutant.name, kernels, quiet=True)
     # One run decides: the fibers' schedules are fixed, and ThreadSanitizer's verdict does not
     # depend on them (the emulation gives it happens-before from synchronisation alone).
     env = {**os.environ, **emulation_environment(mutant.flavor),

@@ -1,0 +1,104 @@
+// Block-wide building blocks of the sampler's kernels, in CUB's manner: each is called by the
+// whole block (every thread, with the same arguments unless a parameter says otherwise), and
+// one that synchronises returns only when every thread may reuse the shared state again.
+// `Shared` is the kernel's __shared__ state: `cub`, a union of BlockReduce's and BlockScan's
+// TempStorage (`reduce`, `scan`), and a uint64_t `broadcast`.
+#pragma once
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace logits_processor {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct MaxOp {
+  __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a > b ? a : b; }
+};
+
+using BlockReduce = cub::BlockReduce<uint64_t, kThreads>;
+using BlockScan = cub::BlockScan<uint64_t, kThreads>;
+
+// Thread 0's v, returned to every thread. Called by the whole block.
+template <typename Shared>
+__device__ uint64_t from_thread0(uint64_t v, Shared& sh) {
+  if (threadIdx.x == 0) sh.broadcast = v;
+  __syncthreads();
+  v = sh.broadcast;
+  __syncthreads();
+  return v;
+}
+
+// The block's maximum and sum of v, returned to every thread. Called by the whole block.
+template <typename Shared>
+__device__ uint64_t block_max(uint64_t v, Shared& sh) {
+  return from_thread0(BlockReduce(sh.cub.reduce).Reduce(v, MaxOp()), sh);
+}
+
+template <typename Shared>
+__device__ uint64_t block_sum(uint64_t v, Shared& sh) {
+  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);
+}
+
+// Whether this block is the last of `blocks` to arrive at `counter`. Called by the whole
+// block once its results are written: every thread fences its writes, thread 0 counts the
+// arrival, and the last block fences again before it reads the others' results (volatile
+// loads: never __ldg, whose cache may hold older values).
+template <typename Shared>
+__device__ bool last_to_arrive(unsigned int* counter, int64_t blocks, Shared& sh) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const bool last = atomicAdd(counter, 1u) == blocks - 1;
+    if (last) __threadfence();
+    sh.broadcast = last;
+  }
+  __syncthreads();
+  const bool last = sh.broadcast != 0;
+  __syncthreads();
+  return last;
+}
+
+// A read of memory that the launch's other blocks may have written (after last_to_arrive).
+template <typename T>
+__device__ T load_volatile(const T& x) {
+  return *const_cast<const volatile T*>(&x);
+}
+
+// load_volatile(x) for the whole block: one load, by thread 0, not one per thread. Called by
+// the whole block.
+template <typename T, typename Shared>
+__device__ T block_load(const T& x, Shared& sh) {
+  if (threadIdx.x == 0) sh.broadcast = load_volatile(x);
+  __syncthreads();
+  const T v = static_cast<T>(sh.broadcast);
+  __syncthreads();  // read by all before the next writer
+  return v;
+}
+
+// This thread's share of elements [begin, end) of a read-only array of kSize-byte elements at
+// `base` (element-aligned): vector(first, v) for each 16-byte aligned load v of elements first ..
+// first + 16 / kSize - 1, scalar(i) for the elements before the first 16-byte boundary and
+// after the last whole vector. Called by the whole block (no barrier: each thread its share).
+template <int64_t kSize, typename Scalar, typename Vector>
+__device__ void for_each_aligned(const char* base, int64_t begin, int64_t end, Scalar&& scalar, Vector&& vector) {
+  constexpr int64_t kPerVector = 16 / kSize;
+  const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(base + begin * kSize) % 16);
+  int64_t head = misaligned == 0 ? 0 : (16 - misaligned) / kSize;
+  head = head < end - begin ? head : end - begin;
+  const int64_t vectors = (end - begin - head) / kPerVector;
+  const int64_t body = begin + head;
+  const int64_t tail = body + vectors * kPerVector;
+  for (int64_t e = threadIdx.x; e < head + (end - tail); e += kThreads) scalar(e < head ? begin + e : tail + (e - head));
+  for (int64_t v = threadIdx.x; v < vectors; v += kThreads) {
+    const int64_t first = body + v * kPerVector;
+    vector(first, __ldg(reinterpret_cast<const uint4*>(base + first * kSize)));
+  }
+}
+
+}  // namespace
+}  // namespace logits_processor

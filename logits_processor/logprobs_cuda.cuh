@@ -1,0 +1,138 @@
+// The CUDA log-probabilities (sampling.h's "Log-probabilities"): logprobs_kernel, a block per
+// row, serves sample_with_logprobs (the draw: RowSampler::sample) and token_logprobs (the given
+// tokens), then takes one pass over the kept set for ln Z, the rank and the top-N (kept_pass,
+// also verify_draft's). Never split over blocks, and a kernel of its own: its registers would
+// lower sample_kernel's occupancy. Compiled in sampling_cuda.cu's translation unit.
+#pragma once
+
+#include "block_primitives.cuh"
+#include "row_sampler.cuh"
+#include "sampling.h"
+
+namespace logits_processor {
+namespace {
+
+// A thread's best packed (key, index) pairs, best first, at most kTopChunk of them.
+struct TopList {
+  uint64_t v[kTopChunk];
+  int size;
+
+  __device__ void offer(uint64_t packed, int n) {
+    if (size == n && packed <= v[n - 1]) return;
+    int j = size < n ? size++ : n - 1;
+    for (; j > 0 && v[j - 1] < packed; --j) v[j] = v[j - 1];
+    v[j] = packed;
+  }
+};
+
+// What one pass over a row's kept set gives a thread: its part of the fine masses and of the
+// count of kept tokens scoring above s_token, and its best n (<= kTopChunk) packed (key,
+// index) pairs below `bound`. Called by the whole block (`row` has been cut).
+struct KeptPass {
+  FineMass z;
+  uint64_t above;
+  TopList top;
+};
+
+template <Dtype D>
+__device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token, uint64_t bound, int n) {
+  KeptPass k{{0, 0}, 0, {{}, 0}};
+  row.for_each_candidate([&](int64_t i, float s) {
+    const uint32_t key = score_key(s);
+    if (key < row.threshold) return;
+    const FineMass m = fine_mass(s, row.s_max);
+    k.z.high += m.high;
+    k.z.low += m.low;
+    k.above += s > s_token;
+    const uint64_t packed = pack_argmax(key, i);
+    if (n > 0 && packed < bound) k.top.offer(packed, n);
+  });
+  return k;
+}
+
+// The block's best n of the threads' lists into sh.top, best first; their count. n rounds of
+// a block-wide maximum, each taking one thread's head.
+__device__ int merge_top(const TopList& list, int n, SharedState& sh) {
+  int head = 0;
+  int found = 0;
+  for (; found < n; ++found) {
+    const uint64_t mine = head < list.size ? list.v[head] : kNoToken;
+    const uint64_t best = block_max(mine, sh);
+    if (best == kNoToken) break;  // (the same for every thread)
+    if (mine == best) ++head;     // packed pairs are distinct: one thread's
+    if (threadIdx.x == 0) sh.top[found] = best;
+  }
+  __syncthreads();  // sh.top is complete before anyone reads it
+  return found;
+}
+
+// sample_with_logprobs / token_logprobs for one row, by the whole block: the draw, then one
+// pass for ln Z, the rank and the first kTopChunk of the top-N (N > kTopChunk: one more pass
+// per kTopChunk tokens). Greedy, unfiltered and raw rows first find their distribution's s_max
+// and threshold (`cut`).
+template <Dtype D>
+__device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, int64_t row, SharedState& sh) {
+  const LogprobsParams& out = p.logprobs;
+  if (out.given_tokens) {
+    RowSampler<D> d = sampler.logprob_row(out.raw);
+    float value = kNegInf;
+    if (d.cut(sh)) {
+      const float s = d.kept_score(out.given_tokens[row]);
+      const KeptPass k = kept_pass(d, s, 0, 0);
+      const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
+      if (s > kNegInf) value = token_logprob(s, d.s_max, log_z);
+    }
+    if (threadIdx.x == 0) out.logprobs[row] = value;
+    return;
+  }
+  const int64_t columns = 1 + out.num_logprobs;
+  float* logprobs = out.logprobs + row * columns;
+  int64_t* ids = out.token_ids + row * columns;
+  const int64_t token = sampler.sample(sh);
+  if (threadIdx.x == 0) p.out[row] = token, out.ranks[row] = kNoRank;
+  for (int64_t c = threadIdx.x; c < columns; c += kThreads) logprobs[c] = kNegInf, ids[c] = -1;
+  if (token < 0) return;
+  RowSampler<D> d = sampler.logprob_row(out.raw);
+  // (sample cut the row unless one pass decided it: greedy or unfiltered.)
+  if ((out.raw || sampler.single_pass()) && !d.cut(sh)) return;
+  const float s_token = d.kept_score(token);
+  uint64_t bound = ~uint64_t{0};
+  int n = static_cast<int>(out.num_logprobs < kTopChunk ? out.num_logprobs : kTopChunk);
+  const KeptPass k = kept_pass(d, s_token, bound, n);
+  const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
+  const uint64_t above = block_sum(k.above, sh);  // (its barriers order the padding first)
+  if (threadIdx.x == 0) {
+    logprobs[0] = token_logprob(s_token, d.s_max, log_z);
+    ids[0] = token;
+    out.ranks[row] = 1 + static_cast<int64_t>(above);
+  }
+  TopList list = k.top;
+  for (int64_t done = 0; n > 0;) {
+    const int found = merge_top(list, n, sh);
+    if (threadIdx.x < found) {
+      const int64_t index = unpack_index(sh.top[threadIdx.x]);
+      logprobs[1 + done + threadIdx.x] = token_logprob(d.kept_score(index), d.s_max, log_z);
+      ids[1 + done + threadIdx.x] = index;
+    }
+    done += found;
+    if (found < n || done == out.num_logprobs) break;
+    bound = sh.top[n - 1];
+    __syncthreads();  // every thread has read sh.top before the next chunk writes it
+    n = static_cast<int>(out.num_logprobs - done < kTopChunk ? out.num_logprobs - done : kTopChunk);
+    list = kept_pass(d, s_token, bound, n).top;
+  }
+}
+
+// One block per row, grid-stride.
+template <Dtype D>
+__global__ void __launch_bounds__(kThreads) logprobs_kernel(SamplingParams p) {
+  __shared__ SharedState sh;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    RowSampler<D> sampler{p, row_params(p, row), logits_row(p, row), row_bitmask(p, row),
+                          block_row_penalty_view(p, row, sh), 0.0f, kNoKey, sh.staged_words};
+    row_logprobs(p, sampler, row, sh);
+  }
+}
+
+}  // namespace
+}  // namespace logits_processor

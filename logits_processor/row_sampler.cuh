@@ -1,0 +1,387 @@
+// The CUDA row sampler, RowSampler<D>: a block samples one row by sampling.h's definitions, so
+// it draws the token the CPU's RowSampler (sampling_cpu.cpp) draws. `sample` decides greedy
+// and unfiltered rows in one pass; filtered rows take 2 or 3 (`cut`, no sort, integer
+// histograms of the score keys: key_bins.cuh). Every pass reads the logits by 16-byte loads
+// where the row is aligned and the bitmask staged in shared memory a tile at a time
+// (for_each_logit). Small batches split each row over several blocks instead (split_rows.cuh);
+// the log-probabilities (logprobs_cuda.cuh) and verify_draft (verify_cuda.cuh) take their
+// distributions from it.
+#pragma once
+
+#include <type_traits>
+
+#include "block_primitives.cuh"
+#include "key_bins.cuh"
+#include "sampling.h"
+
+namespace logits_processor {
+namespace {
+
+// The boundary bin's candidates that fit in shared memory (8 bytes each, over the histogram).
+constexpr int kBinCapacity = 4096;
+// A row's bitmask words are staged in shared memory a tile at a time (16-byte loads, one
+// read of the bitmask per pass), so a thread's tokens need no word loads of their own.
+constexpr int64_t kStagedWords = 4 * kThreads;
+constexpr int kTopChunk = 20;  // top-N tokens found per pass over the row (the fast path: N <= 20)
+
+// A candidate of the boundary bin, gathered into shared memory.
+struct BinEntry {
+  uint32_t key;
+  uint32_t index;
+};
+
+// Every sampler kernel's __shared__ state (block_primitives.cuh's and key_bins.cuh's `Shared`).
+struct SharedState {
+  union {
+    BlockReduce::TempStorage reduce;
+    BlockScan::TempStorage scan;
+  } cub;
+  // One row's wide data, each dead before the next is written: the key bins' candidate
+  // counts (first pass), their top-p masses (second), the boundary bin's candidates (last).
+  union {
+    unsigned int counts[kBins];
+    unsigned long long masses[kBins];
+    BinEntry entries[kBinCapacity];
+  } wide;
+  unsigned long long histogram[kThreads];  // a radix digit's bins
+  uint32_t staged_words[kStagedWords];      // a tile of the row's bitmask (RowSampler::for_each_logit)
+  unsigned int entry_count;                // candidates offered to `entries` (may exceed it)
+  uint64_t broadcast;
+  uint32_t digit;
+  uint64_t above;
+  int bin;
+  uint64_t top[kTopChunk];  // a chunk of the top-N log-probabilities' tokens, packed
+  uint32_t bias_filter[kBiasFilterWords];  // the row's logit bias ids (penalties.h)
+};
+
+// The logits one 16-byte load holds, and the j-th of them (little-endian: a word's lower
+// half is the lower address). Selects rather than an indexed array, which would live in
+// local memory when j varies.
+template <Dtype D>
+constexpr int kVector = 16 / dtype_size(D);
+
+template <Dtype D>
+__device__ float vector_logit(const uint4& v, int j) {
+  const int w = D == Dtype::Float32 ? j : j >> 1;
+  const uint32_t word = w < 2 ? (w == 0 ? v.x : v.y) : (w == 2 ? v.z : v.w);
+  if constexpr (D == Dtype::Float32) return bits_float(word);
+  else return logit_from_bits<D>(static_cast<uint16_t>(j & 1 ? word >> 16 : word));
+}
+
+// A thread's Philox words for consecutive tokens: one call per group of 4 (noise_bits),
+// reused while the tokens stay in it.
+struct NoiseWords {
+  Philox4 bits;
+  int64_t group = -1;
+
+  __device__ uint32_t operator()(const RowParams& r, int64_t token) {
+    if (token >> 2 != group) group = token >> 2, bits = noise_bits(r, group);
+    // (Selects, not bits.v[token & 3]: a variable index would put `bits` in local memory.)
+    const int64_t j = token & 3;
+    return j < 2 ? (j == 0 ? bits.v[0] : bits.v[1]) : (j == 2 ? bits.v[2] : bits.v[3]);
+  }
+};
+
+// The Gumbel-max draw, when the cut's last pass could make it (RowSampler::cut).
+struct Draw {
+  bool done;
+  uint64_t winner;  // packed, kNoToken if no candidate
+};
+
+// Row `row`'s penalties, with the filter of its bias ids built in shared memory. Called by
+// the whole block.
+__device__ RowPenaltyView block_row_penalty_view(const SamplingParams& p, int64_t row, SharedState& sh) {
+  RowPenaltyView q = row_penalty_view(p.penalties, row);
+  if (!q.enabled || q.bias_width == 0) return q;  // (the same for the whole block)
+  __syncthreads();  // every thread is done with the previous row's filter
+  for (int w = threadIdx.x; w < kBiasFilterWords; w += kThreads) sh.bias_filter[w] = 0;
+  __syncthreads();
+  for (int64_t k = threadIdx.x; k < q.bias_width; k += kThreads) {
+    const int64_t id = q.bias_ids[k];
+    if (id >= 0) atomicOr(&sh.bias_filter[(id >> 5) & (kBiasFilterWords - 1)], 1u << (id & 31));
+  }
+  __syncthreads();
+  q.bias_filter = sh.bias_filter;
+  return q;
+}
+
+// A draw's drawn(i, key): the candidates at or above `threshold`.
+__device__ auto at_least(uint32_t threshold) {
+  return [threshold](int64_t, uint32_t key) { return key >= threshold; };
+}
+
+// A last pass's drawn(i, key): true above the boundary bin (kept: drawn in this pass); the
+// bin's candidates at or above t_minp (key `lower`) go to gather(key, i).
+template <typename Gather>
+__device__ auto bin_gatherer(int bin, uint32_t lower, Gather gather) {
+  const uint64_t next_bin = bin_start(bin + 1);
+  return [=](int64_t i, uint32_t key) {
+    if (key >= next_bin) return true;
+    if (key_bin(key) == static_cast<uint32_t>(bin) && key >= lower) gather(key, i);
+    return false;
+  };
+}
+
+// bin_gatherer's gather into sh.wide.entries (sh.entry_count offered, which may exceed
+// kBinCapacity), starting empty. Called by the whole block.
+__device__ auto shared_entries(SharedState& sh) {
+  if (threadIdx.x == 0) sh.entry_count = 0;
+  __syncthreads();
+  return [&sh](uint32_t key, int64_t i) {
+    const unsigned int slot = atomicAdd(&sh.entry_count, 1u);
+    if (slot < kBinCapacity) sh.wide.entries[slot] = {key, static_cast<uint32_t>(i)};
+  };
+}
+
+// radix_select's source over the first `gathered` of sh.wide.entries.
+__device__ auto entry_keys(unsigned int gathered, SharedState& sh) {
+  return [gathered, &sh](auto&& f) {
+    for (unsigned int e = threadIdx.x; e < gathered; e += kThreads) f(sh.wide.entries[e].key);
+  };
+}
+
+// A pass's results over tokens [begin, end), block-wide, and what it adds up per key bin:
+// nothing, the counts (into sh.wide.counts) or the estimated masses (sh.wide.masses).
+struct KeyCount {
+  uint64_t max_key;
+  uint64_t candidates;
+};
+enum class KeyBins { kNone, kCounts, kEstimatedMasses };
+
+struct Split;  // split_rows.cuh
+
+// Every member function that passes over the row is called by the whole block.
+template <Dtype D>
+struct RowSampler {
+  const SamplingParams& p;
+  RowParams r;
+  const void* logits;
+  const int32_t* bitmask;
+  RowPenaltyView penalty;
+  float s_max;
+  uint32_t threshold;  // the kept set's, once `cut` ran
+  uint32_t* staged_words;  // the block's SharedState::staged_words
+
+  // f(i, x) for each token i of this thread's share of [begin, end), x its candidate_logit,
+  // by 16-byte loads (kVector<D> consecutive tokens each) where the row is aligned: rows need
+  // only be element-aligned (any stride, any view offset). With a bitmask, the tokens go by
+  // tiles of kStagedWords words, each tile's words staged in shared memory first.
+  template <typename F>
+  __device__ void for_each_logit(int64_t begin, int64_t end, F&& f) const {
+    if (!bitmask) {
+      logits_in(begin, end, [](int64_t) { return ~0u; }, f);
+      return;
+    }
+    for (int64_t word0 = begin >> 5; 32 * word0 < end; word0 += kStagedWords) {
+      const int64_t tile_end = 32 * (word0 + kStagedWords) < end ? 32 * (word0 + kStagedWords) : end;
+      stage_words(word0, (tile_end + 31) >> 5);
+      logits_in(32 * word0 > begin ? 32 * word0 : begin, tile_end,
+                [&](int64_t i) { return staged_words[(i >> 5) - word0]; }, f);
+    }
+  }
+
+  // Bitmask words [word0, word_end) (at most kStagedWords) into staged_words, all allowed
+  // past the bitmask's width.
+  __device__ void stage_words(int64_t word0, int64_t word_end) const {
+    __syncthreads();  // the previous tile's words are no longer read
+    const int64_t loaded = word_end < p.bitmask_width ? word_end : p.bitmask_width;
+    for (int64_t w = (loaded > word0 ? loaded : word0) + threadIdx.x; w < word_end; w += kThreads)
+      staged_words[w - word0] = ~0u;
+    for_each_aligned<4>(reinterpret_cast<const char*>(bitmask), word0, loaded,
+                        [&](int64_t w) { staged_words[w - word0] = static_cast<uint32_t>(bitmask[w]); },
+                        [&](int64_t first, const uint4& v) {
+                          uint32_t* to = staged_words + (first - word0);
+                          to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
+                        });
+    __syncthreads();
+  }
+
+  // for_each_logit over [begin, end) with word(i) the bitmask word holding token i's bit.
+  template <typename Word, typename F>
+  __device__ void logits_in(int64_t begin, int64_t end, Word&& word, F&& f) const {
+    for_each_aligned<dtype_size(D)>(
+        static_cast<const char*>(logits), begin, end,
+        [&](int64_t i) { f(i, candidate_from_logit<D>(penalty, i, load_logit<D>(logits, i), word(i))); },
+        [&](int64_t first, const uint4& v) {
+          // (Not unrolled: f can be large, the Gumbel noise's Philox calls among it.)
+#pragma unroll 1
+          for (int j = 0; j < kVector<D>; ++j)
+            f(first + j, candidate_from_logit<D>(penalty, first + j, vector_logit<D>(v, j), word(first + j)));
+        });
+  }
+
+  // f(i, s) for each candidate token of this thread's share of tokens [begin, end).
+  template <typename F>
+  __device__ void for_each_candidate(F&& f, int64_t begin = 0, int64_t end = -1) const {
+    for_each_logit(begin, end < 0 ? p.vocab : end, [&](int64_t i, float x) {
+      if (x > kNegInf) f(i, score(x, r.temperature));
+    });
+  }
+
+  // f(key) for each candidate's score key (radix_select's source).
+  __device__ auto candidate_keys() const {
+    return [this](auto&& f) { for_each_candidate([&](int64_t, float s) { f(score_key(s)); }); };
+  }
+
+  __device__ bool has_top_k() const { return r.top_k > 0 && r.top_k < p.vocab; }
+
+  // Whether one pass decides the row: greedy, or no filter that could drop a candidate.
+  __device__ bool single_pass() const {
+    return r.greedy || (!has_top_k() && r.top_p >= 1.0f && r.min_p <= 0.0f);
+  }
+
+  __device__ uint64_t greedy_argmax(SharedState& sh, int64_t begin, int64_t end) const {
+    uint64_t best = kNoToken;
+    for_each_logit(begin, end, [&](int64_t i, float x) {
+      if (x > kNegInf) best = max(best, pack_argmax(score_key(x), i));
+    });
+    return block_max(best, sh);
+  }
+
+  // Over the candidates of tokens [begin, end) for which drawn(i, key) holds.
+  template <typename Drawn>
+  __device__ uint64_t gumbel_argmax(Drawn&& drawn, SharedState& sh, int64_t begin, int64_t end) const {
+    uint64_t best = kNoToken;
+    NoiseWords noise;
+    for_each_logit(begin, end, [&](int64_t i, float x) {
+      if (!(x > kNegInf)) return;
+      const float s = score(x, r.temperature);
+      if (!drawn(i, score_key(s))) return;
+      best = max(best, pack_argmax(score_key(perturbed_score(s, token_gumbel(r, i, noise(r, i)))), i));
+    });
+    return block_max(best, sh);
+  }
+
+  // (Inlined into each kernel: a call would copy the kernel's parameters to the stack.)
+  __device__ __forceinline__ int64_t sample(SharedState& sh) {
+    if (r.greedy) return unpack_or_none(greedy_argmax(sh, 0, p.vocab));
+    if (single_pass()) return unpack_or_none(gumbel_argmax(at_least(kNoKey), sh, 0, p.vocab));
+    Draw draw{false, kNoToken};
+    if (!cut(sh, &draw)) return -1;
+    return unpack_or_none(draw.done ? draw.winner : gumbel_argmax(at_least(threshold), sh, 0, p.vocab));
+  }
+
+  // s_max and the kept set's threshold key for this row's filters; false if the row has no
+  // candidate. The cutoffs t_k, t_minp and t_p (sampling.h) are found independently, each
+  // over all candidates, and the threshold is their maximum:
+  //   pass 1: s_max (so t_minp), the candidate count, and with top-k the key bins' counts,
+  //           which give t_k's bin;
+  //   pass 2 (top-p): the key bins' masses, which give Z and t_p's bin;
+  //   pass 3 (a cutoff lies in the highest of those bins, the boundary bin): the bin's
+  //           candidates gathered into shared memory, where t_k and t_p are resolved. With
+  //           `draw`, this pass also draws over the tokens above the bin, and the gathered
+  //           kept ones complete the draw. A bin too large for shared memory is resolved by
+  //           passes over the row instead (and the draw left to the caller).
+  // So top-k and min-p take 2 passes, top-p 3 (a bin too large: up to 3 more).
+  __device__ bool cut(SharedState& sh, Draw* draw = nullptr) {
+    const bool top_k = has_top_k();
+    const KeyCount first = count_keys(top_k ? KeyBins::kCounts : KeyBins::kNone, 0, p.vocab, sh);
+    if (first.candidates == 0) return false;
+    s_max = key_score(static_cast<uint32_t>(first.max_key));
+    const uint32_t lower = min_p_key(s_max, r.min_p);
+    threshold = lower;
+    BinCut k_cut{-1, 0}, p_cut{-1, 0};
+    if (top_k && static_cast<uint64_t>(r.top_k) < first.candidates)
+      k_cut = find_bin(sh.wide.counts, static_cast<uint64_t>(r.top_k), sh);
+    uint64_t p_target = 0;
+    if (r.top_p < 1.0f) {
+      zero_bins(sh.wide.masses);
+      for_each_candidate([&](int64_t, float s) {
+        atomicAdd(&sh.wide.masses[key_bin(score_key(s))], static_cast<unsigned long long>(token_mass(s, s_max)));
+      });
+      __syncthreads();
+      p_target = top_p_target(r.top_p, block_sum(own_bins_sum(sh.wide.masses), sh));
+      p_cut = find_bin(sh.wide.masses, p_target, sh);
+    }
+    const int bin = boundary_bin(lower, k_cut, p_cut);
+    if (bin < 0) return true;  // the threshold is t_minp
+    // Pass 3: gather the boundary bin's candidates at or above t_minp.
+    const auto gather = bin_gatherer(bin, lower, shared_entries(sh));
+    uint64_t above_bin = kNoToken;
+    if (draw)
+      above_bin = gumbel_argmax(gather, sh, 0, p.vocab);  // (its reduction completes the gathering)
+    else {
+      for_each_candidate([&](int64_t i, float s) { gather(i, score_key(s)); });
+      __syncthreads();
+    }
+    const unsigned int gathered = sh.entry_count;
+    const bool fits = gathered <= kBinCapacity;
+    auto resolve = [&](const BinCut& c, uint64_t target, auto mass) {
+      if (c.bin != bin) return;
+      const uint32_t t = fits ? radix_select<decltype(mass)::value>(entry_keys(gathered, sh), bin, c.above, target, s_max, sh)
+                              : radix_select<decltype(mass)::value>(candidate_keys(), bin, c.above, target, s_max, sh);
+      threshold = max(threshold, t);
+    };
+    resolve(k_cut, static_cast<uint64_t>(r.top_k), std::false_type());
+    resolve(p_cut, p_target, std::true_type());
+    if (!draw || !fits) return true;
+    *draw = {true, entries_argmax(gathered, above_bin, sh)};
+    return true;
+  }
+
+  // Pass 1 over tokens [begin, end).
+  __device__ KeyCount count_keys(KeyBins bins, int64_t begin, int64_t end, SharedState& sh) const {
+    if (bins == KeyBins::kCounts) zero_bins(sh.wide.counts);
+    if (bins == KeyBins::kEstimatedMasses) zero_bins(sh.wide.masses);
+    uint64_t max_key = kNoKey, candidates = 0;
+    for_each_candidate(
+        [&](int64_t, float s) {
+          const uint32_t key = score_key(s);
+          max_key = max(max_key, static_cast<uint64_t>(key));
+          ++candidates;
+          if (bins == KeyBins::kCounts) atomicAdd(&sh.wide.counts[key_bin(key)], 1u);
+          if (bins == KeyBins::kEstimatedMasses)
+            atomicAdd(&sh.wide.masses[key_bin(key)], static_cast<unsigned long long>(estimated_mass(key)));
+        },
+        begin, end);
+    // (The reductions' barriers also complete the counts.)
+    max_key = block_max(max_key, sh);
+    return {max_key, block_sum(candidates, sh)};
+  }
+
+  // The draw's winner: `best` (over the tokens above the boundary bin) or a kept one of the
+  // first `gathered` of sh.wide.entries.
+  __device__ uint64_t entries_argmax(unsigned int gathered, uint64_t best, SharedState& sh) const {
+    for (unsigned int e = threadIdx.x; e < gathered; e += kThreads) {
+      const BinEntry c = sh.wide.entries[e];
+      if (c.key < threshold) continue;
+      const uint32_t bits = noise_bits(r, c.index >> 2).v[c.index & 3];
+      const float g = perturbed_score(key_score(c.key), token_gumbel(r, c.index, bits));
+      best = max(best, pack_argmax(score_key(g), c.index));
+    }
+    return block_max(best, sh);
+  }
+
+  // Token i's score if it is in the kept set {key >= threshold}, else -inf (i may be any id).
+  __device__ float kept_score(int64_t i) const {
+    if (i < 0 || i >= p.vocab) return kNegInf;
+    const float x = candidate_logit<D>(p, logits, bitmask, penalty, i);
+    if (!(x > kNegInf)) return kNegInf;
+    const float s = score(x, r.temperature);
+    return score_key(s) >= threshold ? s : kNegInf;
+  }
+
+  // The row the log-probabilities are taken under (sampling.h): this one for a processed,
+  // non-greedy row; the allowed logits at temperature 1 without filters for a greedy one; all
+  // logits at temperature 1 for raw. (`cut` then finds its s_max and threshold.)
+  __device__ RowSampler logprob_row(bool raw) const {
+    RowSampler d = *this;
+    if (!raw && !r.greedy) return d;
+    d.r.greedy = false;
+    d.r.temperature = 1.0f;
+    d.r.top_k = 0;
+    d.r.top_p = 1.0f;
+    d.r.min_p = 0.0f;
+    if (raw) d.bitmask = nullptr, d.penalty.enabled = false;
+    return d;
+  }
+
+  // The second kernel's part of a row split over blocks, defined with the split (split_rows.cuh).
+  // (A member, not a free function: ptxas compiles split_draw_kernel's callees in the order of
+  // their mangled names, and a name that sorts after RowSampler::cut gives other spills.)
+  __device__ void draw_chunk(const Split& split, int64_t row, int64_t chunk, int64_t begin, int64_t end,
+                             SharedState& sh);
+};
+
+}  // namespace
+}  // namespace logits_processor

@@ -1,0 +1,73 @@
+// CUDA verify_draft (verify.h): verify_kernel, a block per row, walks its positions, each
+// position's distribution taken by the sampler's RowSampler (row_sampler.cuh) and its Z by
+// kept_pass (logprobs_cuda.cuh), so the CPU (verify_cpu.cpp) emits the same tokens. Compiled
+// in sampling_cuda.cu's translation unit, which launches it (verify_cuda).
+#pragma once
+
+#include "block_primitives.cuh"
+#include "logprobs_cuda.cuh"
+#include "row_sampler.cuh"
+#include "sampling.h"
+#include "verify.h"
+
+namespace logits_processor {
+namespace {
+
+// ResidualDraw over the row, the draft excluded; `row` has been cut, log_z is its
+// distribution's.
+template <Dtype D>
+__device__ int64_t residual_draw(const VerifyParams& v, int64_t b, int64_t position, const RowSampler<D>& row,
+                                 double log_z, int64_t draft, SharedState& sh) {
+  ResidualDraw draw;
+  NoiseWords noise;
+  row.for_each_candidate([&](int64_t i, float s) {
+    if (score_key(s) < row.threshold || i == draft) return;
+    draw.offer(i, token_logprob(s, row.s_max, log_z), token_gumbel(row.r, i, noise(row.r, i)),
+               draft_prob(v, b, position, i));
+  });
+  draw.residual = block_max(draw.residual, sh);
+  draw.target = block_max(draw.target, sh);
+  return draw.token();
+}
+
+// The token a position emits (the draft itself when accepted; -1 if nothing is allowed).
+template <Dtype D>
+__device__ int64_t position_token(const VerifyParams& v, int64_t b, int64_t position, int64_t draft,
+                                  SharedState& sh) {
+  const SamplingParams target = position_target(v, position);
+  RowSampler<D> row{target, position_params(v, b, position), logits_row(target, b), row_bitmask(target, b),
+                    RowPenaltyView{}, 0.0f, kNoKey, sh.staged_words};  // (verify_draft has no penalties)
+  if (!v.draft_probs || row.r.greedy || position == row_draft_count(v, b)) return row.sample(sh);
+  if (!row.cut(sh)) return -1;
+  const float s_draft = row.kept_score(draft);
+  const KeptPass k = kept_pass(row, s_draft, 0, 0);
+  const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
+  const bool in_support = s_draft > kNegInf;
+  const float logprob = in_support ? token_logprob(s_draft, row.s_max, log_z) : kNegInf;
+  const float q = in_support ? draft_prob(v, b, position, draft) : 0.0f;
+  if (draft_accepted(row.r, logprob, q)) return draft;
+  return residual_draw(v, b, position, row, log_z, draft, sh);
+}
+
+// One block per row (grid-stride), walking its positions.
+template <Dtype D>
+__global__ void __launch_bounds__(kThreads) verify_kernel(VerifyParams v) {
+  __shared__ SharedState sh;
+  for (int64_t b = blockIdx.x; b < v.target.rows; b += gridDim.x) {
+    int64_t* tokens = row_tokens(v, b);
+    for (int64_t j = threadIdx.x; j < v.positions; j += kThreads) tokens[j] = -1;
+    const int64_t drafts = row_draft_count(v, b);
+    int64_t accepted = 0;
+    for (; accepted <= drafts; ++accepted) {
+      const int64_t draft = accepted < drafts ? draft_token(v, b, accepted) : -1;
+      const int64_t emitted = position_token<D>(v, b, accepted, draft, sh);
+      __syncthreads();  // the -1 padding is written before the token (other threads' columns)
+      if (threadIdx.x == 0) tokens[accepted] = emitted;
+      if (accepted == drafts || emitted < 0 || emitted != draft) break;
+    }
+    if (threadIdx.x == 0) v.num_accepted[b] = accepted;  // (the bonus position: all accepted)
+  }
+}
+
+}  // namespace
+}  // namespace logits_processor
