@@ -70,7 +70,7 @@ sanitize: $(STAMP)
 
 # The Hub bundle (release/: build/<variant>/ for the whole variant matrix, benchmarks/, CARD.md
 # as README.md) and its report (release-report.md). This machine's variants come from build/,
-# the others (tools/matrix.py: cpu, cu126, cu128, cu130 x x86_64, aarch64, each with its own
+# the others (tools/matrix.py: cpu, cu125, cu130 x x86_64, aarch64, each with its own
 # toolkit) are built into build-matrix/. Refuses on a dirty tree, a variant it cannot build
 # (LP_RELEASE_PARTIAL=1 releases without it), a failed check (tools/variant_checks.py) or
 # metadata the loader rejects; prints the upload commands and runs none.
@@ -80,6 +80,6 @@ release: build
 
 # The checks of the matrix that download gigabytes (not in `make test`; cached outside the repo):
 # the aarch64 CPU variant under qemu-user against x86_64's results (tools/aarch64_python.py), and
-# PyPI's torch 2.10.0 (CUDA 12.8) picking and running the cu128 variant of release/build/.
+# PyPI's torch 2.10.0 (CUDA 12.8) picking and running the cu125 variant of release/build/.
 portability: build
 	LP_PORTABILITY=1 $(PY) -m pytest tests/build

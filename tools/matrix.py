@@ -1,6 +1,6 @@
 """The variant matrix: every variant build.toml describes, for every CUDA toolkit and machine.
 
-  torch-stable-abi210-{cpu,cu126,cu128,cu130}-{x86_64,aarch64}-linux
+  torch-stable-abi210-{cpu,cu125,cu130}-{x86_64,aarch64}-linux
 
 Each is compiled for its own machine (aarch64 with Debian's g++-aarch64-linux-gnu) and each
 CUDA variant with its own toolkit (tools/toolkits.py), with the sources, flags and layout of

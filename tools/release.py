@@ -1,7 +1,7 @@
 """`make release`: build the variant matrix, assemble what `kernel-builder upload` would push,
 check it, print the upload.
 
-The matrix is tools/matrix.py's: torch-stable-abi210-{cpu,cu126,cu128,cu130}-{x86_64,aarch64}-linux.
+The matrix is tools/matrix.py's: torch-stable-abi210-{cpu,cu125,cu130}-{x86_64,aarch64}-linux.
 This machine's own variants come from build/ (`make build`, which `make release` runs first);
 the others are built by tools/matrix.py into build-matrix/ (kept between runs: a variant whose
 sources and flags did not change is not rebuilt), each with its own toolkit.

@@ -28,8 +28,9 @@ from toolkits import MACHINES  # noqa: E402
 
 PYTHON_ABI = "3.9"
 # (torch release, its CUDA or None for a CPU build, the backend tag of the variant it must load):
-# the CUDA 12.6/12.8 wheel indexes, PyPI's 2.11+ (CUDA 13.0), 2.12's CUDA 13.2 build, a CPU torch.
-ENVIRONMENTS = [("2.10", "12.6", "cu126"), ("2.10", "12.8", "cu128"), ("2.11", "13.0", "cu130"),
+# the CUDA 12.6/12.8 wheel indexes (cu125 serves both: tools/toolkits.py), PyPI's 2.11+ (CUDA
+# 13.0), 2.12's CUDA 13.2 build, a CPU torch.
+ENVIRONMENTS = [("2.10", "12.6", "cu125"), ("2.10", "12.8", "cu125"), ("2.11", "13.0", "cu130"),
                 ("2.14", "13.0", "cu130"), ("2.12", "13.2", "cu130"), ("2.13", None, "cpu")]
 
 # What a torch of each kind has loaded before a kernel loads, beside the C and C++ runtimes.
