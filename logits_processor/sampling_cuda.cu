@@ -20,7 +20,10 @@ namespace logits_processor {
 namespace {
 
 // f(sampler, row, chunk, begin, end) for each of this block's work items (grid-stride): work
-// item w is chunk w % splits of row w / splits, tokens [begin, end).
+// item w is chunk w % splits of row w / splits, tokens [begin, end). Called by the whole block.
+// A barrier ends each item: the next one's first writes to shared memory (e.g. zeroing the key
+// bins) must not overtake the last reads of this one (a split block has one item today, a
+// whole-row block several when the batch exceeds the resident blocks).
 template <Dtype D, typename F>
 __device__ void for_each_chunk(const SamplingParams& p, const Split& split, SharedState& sh, F&& f) {
   for (int64_t work = blockIdx.x; work < p.rows * split.splits; work += gridDim.x) {
@@ -31,6 +34,7 @@ __device__ void for_each_chunk(const SamplingParams& p, const Split& split, Shar
     const int64_t begin = chunk * split.chunk;
     const int64_t end = begin + split.chunk < p.vocab ? begin + split.chunk : p.vocab;
     f(sampler, row, chunk, begin, end);
+    __syncthreads();
   }
 }
 

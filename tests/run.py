@@ -58,7 +58,8 @@ def sanitizer_environment(sanitizer: str) -> dict[str, str]:
 
 def emulation_environment(flavor: str) -> dict[str, str]:
     """What a process needs to load the emulation build of `flavor`."""
-    return {"LP_EMULATION": flavor, **(sanitizer_environment(flavor) if flavor in ("tsan", "asan") else {})}
+    sanitizer = {"tsan": "tsan", "concurrent": "tsan", "asan": "asan"}.get(flavor)
+    return {"LP_EMULATION": flavor, **(sanitizer_environment(sanitizer) if sanitizer else {})}
 
 
 CUDA_EMULATION_TESTS = ["tests/cuda_emulation"]
@@ -72,13 +73,16 @@ PARTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "forward": (EMULATED + ["tests"], {**emulation_environment("fibers"), "LP_EMULATION_SCHEDULE": "forward"}),
     "reversed": (EMULATED + ["tests"], {**emulation_environment("fibers"), "LP_EMULATION_SCHEDULE": "reversed"}),
     "tsan": (EMULATED + CUDA_EMULATION_TESTS, emulation_environment("tsan")),
+    # The small-batch split rows, whose blocks exchange results: their blocks at the same time.
+    "concurrent": (EMULATED + ["-k", "split", *CUDA_EMULATION_TESTS], emulation_environment("concurrent")),
     "asan": (EMULATED + CUDA_EMULATION_TESTS, emulation_environment("asan")),
     "traffic": (PYTEST + ["-m", "emulation and traffic", "--capture=sys", "tests/cuda_emulation"],
                 emulation_environment("traffic")),
     "coverage": ([PY, "tests/cuda_emulation/coverage.py", "check"], {}),
     "mutants": ([PY, "tests/cuda_emulation/mutations.py"], {}),
 }
-EMULATION_PARTS = ["build-emulation", "forward", "reversed", "traffic", "tsan", "asan", "coverage", "mutants"]
+EMULATION_PARTS = ["build-emulation", "forward", "reversed", "traffic", "tsan", "concurrent", "asan", "coverage",
+                   "mutants"]
 GROUPS = {
     "test": list(PARTS),
     "sanitize": ["build-asan", "sanitize"],

@@ -9,6 +9,7 @@ Flavors (a block's threads run as fibers in each, runtime.cpp):
   traffic  the kernels with ThreadSanitizer's instrumentation, linked with tests/cuda_emulation/
            traffic.cpp instead of the sanitizer: its hooks count the global-memory bytes
   tsan     the kernels under ThreadSanitizer, each CUDA thread a TSan fiber
+  concurrent  tsan's, with a launch's blocks running at the same time on OS threads
   asan     the kernels and the runtime under AddressSanitizer + UBSan
 The binding and the CPU oracle's sources are compiled once, uninstrumented, for all of them;
 the kernels of fibers, tsan and asan carry gcov counters (COVERAGE), a mutant's none.
@@ -65,6 +66,10 @@ FLAVORS = {
     # threads' plain increments would be races to it.
     "tsan": dict(kernels=["-O2", "-g", "-fsanitize=thread", "-Wno-tsan"], runtime=["-O1", "-g", "-DLP_EMULATION_TSAN"],
                  link=["-fsanitize=thread"], extra=[], coverage=COVERAGE + ["-fprofile-update=atomic"]),
+    # tsan's, with each block on an OS thread of its own, blocks at the same time (runtime.cpp).
+    "concurrent": dict(kernels=["-O2", "-g", "-fsanitize=thread", "-Wno-tsan", "-DLP_EMULATION_CONCURRENT"],
+                       runtime=["-O1", "-g", "-DLP_EMULATION_TSAN", "-DLP_EMULATION_CONCURRENT"],
+                       link=["-fsanitize=thread"], extra=[], coverage=[]),
     "asan": dict(kernels=["-O2", "-g"] + SANITIZE_ADDRESS, runtime=["-O1", "-g"] + SANITIZE_ADDRESS,
                  link=["-fsanitize=address,undefined"], extra=[], coverage=COVERAGE + ["-fprofile-update=single"]),
 }
@@ -202,7 +207,7 @@ def build_emulation(flavors: list[str], out_root: Path = OUT,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("flavors", nargs="*", help="fibers, traffic, tsan, asan (default: all)")
+    parser.add_argument("flavors", nargs="*", help="fibers, traffic, tsan, concurrent, asan (default: all)")
     parser.add_argument("--mutant", help="build a mutant of --flavor into build-emulation/mutants/NAME")
     parser.add_argument("--flavor", default="fibers")
     parser.add_argument("--kernels", type=Path, help="with --mutant: the changed copy of logits_processor/")

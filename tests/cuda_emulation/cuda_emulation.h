@@ -7,18 +7,20 @@
 // reversed thread order (an order can hide a missing barrier, two rarely both do); the
 // sanitizer builds run the same fibers, told to ThreadSanitizer as one thread each, with
 // happens-before only from barriers, atomics and the launch's start and end (runtime.cpp),
-// so that a race is reported on every schedule. __syncthreads is a real barrier of the block;
+// so that a race is reported on every schedule; the concurrent flavor runs a launch's blocks
+// at the same time on OS threads, each block's threads as fibers. __syncthreads is a real barrier of the block;
 // a thread that returns while others wait at a barrier (or that reaches a barrier after
 // another returned) fails the launch. `__shared__` variables are statics, which is exact
-// since one block runs at a time. Atomics are relaxed, as CUDA's are. CUB's block primitives
+// since one block runs at a time (thread-local ones in the concurrent flavor). Atomics are relaxed, as CUDA's are. CUB's block primitives
 // keep CUB's documented contract and no more: a reduction's result is valid in thread 0 only
 // (the others get a poison value), and a collective ends without a barrier, so a caller that
 // reuses its temporary storage without one reads the wrong data here.
 //
 // What the emulation cannot show: the GPU's arithmetic and code generation (kernels are built
 // without __CUDA_ARCH__, so device-only branches are not compiled: keep them arithmetic-
-// identical to the host branch), races between blocks (blocks never overlap), the memory model
-// of fences, warp-level behaviour, timing.
+// identical to the host branch), races between blocks outside the concurrent flavor's tests,
+// the hardware's memory model (the concurrent flavor models fences as C++'s), warp-level
+// behaviour, timing.
 //
 // Adding a kernel or a .cu file:
 //   - launch it through logits_processor::launch_kernel (cuda_utils.cuh), never <<<...>>>;
@@ -49,7 +51,13 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#if defined(LP_EMULATION_CONCURRENT)
+// The concurrent flavor runs each block on an OS thread of its own: a thread-local static is
+// that block's shared memory, which its fibers share.
+#define __shared__ static thread_local
+#else
 #define __shared__ static  // one block runs at a time: a static is that block's shared memory
+#endif
 
 // --- vector types, launch configuration, runtime API -----------------------------------------
 
@@ -113,8 +121,13 @@ const char* cudaGetErrorString(cudaError_t error);
 
 // --- built-in variables and device functions -------------------------------------------------
 
+#if defined(LP_EMULATION_CONCURRENT)
+inline thread_local uint3 threadIdx;  // set by the block's scheduler before a thread (fiber) runs
+inline thread_local uint3 blockIdx;
+#else
 inline uint3 threadIdx;  // set by the scheduler before a thread (fiber) runs
 inline uint3 blockIdx;
+#endif
 inline dim3 blockDim;
 inline dim3 gridDim;
 
@@ -144,16 +157,35 @@ inline unsigned int thread_rank() {
 
 inline void __syncthreads() { cuda_emulation::syncthreads(); }
 
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+namespace cuda_emulation {
+// What ThreadSanitizer is told a fence does between concurrent blocks (the concurrent flavor;
+// runtime.cpp), since it sees no fences: a thread's atomic after its __threadfence() releases,
+// a __threadfence() after its atomic acquires from it. (No-ops in the other flavors, where
+// blocks run one after another.)
+#if defined(LP_EMULATION_CONCURRENT)
+void fence();
+void before_atomic(const void* address);
+#else
+inline void fence() {}
+inline void before_atomic(const void*) {}
+#endif
+}  // namespace cuda_emulation
+
+inline void __threadfence() {
+  cuda_emulation::fence();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
 
 template <typename T>
 T atomicAdd(T* address, std::type_identity_t<T> value) {
+  cuda_emulation::before_atomic(address);
   return std::atomic_ref<T>(*address).fetch_add(value, std::memory_order_relaxed);
 }
 
 template <typename T>
   requires std::is_integral_v<T>
 T atomicOr(T* address, std::type_identity_t<T> value) {
+  cuda_emulation::before_atomic(address);
   return std::atomic_ref<T>(*address).fetch_or(value, std::memory_order_relaxed);
 }
 

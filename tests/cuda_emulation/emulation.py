@@ -6,7 +6,7 @@ set the emulated device and read what the emulation observed, through ctypes on 
 .so (exported by tests/cuda_emulation/runtime.cpp and traffic.cpp).
 
 Environment:
-  LP_EMULATION           the flavor to load: fibers (default), traffic, tsan or asan
+  LP_EMULATION           the flavor to load: fibers (default), traffic, tsan, concurrent or asan
   LP_EMULATION_SCHEDULE  a block's threads (fibers) in forward (default) or reversed order
   LP_EMULATION_BUILD     the flavor's directory (default build-emulation/<flavor>); the
                          mutation check points it at a mutant
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FLAVOR = os.environ.get("LP_EMULATION", "fibers")
 BUILD = Path(os.environ.get("LP_EMULATION_BUILD", ROOT / "build-emulation" / FLAVOR))
 COUNTS_TRAFFIC = FLAVOR == "traffic"  # its build counts global-memory bytes (traffic.cpp)
-SANITIZED = FLAVOR in ("tsan", "asan")
+SANITIZED = FLAVOR in ("tsan", "concurrent", "asan")
 SCHEDULES = {"forward": 0, "reversed": 1}
 SCHEDULE = os.environ.get("LP_EMULATION_SCHEDULE", "forward")
 H200_SMS = 132

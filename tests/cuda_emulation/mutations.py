@@ -81,6 +81,13 @@ MUTANTS = [
     # A read one past each row's end: past the allocation at the last row.
     Mutant("row-end", BLOCK, "e < head + (end - tail); e += kThreads", "e <= head + (end - tail); e += kThreads",
            "asan", "AddressSanitizer: heap-buffer-overflow"),
+    # The split rows' exchange between blocks (the concurrent flavor: blocks at the same time).
+    # A block arrives without fencing its results first: the last block's reads of them race.
+    Mutant("arrival-fence", BLOCK, "  __threadfence();\n  __syncthreads();\n  if (threadIdx.x == 0) {\n",
+           "  __syncthreads();\n  if (threadIdx.x == 0) {\n", "concurrent", "ThreadSanitizer: data race", "split_cut"),
+    # The last block reads the others' results without fencing after its arrival.
+    Mutant("last-block-fence", BLOCK, "    if (last) __threadfence();\n", "", "concurrent",
+           "ThreadSanitizer: data race", "split_cut"),
     # One thread leaves a block reduction early: the block's barriers no longer match.
     Mutant("uneven-barrier", BLOCK, "  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);",
            "  if (threadIdx.x == 7) return v;\n  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);", "fibers",

@@ -1,7 +1,9 @@
 // TEST INFRASTRUCTURE: the CUDA emulation's runtime (see cuda_emulation.h): the emulated
 // device, and the scheduler that runs a grid's blocks one at a time in a shuffled order, a
 // block's threads as fibers on this OS thread (forward or reversed order), which the
-// sanitizers are told about (ThreadSanitizer: one TSan fiber per CUDA thread).
+// sanitizers are told about (ThreadSanitizer: one TSan fiber per CUDA thread). The concurrent
+// flavor (LP_EMULATION_CONCURRENT, under ThreadSanitizer) runs the blocks at the same time
+// instead, on OS threads of their own, each with its own fibers.
 #include <link.h>
 #include <sys/mman.h>
 
@@ -11,6 +13,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 // The tsan flavor builds this file uninstrumented (its bookkeeping is no kernel's memory) and
@@ -25,6 +28,12 @@
 
 #include "cuda_emulation.h"
 #include "runtime.h"
+
+#if defined(LP_EMULATION_CONCURRENT)
+#define LP_PER_BLOCK thread_local  // the scheduler's state: one per OS thread, i.e. per block
+#else
+#define LP_PER_BLOCK
+#endif
 
 namespace cuda_emulation {
 namespace {
@@ -121,6 +130,8 @@ struct Fiber {
   unsigned int barriers;
   void* tsan_fiber;          // ThreadSanitizer's context for this CUDA thread (tsan build)
   void* asan_fake_stack;     // AddressSanitizer's saved fake stack (asan build)
+  bool fenced;               // a __threadfence() since its last atomic (concurrent build)
+  const void* last_atomic;   // the address of its last atomic (concurrent build)
 };
 
 constexpr std::size_t kFiberStack = 512 * 1024;  // the sanitizers' frames are larger
@@ -137,7 +148,7 @@ constexpr std::size_t kGuard = 4096;             // an overflow faults on this p
 // arriving at sync point n releases into sync_point(n), and every thread leaving it acquires
 // it. Two objects alternate: a thread can arrive at point n + 2 only after all have left n.
 #if defined(LP_EMULATION_TSAN)
-char sync_points[2];
+LP_PER_BLOCK char sync_points[2];
 void* sync_point(uint64_t n) { return &sync_points[n & 1]; }
 void arrive_at(uint64_t n) { __tsan_release(sync_point(n)); }
 void leave(uint64_t n) { __tsan_acquire(sync_point(n)); }
@@ -176,9 +187,16 @@ struct FiberPool {
   }
 
   char* stack_bottom(unsigned int rank) const { return stacks + rank * kFiberStack + kGuard; }
+
+#if defined(LP_EMULATION_CONCURRENT)
+  ~FiberPool() {  // a block's OS thread ends
+    for (Fiber& fiber : fibers) __tsan_destroy_fiber(fiber.tsan_fiber);
+    if (stacks) munmap(stacks, count * kFiberStack);
+  }
+#endif
 };
 
-FiberPool pool;
+LP_PER_BLOCK FiberPool pool;
 
 // The scheduler resumes `fiber` until it next stops (a barrier, its return, a failure).
 void enter(Fiber& fiber) {
@@ -248,6 +266,8 @@ void prepare_fiber(Fiber& fiber, unsigned int rank) {
   fiber.state = FiberState::kReady;
   fiber.barriers = 0;
   fiber.asan_fake_stack = nullptr;
+  fiber.fenced = false;
+  fiber.last_atomic = nullptr;
 }
 
 void fibers_syncthreads() {
@@ -338,6 +358,25 @@ bool is_private_memory(uintptr_t address) {
 
 void syncthreads() { fibers_syncthreads(); }
 
+#if defined(LP_EMULATION_CONCURRENT)
+// The C++ memory model's fence synchronisation, for the one pattern the kernels use between
+// blocks (last_to_arrive): writes, __threadfence(), an atomic; and an atomic, __threadfence(),
+// reads. An atomic after a fence releases into its address, a fence after an atomic acquires
+// from the atomic's address; what no fence orders stays unordered, so a missing fence is a race.
+void fence() {
+  Fiber& fiber = *pool.current;
+  if (fiber.last_atomic) __tsan_acquire(const_cast<void*>(fiber.last_atomic));
+  fiber.fenced = true;
+}
+
+void before_atomic(const void* address) {
+  Fiber& fiber = *pool.current;
+  if (fiber.fenced) __tsan_release(const_cast<void*>(address));
+  fiber.fenced = false;
+  fiber.last_atomic = address;
+}
+#endif
+
 void contract_violation(const char* message) {
   // A fiber cannot unwind into the scheduler: it stops, and the scheduler raises. (It never
   // resumes: its frames are abandoned, and the next block prepares it anew.)
@@ -346,6 +385,38 @@ void contract_violation(const char* message) {
   stop(*pool.current);
   __builtin_unreachable();
 }
+
+#if defined(LP_EMULATION_CONCURRENT)
+// At most this many blocks run at once (the OS threads of a launch). Block order[i] runs on
+// thread i % kConcurrentBlocks, after the blocks before it there (so which blocks overlap does
+// not depend on timing: only they are unordered by anything but the kernel's own atomics).
+constexpr std::size_t kConcurrentBlocks = 16;
+
+void run_blocks_concurrently(const std::vector<uint3>& order, unsigned int threads, const Kernel& kernel) {
+  const std::size_t workers = std::min(order.size(), kConcurrentBlocks);
+  std::vector<std::string> errors(workers);
+  std::vector<std::thread> running;
+  for (std::size_t w = 0; w < workers; ++w)
+    running.emplace_back([&, w] {
+      // (Thread creation orders the launch's start before this; joining, its end after.)
+      pool.reserve(threads);
+      pool.kernel = kernel;
+      arrive_at(pool.sync_point);
+      try {
+        for (std::size_t i = w; i < order.size(); i += workers) {
+          blockIdx = order[i];
+          run_block_fibers(threads, config.schedule == Schedule::kFibersReversed);
+        }
+        leave(pool.sync_point);
+      } catch (const std::exception& e) {
+        errors[w] = e.what();  // (its fibers are abandoned with the thread)
+      }
+    });
+  for (std::thread& t : running) t.join();
+  for (const std::string& error : errors)
+    if (!error.empty()) throw std::runtime_error(error);
+}
+#endif
 
 void run_grid(dim3 grid, dim3 block, void (*thread_main)(const void*), const void* closure,
               std::size_t size, std::size_t alignment) {
@@ -371,6 +442,10 @@ void run_grid(dim3 grid, dim3 block, void (*thread_main)(const void*), const voi
   std::vector<uint3> order(blocks);
   for (unsigned int i = 0; i < blocks; ++i) order[i] = unflatten(i, grid);
   std::shuffle(order.begin(), order.end(), std::mt19937_64(config.seed + launches));
+#if defined(LP_EMULATION_CONCURRENT)
+  run_blocks_concurrently(order, threads, kernel);
+  return;
+#endif
   pool.reserve(threads);
   pool.kernel = kernel;
   arrive_at(pool.sync_point);  // the inputs and parameters, before any block's threads
