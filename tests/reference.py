@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -53,6 +55,17 @@ def _row_value(value, row):
     return value[row].item() if isinstance(value, torch.Tensor) else value
 
 
+def _logits_and_allowed(logits, bitmask):
+    """The logits as float32 on the CPU, and which tokens the bitmask allows (all past its width)."""
+    x = logits.detach().cpu().float()
+    rows, vocab = x.shape
+    allowed = torch.ones(rows, vocab, dtype=torch.bool)
+    if bitmask is not None:
+        covered = min(vocab, 32 * bitmask.shape[1])
+        allowed[:, :covered] = unpack_bitmask(bitmask.cpu()[:rows], covered)
+    return x, allowed
+
+
 def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, slack=0.0):
     """float64 [B, V]: the probability of drawing each token under the intersection semantics.
 
@@ -62,12 +75,8 @@ def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, b
     the top-p and min-p filters by that relative amount, for a kept set that tolerates
     rounding at the cutoff. Rows with no allowed finite logit are all zero.
     """
-    x = logits.detach().cpu().float()
+    x, allowed = _logits_and_allowed(logits, bitmask)
     rows, vocab = x.shape
-    allowed = torch.ones(rows, vocab, dtype=torch.bool)
-    if bitmask is not None:
-        covered = min(vocab, 32 * bitmask.shape[1])
-        allowed[:, :covered] = unpack_bitmask(bitmask.cpu()[:rows], covered)
     out = torch.zeros(rows, vocab, dtype=torch.float64)
     for b in range(rows):
         temp = float(_row_value(temperature, b))
@@ -102,6 +111,44 @@ def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, b
             keep &= s >= s[order[last]]
         probs = torch.where(keep, p, torch.zeros_like(p))
         out[b] = probs / probs.sum()
+    return out
+
+
+def vllm_sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None):
+    """float64 [B, V]: the probability of drawing each token as vLLM's sampler chains the
+    filters (filter_apply_order="top_k_first"), written as vLLM writes it in torch, in float64.
+
+    vllm/v1/worker/gpu/sample/sampler.py: temperature, then min-p on the scaled logits
+    (min_p.py: x < max x + log(min_p) -> -inf), then apply_top_k_top_p_pytorch
+    (vllm/v1/sample/ops/topk_topp_sampler.py: sort ascending, drop below the k-th largest, then
+    softmax of what is left, drop while the ascending cumulative sum <= 1 - top_p, the top token
+    kept), then softmax. Scores as `sampling_reference`'s; rows with nothing allowed all zero.
+    """
+    x, allowed = _logits_and_allowed(logits, bitmask)
+    rows, vocab = x.shape
+    big = torch.finfo(torch.float32).max
+    out = torch.zeros(rows, vocab, dtype=torch.float64)
+    for b in range(rows):
+        cand = allowed[b] & (x[b] > float("-inf"))
+        if not cand.any():
+            continue
+        temp = float(_row_value(temperature, b))
+        s = torch.clamp(torch.clamp(x[b], max=big) / torch.tensor(temp, dtype=torch.float32), -big, big)
+        scores = torch.where(cand, s.double(), torch.tensor(float("-inf"), dtype=torch.float64))
+        mp = float(_row_value(min_p, b))
+        if mp > 0:
+            scores = scores.masked_fill(scores < scores.max() + math.log(min(mp, 1.0)), float("-inf"))
+        k = int(_row_value(top_k, b))
+        tp = float(_row_value(top_p, b))
+        logits_sort, logits_idx = scores.sort(descending=False)
+        if 0 < k < vocab:
+            logits_sort = logits_sort.masked_fill(logits_sort < logits_sort[vocab - k], float("-inf"))
+        if tp < 1:
+            probs_sum = torch.cumsum(logits_sort.softmax(dim=-1), dim=-1)
+            top_p_mask = probs_sum <= 1 - tp
+            top_p_mask[-1] = False
+            logits_sort = logits_sort.masked_fill(top_p_mask, float("-inf"))
+        out[b] = torch.empty_like(scores).scatter_(0, logits_idx, logits_sort).softmax(dim=-1)
     return out
 
 
@@ -152,12 +199,14 @@ def penalty_state_reference(prompt_token_ids, output_token_ids, vocab):
     return pack_bitmask(present), counts
 
 
-def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, mode="processed", slack=0.0):
+def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, mode="processed", slack=0.0,
+                   filter_apply_order="joint"):
     """float32 [B, V]: the scores of the distribution `sample_with_logprobs` reports, -inf outside its support.
 
     "raw": the logits (NaN as -inf, +inf as the largest float), no temperature, filter or
     bitmask. "processed": the float32 scores x / T over `sampling_reference`'s kept set
-    (greedy rows: the allowed logits at T = 1, no filter).
+    (`vllm_sampling_reference`'s for "top_k_first", without slack; greedy rows: the allowed
+    logits at T = 1, no filter).
     """
     x = logits.detach().cpu().float()
     rows = x.shape[0]
@@ -172,8 +221,11 @@ def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitma
         value = torch.tensor([float(_row_value(value, b)) for b in range(rows)])
         return torch.where(greedy, off, value)
 
-    kept = sampling_reference(logits, temps, unless_greedy(top_k, 0).long(), unless_greedy(top_p, 1.0),
-                              unless_greedy(min_p, 0.0), bitmask=bitmask, slack=slack) > 0
+    filters = (logits, temps, unless_greedy(top_k, 0).long(), unless_greedy(top_p, 1.0), unless_greedy(min_p, 0.0))
+    if filter_apply_order == "top_k_first":
+        kept = vllm_sampling_reference(*filters, bitmask=bitmask) > 0
+    else:
+        kept = sampling_reference(*filters, bitmask=bitmask, slack=slack) > 0
     s = torch.clamp(x.clamp(max=big) / temps[:, None], -big, big)
     return torch.where(kept, s, torch.tensor(float("-inf")))
 

@@ -35,12 +35,14 @@
 #define LP_PER_ROW(X, name, value_schema_type, value_cpp_type) \
   X("Tensor?", const std::optional<Tensor>&, name) X(value_schema_type, value_cpp_type, name##_value)
 
-// The sampler's filters (sample, sample_with_logprobs, token_logprobs, verify_draft).
+// The sampler's filters (sample, sample_with_logprobs, token_logprobs, verify_draft), and how
+// they compose ("joint" or "top_k_first": sampling.h's FilterOrder), one for the call.
 #define LP_FILTER_ARGUMENTS(X)                 \
   LP_PER_ROW(X, temperature, "float", double)  \
   LP_PER_ROW(X, top_k, "int", int64_t)         \
   LP_PER_ROW(X, top_p, "float", double)        \
-  LP_PER_ROW(X, min_p, "float", double)
+  LP_PER_ROW(X, min_p, "float", double)        \
+  X("str", const std::string&, filter_apply_order)
 
 // The draw's seed and offset (every sampler op but token_logprobs, which draws nothing).
 #define LP_DRAW_ARGUMENTS(X)             \
