@@ -160,11 +160,15 @@ def _per_row(value, rows: int) -> torch.Tensor:
 
 
 def penalties_reference(logits, prompt_mask, output_counts, repetition_penalty=1.0, frequency_penalty=0.0,
-                        presence_penalty=0.0, logit_bias_ids=None, logit_bias_values=None, rows=None):
-    """The penalised logits, from the formula in float32 (vLLM's and the OpenAI API's order):
-    seen tokens (prompt or output) x / r if x > 0 else x * r; output tokens x - (f * count + p);
-    then each bias added in list order; rounded once to the logits' dtype. Tokens neither seen
-    nor biased keep their bits."""
+                        presence_penalty=0.0, logit_bias_ids=None, logit_bias_values=None, rows=None,
+                        penalty_order="vllm"):
+    """The penalised logits, from the formula in float32 torch, rounded once to the logits' dtype;
+    tokens neither seen (prompt or output) nor biased keep their bits.
+
+    "vllm", as vLLM writes it: the logit biases first (each added in list order), then
+    vllm/model_executor/layers/utils.py's apply_penalties: seen tokens x / r if x > 0 else
+    x * r, then ``logits -= f * counts`` and ``logits -= p * (counts > 0)``, two roundings.
+    "bias_last": the repetition step, then output tokens x - (f * count + p), then the biases."""
     batch, vocab = logits.shape
     state = torch.arange(batch) if rows is None else torch.as_tensor(rows).cpu()
     x = logits.detach().cpu().float().clone()
@@ -172,17 +176,28 @@ def penalties_reference(logits, prompt_mask, output_counts, repetition_penalty=1
     count = output_counts.cpu()[state]
     r, f, p = (_per_row(v, batch) for v in (repetition_penalty, frequency_penalty, presence_penalty))
     seen = in_prompt | (count > 0)
-    x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
-    x = torch.where(count > 0, x - (f * count.float() + p), x)
     touched = seen.clone()
-    if logit_bias_ids is not None:
-        ids, values = logit_bias_ids.cpu(), logit_bias_values.cpu().float()
-        for b in range(batch):
-            for j in range(ids.shape[1]):
-                token = int(ids[b, j])
-                if 0 <= token < vocab:
-                    x[b, token] = x[b, token] + values[b, j]
-                    touched[b, token] = True
+
+    def add_biases(x):
+        if logit_bias_ids is not None:
+            ids, values = logit_bias_ids.cpu(), logit_bias_values.cpu().float()
+            for b in range(batch):
+                for j in range(ids.shape[1]):
+                    token = int(ids[b, j])
+                    if 0 <= token < vocab:
+                        x[b, token] = x[b, token] + values[b, j]
+                        touched[b, token] = True
+        return x
+
+    if penalty_order == "vllm":
+        x = add_biases(x)
+        x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+        x = x - f * count.float()
+        x = x - p * (count > 0)
+    else:
+        x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+        x = torch.where(count > 0, x - (f * count.float() + p), x)
+        x = add_biases(x)
     out = logits.detach().cpu().clone()
     out[touched] = x[touched].to(logits.dtype)
     return out

@@ -49,13 +49,15 @@
   LP_PER_ROW(X, seed, "int", int64_t)    \
   LP_PER_ROW(X, offset, "int", int64_t)
 
-// The penalties and logit biases, between apply_penalties_'s state and its rows.
-#define LP_PENALTY_ARGUMENTS(X)                              \
-  LP_PER_ROW(X, repetition_penalty, "float", double)         \
-  LP_PER_ROW(X, frequency_penalty, "float", double)          \
-  LP_PER_ROW(X, presence_penalty, "float", double)           \
-  X("Tensor?", const std::optional<Tensor>&, logit_bias_ids) \
-  X("Tensor?", const std::optional<Tensor>&, logit_bias_values)
+// The penalties and logit biases, between apply_penalties_'s state and its rows, and their
+// order ("vllm" or "bias_last": penalties.h's PenaltyOrder), one for the call.
+#define LP_PENALTY_ARGUMENTS(X)                                 \
+  LP_PER_ROW(X, repetition_penalty, "float", double)            \
+  LP_PER_ROW(X, frequency_penalty, "float", double)             \
+  LP_PER_ROW(X, presence_penalty, "float", double)              \
+  X("Tensor?", const std::optional<Tensor>&, logit_bias_ids)    \
+  X("Tensor?", const std::optional<Tensor>&, logit_bias_values) \
+  X("str", const std::string&, penalty_order)
 
 // The sampler ops' fused penalties: apply_penalties_'s arguments, the state optional (without
 // it, no penalties) and the rows named penalty_rows.

@@ -225,7 +225,7 @@ def test_opcheck_and_compile(lp):
     bitmask = random_bitmask(4, 300, g, "mixed")
     outs = (torch.empty(4, dtype=torch.int64), torch.empty(4, 6), torch.empty(4, 6, dtype=torch.int64),
             torch.empty(4, dtype=torch.int64))
-    no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, None)
+    no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None)
     args = (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "joint", torch.arange(4), 0, None, 3, bitmask,
             *no_penalties, 5, "processed", *outs)
     torch.library.opcheck(lp._ops.ops.sample_with_logprobs, args)

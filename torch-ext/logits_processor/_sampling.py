@@ -83,7 +83,8 @@ def sample(
                                   offset=offset)
     if out is None:
         out = torch.empty(logits.shape[:1], dtype=torch.int64, device=logits.device)
-    call(ops, "sample", logits=logits, **arguments, filter_apply_order=filter_apply_order, bitmask=bitmask, **fused_penalty_arguments(penalties), out=out)
+    call(ops, "sample", logits=logits, **arguments, filter_apply_order=filter_apply_order, bitmask=bitmask,
+         **fused_penalty_arguments(penalties), out=out)
     return out
 
 
