@@ -63,6 +63,9 @@ MODES = {
     "min-p": {"min_p": 0.1},
     "top-k+top-p": {"top_k": 50, "top_p": 0.9},
     "all three": {"top_k": 50, "top_p": 0.9, "min_p": 0.1},
+    # vLLM's order (docs/semantics-sampling.md#filter-order), against the torch chain in the same order
+    "top-k+top-p top_k_first": {"top_k": 50, "top_p": 0.9, "filter_apply_order": "top_k_first"},
+    "all three top_k_first": {"top_k": 50, "top_p": 0.9, "min_p": 0.1, "filter_apply_order": "top_k_first"},
 }
 
 # (batch, vocab, dtype, pattern); the first of each list is the CPU target's case.
@@ -88,7 +91,7 @@ SAMPLER_SHAPES = {
     ("cuda", False): [(b, v, d) for b in (256, 32, 1) for v in (128256, 32000) for d in ("float32", "bfloat16")],
     ("cuda", True): [(256, 128256, "float32")],
 }
-QUICK_CPU_MODES = ["greedy", "top-k+top-p", "all three"]
+QUICK_CPU_MODES = ["greedy", "top-k+top-p", "all three", "top-k+top-p top_k_first"]
 
 # Penalties: (batch, vocab, dtype), each request with a 1024-token prompt, 256 generated tokens
 # and 8 logit biases, sampled with top-k + top-p (the CPU sampler target's mode).
@@ -302,6 +305,8 @@ def flashinfer_call(mode: str) -> Optional[Callable[[torch.Tensor], torch.Tensor
         "min-p": lambda x: fs.min_p_sampling_from_probs(fs.softmax(x), params.get("min_p")),
         "top-k+top-p": lambda x: fs.top_k_top_p_sampling_from_logits(
             x, params.get("top_k"), params.get("top_p"), filter_apply_order="joint"),
+        "top-k+top-p top_k_first": lambda x: fs.top_k_top_p_sampling_from_logits(
+            x, params.get("top_k"), params.get("top_p"), filter_apply_order="top_k_first"),
     }.get(mode)
 
 

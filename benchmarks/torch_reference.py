@@ -7,7 +7,8 @@ This is what a serving engine runs without a fused kernel, and what `bench.py` m
 - keep the tokens whose p is at least the largest of three cutoffs: the k-th largest p
   (top_k in (0, V)), the p of the last token of the smallest top set whose mass reaches top_p
   (top_p < 1), and min_p * max p (min_p > 0). This is the intersection of the three filters
-  (FlashInfer's "joint" order, SGLang's default), not vLLM's "top-k first";
+  (FlashInfer's "joint" order, SGLang's default); with filter_apply_order="top_k_first", vLLM's
+  order: top-p over the renormalised set that min-p and top-k keep;
 - draw in proportion to p over the kept set (torch.multinomial);
 - temperature <= 0 is greedy (argmax, lowest index on ties); a row with no allowed finite
   logit returns -1.
@@ -15,7 +16,8 @@ Each parameter is a Python number or a length-B tensor. Like the engines, it sor
 top-k or top-p needs the rank order: greedy is one argmax and min-p needs only the maximum.
 
 `penalize` is the penalty chain engines run before it (vLLM's torch path): the padded token
-history to bincounts, then masked elementwise ops over the whole [B, V] logits, one per term.
+history to bincounts, the logit biases, then masked elementwise ops over the whole [B, V]
+logits, one per term.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ def kept_probs(
     min_p: Param = 0.0,
     *,
     bitmask: Optional[torch.Tensor] = None,
+    filter_apply_order: str = "joint",
 ) -> torch.Tensor:
     """float32 [B, V]: p over the kept set, 0 elsewhere (not renormalised).
 
@@ -106,9 +109,13 @@ def kept_probs(
         kth = sorted_p.gather(1, (torch.where(k_active, top_k, vocab) - 1).expand(rows, 1))
         # The last token of the smallest top set whose mass reaches top_p: the first
         # position where the running mass is >= top_p.
-        mass = sorted_p.cumsum(-1)
-        last = (mass < top_p.clamp(min=0)).sum(-1, keepdim=True).clamp(max=vocab - 1)
         cutoff = torch.maximum(cutoff, torch.where(k_active, kth, 0.0))
+        if filter_apply_order == "top_k_first":  # the mass renormalised over what the others keep
+            kept_first = torch.where(sorted_p >= cutoff, sorted_p, 0.0)
+            mass = kept_first.cumsum(-1) / kept_first.sum(-1, keepdim=True)
+        else:
+            mass = sorted_p.cumsum(-1)
+        last = (mass < top_p.clamp(min=0)).sum(-1, keepdim=True).clamp(max=vocab - 1)
         cutoff = torch.maximum(cutoff, torch.where(p_active, sorted_p.gather(1, last), 0.0))
 
     # A row with no candidate has NaN probabilities, which fail the comparison: all 0.
@@ -129,13 +136,14 @@ def sample_reference(
     *,
     bitmask: Optional[torch.Tensor] = None,
     generator: Optional[torch.Generator] = None,
+    filter_apply_order: str = "joint",
 ) -> torch.Tensor:
     """int64 token ids [B], drawn from `kept_probs`; -1 for rows with no candidate."""
     if _is_number_at_most_zero(temperature):
         x = candidate_logits(logits, bitmask)
         ids = x.argmax(-1)
         return torch.where((x > float("-inf")).any(-1), ids, -1)
-    kept = kept_probs(logits, temperature, top_k, top_p, min_p, bitmask=bitmask)
+    kept = kept_probs(logits, temperature, top_k, top_p, min_p, bitmask=bitmask, filter_apply_order=filter_apply_order)
     has_candidate = kept.amax(-1) > 0
     # multinomial rejects all-zero rows: give them any distribution, their answer is -1.
     kept = torch.where(has_candidate.unsqueeze(-1), kept, 1.0)
@@ -163,10 +171,15 @@ def penalize(
     logit_bias_values: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """float32 [B, V]: the penalised logits, from -1 padded int64 [B, L] histories and per-row
-    float32 penalties (vLLM's order: repetition over prompt and output, then frequency and
-    presence over the output, then the biases)."""
+    float32 penalties (vLLM's order: the biases, then repetition over prompt and output, then
+    frequency and presence over the output)."""
     vocab = logits.shape[-1]
     x = logits.float()
+    if logit_bias_ids is not None:
+        valid = logit_bias_ids >= 0
+        rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1).expand_as(logit_bias_ids)
+        x = x.index_put((rows, logit_bias_ids.clamp(min=0)), torch.where(valid, logit_bias_values, 0.0),
+                        accumulate=True)
     output_counts = _bincount_rows(output_token_ids, vocab)
     output_mask = output_counts > 0
     seen = (_bincount_rows(prompt_token_ids, vocab) > 0) | output_mask
@@ -175,11 +188,6 @@ def penalize(
     x = torch.where(x > 0, x / repetition, x * repetition)
     x -= frequency_penalty.unsqueeze(1) * output_counts
     x -= presence_penalty.unsqueeze(1) * output_mask
-    if logit_bias_ids is not None:
-        valid = logit_bias_ids >= 0
-        rows = torch.arange(x.shape[0], device=x.device).unsqueeze(1).expand_as(logit_bias_ids)
-        x.index_put_((rows, logit_bias_ids.clamp(min=0)), torch.where(valid, logit_bias_values, 0.0),
-                     accumulate=True)
     return x
 
 

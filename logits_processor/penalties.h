@@ -4,11 +4,18 @@
 //
 // State, one row per request slot: prompt_mask int32 [R, ceil(V / 32)] (bit v % 32 of word
 // v / 32 set: token v occurs in the prompt; XGrammar's bitmask layout) and output_counts int32
-// [R, V] (how often each token was generated). For logits row b, state row s (rows[b], or b):
-//   seen  = prompt bit of v or count > 0,    count = output_counts[s, v]
-//   x     = seen ? (x > 0 ? x / r : x * r) : x                      (repetition r)
-//   x     = count > 0 ? x - (f * count + p) : x                     (frequency f, presence p)
+// [R, V] (how often each token was generated). For logits row b, state row s (rows[b], or b),
+// seen = prompt bit of v or count > 0, count = output_counts[s, v], in PenaltyOrder::kVllm
+// (the default; vLLM's order and roundings):
 //   x     = x + bias, for each of the row's (id, bias) entries with id = v, in list order
+//   x     = seen ? (x > 0 ? x / r : x * r) : x                      (repetition r)
+//   x     = (x - f * count) - p * (count > 0)                       (frequency f, presence p)
+// (vLLM subtracts on every token; here on the seen and the biased ones, whose -0 may so turn
+// into +0 as in vLLM, while the others keep their bits), and in PenaltyOrder::kBiasLast (this
+// package's order before it):
+//   x     = seen ? (x > 0 ? x / r : x * r) : x
+//   x     = count > 0 ? x - (f * count + p) : x
+//   x     = x + bias, for each entry with id = v, in list order
 // all in float32 (IEEE division, no fused multiply-add); 16-bit logits are read as float and
 // the result is rounded to nearest even once, at the end. Tokens the formula leaves alone
 // (not seen, no bias) keep their bits: the CUDA kernel does not write them, and the CPU,
@@ -28,10 +35,14 @@
 
 namespace logits_processor {
 
+// Where the biases go and how f and p round (the formulas above); one for the call.
+enum class PenaltyOrder : int32_t { kVllm = 0, kBiasLast = 1 };
+
 // The penalties of a call: state, parameters and biases (the logits come separately, a
 // LogitsView). apply_penalties_ always has them; a sampler call has them when `enabled`.
 struct Penalties {
   bool enabled;
+  PenaltyOrder order;
   const int32_t* prompt_mask;
   int64_t prompt_mask_row_stride;  // in words
   const int32_t* output_counts;
@@ -92,6 +103,7 @@ struct RowPenaltyView {
   const float* bias_values;
   int64_t bias_width;
   const uint32_t* bias_filter;  // or nullptr: every token scans the bias list
+  bool bias_first;              // PenaltyOrder::kVllm
 };
 
 LP_HOST_DEVICE RowPenaltyView row_penalty_view(const Penalties& p, int64_t row) {
@@ -105,18 +117,43 @@ LP_HOST_DEVICE RowPenaltyView row_penalty_view(const Penalties& p, int64_t row) 
           biased ? p.bias_ids + row * p.bias_ids_row_stride : nullptr,
           biased ? p.bias_values + row * p.bias_values_row_stride : nullptr,
           p.bias_width,
-          nullptr};
+          nullptr,
+          p.order == PenaltyOrder::kVllm};
 }
 
 LP_HOST_DEVICE bool token_seen(bool in_prompt, int32_t count) { return in_prompt || count > 0; }
 
-// The formula above without the bias, for one token. Branch-free (selects only), so the CPU
-// loop over it vectorises. (x - y is x + (-y) in IEEE arithmetic.)
-LP_HOST_DEVICE float penalized_logit(float x, bool in_prompt, int32_t count, const PenaltyValues& r) {
+// The formula above for one token, its biases already added (`biased`: it has any) in
+// PenaltyOrder::kVllm, not yet in kBiasLast. Branch-free (selects only), so the CPU loop over
+// it vectorises. (x - y is x + (-y) in IEEE arithmetic.)
+LP_HOST_DEVICE float penalized_logit(float x, bool in_prompt, int32_t count, const PenaltyValues& r,
+                                     bool bias_first, bool biased = false) {
+  const bool seen = token_seen(in_prompt, count);
   const float repeated = x > 0.0f ? x / r.repetition : lp_mul(x, r.repetition);
-  const float y = token_seen(in_prompt, count) ? repeated : x;
-  const float penalty = lp_add(lp_mul(r.frequency, static_cast<float>(count)), r.presence);
-  return count > 0 ? lp_add(y, -penalty) : y;
+  const float y = seen ? repeated : x;
+  const float frequency = lp_mul(r.frequency, static_cast<float>(count));
+  if (bias_first) {  // vLLM's two roundings; p * 0 for a token not generated
+    const float presence = lp_mul(r.presence, count > 0 ? 1.0f : 0.0f);
+    return seen || biased ? lp_add(lp_add(y, -frequency), -presence) : x;
+  }
+  return count > 0 ? lp_add(y, -lp_add(frequency, r.presence)) : y;
+}
+
+// A biased token's value, unrounded: the whole formula from its logit x, the biases added in
+// list order. (A token the bias filter let through but no bias names gets the unbiased value.)
+LP_HOST_DEVICE float biased_token(const RowPenaltyView& q, int64_t i, float x) {
+  const bool in_prompt = token_allowed(q.prompt_mask, i);
+  const int32_t count = q.output_counts[i];
+  if (!q.bias_first) {
+    float y = penalized_logit(x, in_prompt, count, q.values, false);
+    for (int64_t k = 0; k < q.bias_width; ++k)
+      if (q.bias_ids[k] == i) y = lp_add(y, q.bias_values[k]);
+    return y;
+  }
+  bool biased = false;
+  for (int64_t k = 0; k < q.bias_width; ++k)
+    if (q.bias_ids[k] == i) x = lp_add(x, q.bias_values[k]), biased = true;
+  return penalized_logit(x, in_prompt, count, q.values, true, biased);
 }
 
 // float to the 16-bit types, rounding to nearest even (as torch's .to(dtype)). A NaN keeps
@@ -178,29 +215,29 @@ LP_HOST_DEVICE float stored_logit(float x) {
   }
 }
 
-// The row's biases for tokens [begin, end), added in list order to value[i - begin]; each
-// biased token marked in touched[i - begin] when touched is not nullptr.
-LP_HOST_DEVICE void add_row_biases(const RowPenaltyView& q, int64_t begin, int64_t end, float* value,
-                                   bool* touched) {
+// value[i - begin] of each biased token i of [begin, end), penalised without its biases,
+// replaced by biased_token from its logit (a token listed twice gets the same value twice);
+// each marked in touched[i - begin] when touched is not nullptr.
+template <Dtype D>
+LP_HOST_DEVICE void add_row_biases(const RowPenaltyView& q, const void* logits, int64_t begin, int64_t end,
+                                   float* value, bool* touched) {
   for (int64_t k = 0; k < q.bias_width; ++k) {
     const int64_t id = q.bias_ids[k];
     if (id < begin || id >= end) continue;  // (-1, the padding, among them)
-    value[id - begin] = lp_add(value[id - begin], q.bias_values[k]);
+    value[id - begin] = biased_token(q, id, load_logit<D>(logits, id));
     if (touched) touched[id - begin] = true;
   }
 }
 
-// Token i's logit x penalised and biased (in list order, as add_row_biases), then stored as
-// apply_penalties_ stores it: what the unfused sampler would read. The bias list is scanned
-// only where the filter (if any) says a bias may hit i.
+// Token i's logit x penalised and biased (as biased_token), then stored as apply_penalties_
+// stores it: what the unfused sampler would read. The bias list is scanned only where the
+// filter (if any) says a bias may hit i.
 template <Dtype D>
 LP_HOST_DEVICE float penalized_token(const RowPenaltyView& q, int64_t i, float x) {
-  float y = penalized_logit(x, token_allowed(q.prompt_mask, i), q.output_counts[i], q.values);
-  if (q.bias_width > 0 && (!q.bias_filter || bias_filter_hit(q.bias_filter, i))) {
-    for (int64_t k = 0; k < q.bias_width; ++k)
-      if (q.bias_ids[k] == i) y = lp_add(y, q.bias_values[k]);
-  }
-  return stored_logit<D>(y);
+  const bool biased = q.bias_width > 0 && (!q.bias_filter || bias_filter_hit(q.bias_filter, i));
+  return stored_logit<D>(biased ? biased_token(q, i, x)
+                                : penalized_logit(x, token_allowed(q.prompt_mask, i), q.output_counts[i], q.values,
+                                                  q.bias_first));
 }
 
 // Token ids counted into state rows: output_counts[s, id] += 1 (counts) or the id's bit set

@@ -66,9 +66,10 @@ void penalize_span_cpu(const RowPenaltyView& q, const void* logits, int64_t begi
     }
 #pragma omp simd
     for (int l = 0; l < lanes; ++l)
-      v[l] = penalized_logit(load_logit<D>(logits, first + l), (bits & kLaneBit[l]) != 0, counts[l], q.values);
+      v[l] = penalized_logit(load_logit<D>(logits, first + l), (bits & kLaneBit[l]) != 0, counts[l], q.values,
+                             q.bias_first);
   }
-  add_row_biases(q, begin, end, value, nullptr);
+  add_row_biases<D>(q, logits, begin, end, value, nullptr);
   if (D == Dtype::Float32 || !stored) return;
   // Rounded once each where the value may differ from the logit (stored_logit is idempotent,
   // so a biased token of a penalised group may go through it twice).

@@ -1,6 +1,6 @@
 // CUDA penalties: one 256-thread block per chunk of 2048 tokens of a row (grid-stride over
-// all chunks of all rows). The chunk is penalised into shared memory, thread 0 adds the row's
-// biases that fall into it in list order (so that repeated ids add up exactly as on the CPU),
+// all chunks of all rows). The chunk is penalised into shared memory, thread 0 recomputes the
+// row's biased tokens that fall into it (biases in list order, as on the CPU),
 // and the tokens the formula touched are rounded back into the logits. The arithmetic is
 // penalties.h's, so the result equals the CPU's bit for bit.
 #include <cuda_runtime.h>
@@ -29,12 +29,12 @@ __global__ void __launch_bounds__(kThreads) apply_penalties_kernel(LogitsView v,
       const int64_t i = begin + j;
       const bool in_prompt = token_allowed(q.prompt_mask, i);  // (the bitmask layout)
       const int32_t count = q.output_counts[i];
-      value[j] = penalized_logit(load_logit<D>(logits, i), in_prompt, count, q.values);
+      value[j] = penalized_logit(load_logit<D>(logits, i), in_prompt, count, q.values, q.bias_first);
       touched[j] = token_seen(in_prompt, count);
     }
     if (q.bias_width > 0) {
       __syncthreads();
-      if (threadIdx.x == 0) add_row_biases(q, begin, begin + n, value, touched);
+      if (threadIdx.x == 0) add_row_biases<D>(q, logits, begin, begin + n, value, touched);
       __syncthreads();
     }
     // (Without biases each thread reads back only what it wrote. With them, the next item's

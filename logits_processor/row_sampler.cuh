@@ -273,20 +273,31 @@ struct RowSampler {
   //           kept ones complete the draw. A bin too large for shared memory is resolved by
   //           passes over the row instead (and the draw left to the caller).
   // So top-k and min-p take 2 passes, top-p 3 (a bin too large: up to 3 more).
+  // top_k_first (sampling.h's FilterOrder) renormalises top-p over the keys at or above
+  // max(t_k, t_minp): without a top-k cut, the masses of pass 2 are those at or above t_minp;
+  // with one, top_k_set resolves the row in 2 passes when t_k's bin and those above it fit in
+  // shared memory, else t_k is selected first (select_top_k, 1 pass or more) and raises t_minp.
   __device__ bool cut(SharedState& sh, Draw* draw = nullptr) {
     const bool top_k = has_top_k();
     const KeyCount first = count_keys(top_k ? KeyBins::kCounts : KeyBins::kNone, 0, p.vocab, sh);
     if (first.candidates == 0) return false;
     s_max = key_score(static_cast<uint32_t>(first.max_key));
-    const uint32_t lower = min_p_key(s_max, r.min_p);
+    uint32_t lower = min_p_key(s_max, r.min_p);
     threshold = lower;
     BinCut k_cut{-1, 0}, p_cut{-1, 0};
     if (top_k && static_cast<uint64_t>(r.top_k) < first.candidates)
       k_cut = find_bin(sh.wide.counts, static_cast<uint64_t>(r.top_k), sh);
+    if (r.top_k_first && r.top_p < 1.0f && k_cut.bin >= 0) {
+      if (k_cut.above + sh.wide.counts[k_cut.bin] <= kBinCapacity) return top_k_set(k_cut, lower, sh, draw);
+      threshold = lower = max(lower, select_top_k(k_cut, lower, sh));
+      k_cut = {-1, 0};
+    }
+    const uint32_t mass_floor = r.top_k_first ? lower : kNoKey;  // the keys Z sums
     uint64_t p_target = 0;
     if (r.top_p < 1.0f) {
       zero_bins(sh.wide.masses);
       for_each_candidate([&](int64_t, float s) {
+        if (score_key(s) < mass_floor) return;
         atomicAdd(&sh.wide.masses[key_bin(score_key(s))], static_cast<unsigned long long>(token_mass(s, s_max)));
       });
       __syncthreads();
@@ -317,6 +328,41 @@ struct RowSampler {
     if (!draw || !fits) return true;
     *draw = {true, entries_argmax(gathered, above_bin, sh)};
     return true;
+  }
+
+  // top_k_first with a top-k cut whose bin and the bins above it fit in shared memory: pass
+  // 2 gathers every candidate at or above that bin and t_minp, among which t_k, Z (their mass
+  // at or above t_k) and t_p are selected, and the draw completed.
+  __device__ bool top_k_set(const BinCut& k_cut, uint32_t lower, SharedState& sh, Draw* draw) {
+    const uint64_t from = max(bin_start(k_cut.bin), static_cast<uint64_t>(lower));
+    const auto gather = shared_entries(sh);  // (its barrier orders the counts' last read before)
+    for_each_candidate([&](int64_t i, float s) {
+      if (score_key(s) >= from) gather(score_key(s), i);
+    });
+    __syncthreads();
+    const unsigned int gathered = sh.entry_count;
+    const auto keys = entry_keys(gathered, sh);
+    const uint32_t t_k = radix_select<false>(keys, k_cut.bin, k_cut.above, static_cast<uint64_t>(r.top_k), s_max, sh);
+    const uint32_t floor = max(lower, t_k);
+    uint64_t mass = 0;
+    keys([&](uint32_t key) { mass += key >= floor ? token_mass(key_score(key), s_max) : 0; });
+    const uint64_t p_target = top_p_target(r.top_p, block_sum(mass, sh));
+    threshold = max(floor, radix_select<true>(keys, kAllKeys, 0, p_target, s_max, sh));
+    if (draw) *draw = {true, entries_argmax(gathered, kNoToken, sh)};
+    return true;
+  }
+
+  // t_k, exactly, from k_cut (its bin), over the candidates at or above `lower`: the bin
+  // gathered in one pass, or selected by passes over the row when it does not fit.
+  __device__ uint32_t select_top_k(const BinCut& k_cut, uint32_t lower, SharedState& sh) const {
+    const auto gather = bin_gatherer(k_cut.bin, lower, shared_entries(sh));
+    for_each_candidate([&](int64_t i, float s) { gather(i, score_key(s)); });
+    __syncthreads();
+    const unsigned int gathered = sh.entry_count;
+    const uint64_t k = static_cast<uint64_t>(r.top_k);
+    return gathered <= kBinCapacity
+               ? radix_select<false>(entry_keys(gathered, sh), k_cut.bin, k_cut.above, k, s_max, sh)
+               : radix_select<false>(candidate_keys(), k_cut.bin, k_cut.above, k, s_max, sh);
   }
 
   // Pass 1 over tokens [begin, end).

@@ -11,7 +11,8 @@
 //   t_p    = the largest score t with M(t) >= ceil(top_p * Z)       (top_p < 1)
 // where mass_i = floor(2^32 * e^(s_i - s_max)) is an integer, M(t) the mass of the scores
 // >= t and Z the total, so sums are exact and independent of their order. The kept set is
-// {s_i >= max(t_k, t_minp, t_p)} (ties at the cutoff all kept, the maximum always kept), and
+// {s_i >= max(t_k, t_minp, t_p)} (ties at the cutoff all kept, the maximum always kept; with
+// FilterOrder::kTopKFirst, Z is the mass that top-k and min-p keep: see FilterOrder), and
 // the token is argmax over it of s_i + G_i (lowest index on ties), G_i = -ln(-ln U_i) with
 // U_i from Philox keyed by the seed and counted by (i, stream, offset): a draw in
 // proportion to e^(s_i), exact for tokens up to about 40 nats below the top (gumbel_noise). Scores are compared through order-preserving integer keys.
@@ -43,6 +44,16 @@ struct LogprobsParams {
   int64_t* ranks;           // [rows], or null (token_logprobs)
 };
 
+// How top-p composes with the other filters (docs/semantics-sampling.md):
+//   kJoint:     the kept set is {s_i >= max(t_k, t_minp, t_p)}, t_p over the whole row (Z the
+//               total mass): FlashInfer's "joint", SGLang's default.
+//   kTopKFirst: top-p over the set the other two keep, renormalised: t_p is the largest
+//               score t with M(t) >= ceil(top_p * Z_1), Z_1 = M(max(t_k, t_minp)), and the kept
+//               set {s_i >= t_p} (t_p >= max(t_k, t_minp) as Z_1 reaches its own target): vLLM's
+//               order (min-p, then top-k, then top-p on the softmax of what is left) and, without
+//               min-p, FlashInfer's "top_k_first".
+enum class FilterOrder : int32_t { kJoint = 0, kTopKFirst = 1 };
+
 // The logits (LogitsView's fields: logits, dtype, rows, vocab, row_stride), only read.
 struct SamplingParams : LogitsView {
   // Each parameter is a per-row array, or nullptr and then the scalar beside it.
@@ -54,6 +65,7 @@ struct SamplingParams : LogitsView {
   float top_p_value;
   const float* min_p;
   float min_p_value;
+  FilterOrder filter_order;  // one for the whole call
   // With per-row seeds, row b's stream is keyed by (seed[b], offset[b]) alone; with one
   // seed it is keyed by (seed, b, offset).
   const int64_t* seed;
@@ -81,6 +93,7 @@ struct RowParams {
   int64_t top_k;
   float top_p;
   float min_p;
+  bool top_k_first;         // FilterOrder::kTopKFirst
   uint32_t key0, key1;      // Philox key: the seed
   uint32_t stream;          // row for a shared seed, 0 for per-row seeds
   uint32_t offset_lo, offset_hi;
@@ -98,6 +111,7 @@ LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   const float min_p = p.min_p ? p.min_p[row] : p.min_p_value;
   // (At least the smallest normal float: lp_log takes normal inputs.)
   r.min_p = min_p > 0.0f ? (min_p < 1.0f ? (min_p > 1.17549435e-38f ? min_p : 1.17549435e-38f) : 1.0f) : 0.0f;
+  r.top_k_first = p.filter_order == FilterOrder::kTopKFirst;
   const uint64_t seed = static_cast<uint64_t>(p.seed ? p.seed[row] : p.seed_value);
   const uint64_t offset = static_cast<uint64_t>(p.offset ? p.offset[row] : p.offset_value);
   r.key0 = static_cast<uint32_t>(seed);

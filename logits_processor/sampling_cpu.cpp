@@ -458,14 +458,28 @@ class RowSampler {
     gather(coarse.bin < 0 ? lower : std::max(lower, static_cast<uint32_t>(coarse.bin) << kCoarseShift));
     uint32_t threshold = lower;
     if (coarse.bin >= 0) threshold = std::max(threshold, scratch_.kept[r_.top_k - 1].key);
-    if (top_p) threshold = std::max(threshold, top_p_cutoff(threshold, top_p_target(r_.top_p, masses())));
+    if (top_p) {
+      const uint64_t total = r_.top_k_first ? kept_mass(threshold) : masses();
+      threshold = std::max(threshold, top_p_cutoff(threshold, top_p_target(r_.top_p, total)));
+    }
     return {threshold, true};
+  }
+
+  // The mass of the gathered candidates at or above `threshold` (top_k_first's Z).
+  uint64_t kept_mass(uint32_t threshold) const {
+    uint64_t mass = 0;
+    for (const Candidate& c : scratch_.kept) {
+      if (c.key < threshold) break;
+      mass += token_mass(key_score(c.key), s_max_);
+    }
+    return mass;
   }
 
   // Top-p alone: the kept set can be most of the row, so only the coarse bin holding the
   // cutoff is gathered, and the draw runs over the row.
+  // (top_k_first: Z is the mass at or above t_minp, the histogram's.)
   Cutoff cutoff_with_top_p_alone(uint32_t lower) {
-    const uint64_t target = top_p_target(r_.top_p, masses());
+    const uint64_t total = masses();
     auto& histogram = scratch_.histogram;
     std::fill(histogram.begin(), histogram.end(), 0);
     for (int64_t i = 0; i < p_.vocab; ++i) {
@@ -473,6 +487,10 @@ class RowSampler {
       if (scores_[i] > kNegInf && key >= lower)
         histogram[key >> kCoarseShift] += static_cast<uint64_t>(scratch_.scaled_mass[i]);
     }
+    uint64_t kept_total = 0;
+    if (r_.top_k_first)
+      for (const uint64_t mass : histogram) kept_total += mass;
+    const uint64_t target = top_p_target(r_.top_p, r_.top_k_first ? kept_total : total);
     const CoarseBin coarse = coarse_bin(histogram, target);
     if (coarse.bin < 0) return {lower, false};  // the min-p cutoff is the binding one
     const uint64_t bin_start = static_cast<uint64_t>(coarse.bin) << kCoarseShift;

@@ -168,16 +168,20 @@ __device__ void bracket_top_p(const RowSampler<D>& sampler, const Split& split, 
                               uint32_t lower, SharedState& sh) {
   const unsigned long long* estimates = split.merged_bins(row);
   const float row_max = key_score(max_key);
+  // (top_k_first renormalises over the keys at or above t_minp: the bins below its own are left out.)
+  const int lowest = sampler.r.top_k_first && lower != kNoKey ? static_cast<int>(key_bin(lower)) : 0;
   for (int j = 0; j < kBinsPerThread; ++j) {
     const int b = first_own_bin() - j;
-    sh.wide.masses[b] = rescaled_estimate(load_volatile(estimates[b]), b, row_max);
+    sh.wide.masses[b] = b < lowest ? 0 : rescaled_estimate(load_volatile(estimates[b]), b, row_max);
   }
   __syncthreads();
-  const double target =
-      static_cast<double>(sampler.r.top_p) * static_cast<double>(block_sum(own_bins_sum(sh.wide.masses), sh));
-  const uint64_t least = static_cast<uint64_t>(target * (1.0 - kEstimateMargin));
+  const double top_p = static_cast<double>(sampler.r.top_p);
+  const double total = static_cast<double>(block_sum(own_bins_sum(sh.wide.masses), sh));
+  // (top_k_first: Z lies between the total without t_minp's bin and with all of it.)
+  const double partial = lowest > 0 ? static_cast<double>(sh.wide.masses[lowest]) : 0.0;
+  const uint64_t least = static_cast<uint64_t>(top_p * (total - partial) * (1.0 - kEstimateMargin));
   const int high = find_bin(sh.wide.masses, least > 0 ? least : 1, sh).bin;
-  const int low = find_bin(sh.wide.masses, static_cast<uint64_t>(target * (1.0 + kEstimateMargin)) + 1, sh).bin;
+  const int low = find_bin(sh.wide.masses, static_cast<uint64_t>(top_p * total * (1.0 + kEstimateMargin)) + 1, sh).bin;
   if (threadIdx.x == 0) {
     SplitRow& state = split.rows[row];
     state.max_key = max_key;
@@ -334,12 +338,16 @@ __device__ void draw_top_p_chunk(RowSampler<D>& sampler, const Split& split, int
   if (!last_to_arrive(&state.drawn, split.splits, sh)) return;
   const unsigned int gathered = block_load(state.gathered, sh);
   const uint64_t above = block_load(state.above, sh);
-  const uint64_t p_target = top_p_target(sampler.r.top_p, block_load(state.mass, sh));
   load_entries(split.entries(row), gathered, sh);
-  const uint32_t t_k = radix_select<false>(entry_keys(gathered, sh), bin, above, static_cast<uint64_t>(sampler.r.top_k),
-                                           sampler.s_max, sh);
-  const uint32_t t_p = radix_select<true>(entry_keys(gathered, sh), kAllKeys, 0, p_target, sampler.s_max, sh);
-  sampler.threshold = max(lower, max(t_k, t_p));
+  const auto keys = entry_keys(gathered, sh);
+  const uint32_t t_k = radix_select<false>(keys, bin, above, static_cast<uint64_t>(sampler.r.top_k), sampler.s_max, sh);
+  const uint32_t floor = max(lower, t_k);
+  uint64_t kept_mass = 0;  // top_k_first's Z: the entries' mass at or above t_k and t_minp
+  if (sampler.r.top_k_first)
+    keys([&](uint32_t key) { kept_mass += key >= floor ? token_mass(key_score(key), sampler.s_max) : 0; });
+  const uint64_t total = sampler.r.top_k_first ? block_sum(kept_mass, sh) : block_load(state.mass, sh);
+  const uint32_t t_p = radix_select<true>(keys, kAllKeys, 0, top_p_target(sampler.r.top_p, total), sampler.s_max, sh);
+  sampler.threshold = max(floor, t_p);
   const uint64_t best = sampler.entries_argmax(gathered, kNoToken, sh);
   if (threadIdx.x == 0) sampler.p.out[row] = unpack_or_none(best);
 }
@@ -360,8 +368,9 @@ __device__ bool draw_top_p_bracket(RowSampler<D>& sampler, const Split& split, i
   const uint64_t from = max(bin_start(block_load(state.low_bin, sh)), static_cast<uint64_t>(lower));
   const auto gather = shared_entries(sh);
   uint64_t mass = 0, above = 0;
+  const uint32_t mass_floor = sampler.r.top_k_first ? lower : kNoKey;  // the keys Z sums
   const auto drawn = [&](int64_t i, uint32_t key) {
-    const uint64_t m = token_mass(key_score(key), sampler.s_max);
+    const uint64_t m = key >= mass_floor ? token_mass(key_score(key), sampler.s_max) : 0;
     mass += m;
     if (key >= top) {
       above += m;

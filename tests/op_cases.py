@@ -133,11 +133,14 @@ def random_bias(rows: int, vocab: int, g: torch.Generator, width: int = 6):
 
 def penalty_case(rows: int, vocab: int, dtype: torch.dtype, combination, per_row: bool, mapped: bool,
                  g: torch.Generator):
-    """(logits, prompt_mask, output_counts, kwargs) for one call."""
+    """(logits, prompt_mask, output_counts, kwargs) for one call; per-row calls with no rows map
+    take penalty_order "bias_last", the others the default, "vllm"."""
     state_rows = rows + 3 if mapped else rows
     prompt_mask, counts = random_state(state_rows, vocab, g)
     logits = random_logits(rows * vocab, dtype, g, special_rate=0.02).view(rows, vocab)
     kwargs = random_penalties(rows, combination, per_row, g)
+    if per_row and not mapped:
+        kwargs["penalty_order"] = "bias_last"
     if combination[3]:
         kwargs.update(random_bias(rows, vocab, g))
     if mapped:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -53,6 +55,17 @@ def _row_value(value, row):
     return value[row].item() if isinstance(value, torch.Tensor) else value
 
 
+def _logits_and_allowed(logits, bitmask):
+    """The logits as float32 on the CPU, and which tokens the bitmask allows (all past its width)."""
+    x = logits.detach().cpu().float()
+    rows, vocab = x.shape
+    allowed = torch.ones(rows, vocab, dtype=torch.bool)
+    if bitmask is not None:
+        covered = min(vocab, 32 * bitmask.shape[1])
+        allowed[:, :covered] = unpack_bitmask(bitmask.cpu()[:rows], covered)
+    return x, allowed
+
+
 def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, slack=0.0):
     """float64 [B, V]: the probability of drawing each token under the intersection semantics.
 
@@ -62,12 +75,8 @@ def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, b
     the top-p and min-p filters by that relative amount, for a kept set that tolerates
     rounding at the cutoff. Rows with no allowed finite logit are all zero.
     """
-    x = logits.detach().cpu().float()
+    x, allowed = _logits_and_allowed(logits, bitmask)
     rows, vocab = x.shape
-    allowed = torch.ones(rows, vocab, dtype=torch.bool)
-    if bitmask is not None:
-        covered = min(vocab, 32 * bitmask.shape[1])
-        allowed[:, :covered] = unpack_bitmask(bitmask.cpu()[:rows], covered)
     out = torch.zeros(rows, vocab, dtype=torch.float64)
     for b in range(rows):
         temp = float(_row_value(temperature, b))
@@ -105,6 +114,44 @@ def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, b
     return out
 
 
+def vllm_sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None):
+    """float64 [B, V]: the probability of drawing each token as vLLM's sampler chains the
+    filters (filter_apply_order="top_k_first"), written as vLLM writes it in torch, in float64.
+
+    vllm/v1/worker/gpu/sample/sampler.py: temperature, then min-p on the scaled logits
+    (min_p.py: x < max x + log(min_p) -> -inf), then apply_top_k_top_p_pytorch
+    (vllm/v1/sample/ops/topk_topp_sampler.py: sort ascending, drop below the k-th largest, then
+    softmax of what is left, drop while the ascending cumulative sum <= 1 - top_p, the top token
+    kept), then softmax. Scores as `sampling_reference`'s; rows with nothing allowed all zero.
+    """
+    x, allowed = _logits_and_allowed(logits, bitmask)
+    rows, vocab = x.shape
+    big = torch.finfo(torch.float32).max
+    out = torch.zeros(rows, vocab, dtype=torch.float64)
+    for b in range(rows):
+        cand = allowed[b] & (x[b] > float("-inf"))
+        if not cand.any():
+            continue
+        temp = float(_row_value(temperature, b))
+        s = torch.clamp(torch.clamp(x[b], max=big) / torch.tensor(temp, dtype=torch.float32), -big, big)
+        scores = torch.where(cand, s.double(), torch.tensor(float("-inf"), dtype=torch.float64))
+        mp = float(_row_value(min_p, b))
+        if mp > 0:
+            scores = scores.masked_fill(scores < scores.max() + math.log(min(mp, 1.0)), float("-inf"))
+        k = int(_row_value(top_k, b))
+        tp = float(_row_value(top_p, b))
+        logits_sort, logits_idx = scores.sort(descending=False)
+        if 0 < k < vocab:
+            logits_sort = logits_sort.masked_fill(logits_sort < logits_sort[vocab - k], float("-inf"))
+        if tp < 1:
+            probs_sum = torch.cumsum(logits_sort.softmax(dim=-1), dim=-1)
+            top_p_mask = probs_sum <= 1 - tp
+            top_p_mask[-1] = False
+            logits_sort = logits_sort.masked_fill(top_p_mask, float("-inf"))
+        out[b] = torch.empty_like(scores).scatter_(0, logits_idx, logits_sort).softmax(dim=-1)
+    return out
+
+
 def _per_row(value, rows: int) -> torch.Tensor:
     """float32 [rows, 1]: a number or a per-row tensor as a column."""
     if isinstance(value, torch.Tensor):
@@ -113,11 +160,15 @@ def _per_row(value, rows: int) -> torch.Tensor:
 
 
 def penalties_reference(logits, prompt_mask, output_counts, repetition_penalty=1.0, frequency_penalty=0.0,
-                        presence_penalty=0.0, logit_bias_ids=None, logit_bias_values=None, rows=None):
-    """The penalised logits, from the formula in float32 (vLLM's and the OpenAI API's order):
-    seen tokens (prompt or output) x / r if x > 0 else x * r; output tokens x - (f * count + p);
-    then each bias added in list order; rounded once to the logits' dtype. Tokens neither seen
-    nor biased keep their bits."""
+                        presence_penalty=0.0, logit_bias_ids=None, logit_bias_values=None, rows=None,
+                        penalty_order="vllm"):
+    """The penalised logits, from the formula in float32 torch, rounded once to the logits' dtype;
+    tokens neither seen (prompt or output) nor biased keep their bits.
+
+    "vllm", as vLLM writes it: the logit biases first (each added in list order), then
+    vllm/model_executor/layers/utils.py's apply_penalties: seen tokens x / r if x > 0 else
+    x * r, then ``logits -= f * counts`` and ``logits -= p * (counts > 0)``, two roundings.
+    "bias_last": the repetition step, then output tokens x - (f * count + p), then the biases."""
     batch, vocab = logits.shape
     state = torch.arange(batch) if rows is None else torch.as_tensor(rows).cpu()
     x = logits.detach().cpu().float().clone()
@@ -125,17 +176,28 @@ def penalties_reference(logits, prompt_mask, output_counts, repetition_penalty=1
     count = output_counts.cpu()[state]
     r, f, p = (_per_row(v, batch) for v in (repetition_penalty, frequency_penalty, presence_penalty))
     seen = in_prompt | (count > 0)
-    x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
-    x = torch.where(count > 0, x - (f * count.float() + p), x)
     touched = seen.clone()
-    if logit_bias_ids is not None:
-        ids, values = logit_bias_ids.cpu(), logit_bias_values.cpu().float()
-        for b in range(batch):
-            for j in range(ids.shape[1]):
-                token = int(ids[b, j])
-                if 0 <= token < vocab:
-                    x[b, token] = x[b, token] + values[b, j]
-                    touched[b, token] = True
+
+    def add_biases(x):
+        if logit_bias_ids is not None:
+            ids, values = logit_bias_ids.cpu(), logit_bias_values.cpu().float()
+            for b in range(batch):
+                for j in range(ids.shape[1]):
+                    token = int(ids[b, j])
+                    if 0 <= token < vocab:
+                        x[b, token] = x[b, token] + values[b, j]
+                        touched[b, token] = True
+        return x
+
+    if penalty_order == "vllm":
+        x = add_biases(x)
+        x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+        x = x - f * count.float()
+        x = x - p * (count > 0)
+    else:
+        x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+        x = torch.where(count > 0, x - (f * count.float() + p), x)
+        x = add_biases(x)
     out = logits.detach().cpu().clone()
     out[touched] = x[touched].to(logits.dtype)
     return out
@@ -152,12 +214,14 @@ def penalty_state_reference(prompt_token_ids, output_token_ids, vocab):
     return pack_bitmask(present), counts
 
 
-def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, mode="processed", slack=0.0):
+def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, mode="processed", slack=0.0,
+                   filter_apply_order="joint"):
     """float32 [B, V]: the scores of the distribution `sample_with_logprobs` reports, -inf outside its support.
 
     "raw": the logits (NaN as -inf, +inf as the largest float), no temperature, filter or
     bitmask. "processed": the float32 scores x / T over `sampling_reference`'s kept set
-    (greedy rows: the allowed logits at T = 1, no filter).
+    (`vllm_sampling_reference`'s for "top_k_first", without slack; greedy rows: the allowed
+    logits at T = 1, no filter).
     """
     x = logits.detach().cpu().float()
     rows = x.shape[0]
@@ -172,8 +236,11 @@ def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitma
         value = torch.tensor([float(_row_value(value, b)) for b in range(rows)])
         return torch.where(greedy, off, value)
 
-    kept = sampling_reference(logits, temps, unless_greedy(top_k, 0).long(), unless_greedy(top_p, 1.0),
-                              unless_greedy(min_p, 0.0), bitmask=bitmask, slack=slack) > 0
+    filters = (logits, temps, unless_greedy(top_k, 0).long(), unless_greedy(top_p, 1.0), unless_greedy(min_p, 0.0))
+    if filter_apply_order == "top_k_first":
+        kept = vllm_sampling_reference(*filters, bitmask=bitmask) > 0
+    else:
+        kept = sampling_reference(*filters, bitmask=bitmask, slack=slack) > 0
     s = torch.clamp(x.clamp(max=big) / temps[:, None], -big, big)
     return torch.where(kept, s, torch.tensor(float("-inf")))
 

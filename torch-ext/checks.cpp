@@ -123,6 +123,18 @@ Tensor row_parameter(const Tensor& t, const Tensor& logits, const char* name, Sc
   return torch::stable::contiguous(torch::stable::to(t, dtype));
 }
 
+int choice_index(const std::string& value, const char* name, std::initializer_list<const char*> choices) {
+  int index = 0;
+  std::string listed;
+  for (const char* choice : choices) {
+    if (value == choice) return index;
+    listed += (index == 0 ? "'" : index + 1 == static_cast<int>(choices.size()) ? " or '" : ", '");
+    listed += std::string(choice) + "'";
+    ++index;
+  }
+  fail(name, " must be ", listed, ", got '", value, "'");
+}
+
 void check_output(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype,
                   int64_t columns) {
   CHECK_ARG(t.scalar_type() == dtype, name, " must be ",

@@ -8,6 +8,7 @@
 #include <torch/headeronly/core/ScalarType.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -70,6 +71,10 @@ std::pair<int64_t, int64_t> host_int64_range(const Tensor& t);
 // A per-row sampling parameter: a length-B tensor on the logits' device, converted to the
 // kernel's dtype (a no-op, and no allocation, when it already is float32 / int64).
 Tensor row_parameter(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype);
+
+// The index of `value` among `choices` (an option given by name, such as
+// filter_apply_order); else an error naming the argument and listing the choices.
+int choice_index(const std::string& value, const char* name, std::initializer_list<const char*> choices);
 
 // An output of the sampler ops: dtype, device, and contiguous of shape [rows] (columns < 0)
 // or [rows, columns].

@@ -148,6 +148,7 @@ PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args) {
             "), got ", cv.rows);
   PenaltyCall call;
   lp::Penalties& p = call.penalties;
+  p.order = static_cast<lp::PenaltyOrder>(choice_index(args.penalty_order, "penalty_order", {"vllm", "bias_last"}));
   call.rows = state_rows(args.penalty_rows, logits, "logits", lv.rows, "output_counts", cv.rows);
   p.state_row = optional_data<int64_t>(call.rows);
   call.repetition = penalty_parameter(args.repetition_penalty, args.repetition_penalty_value, logits,

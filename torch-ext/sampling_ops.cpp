@@ -30,6 +30,8 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
             filters.top_p_value);
   CHECK_ARG(filters.min_p_value <= 1.0, "min_p must be at most 1 (0 or less disables it), got ",
             filters.min_p_value);
+  const auto filter_order = static_cast<lp::FilterOrder>(
+      choice_index(filters.filter_apply_order, "filter_apply_order", {"joint", "top_k_first"}));
 
   SamplingCall call;
   const auto param = [&](const std::optional<Tensor>& t, const char* name, ScalarType dtype) {
@@ -64,6 +66,7 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   p.top_p_value = static_cast<float>(filters.top_p_value);
   p.min_p = optional_data<float>(call.min_p);
   p.min_p_value = static_cast<float>(filters.min_p_value);
+  p.filter_order = filter_order;
   p.seed = optional_data<int64_t>(call.seed);
   p.seed_value = draws.seed_value;
   p.offset = optional_data<int64_t>(call.offset);

@@ -35,25 +35,29 @@
 #define LP_PER_ROW(X, name, value_schema_type, value_cpp_type) \
   X("Tensor?", const std::optional<Tensor>&, name) X(value_schema_type, value_cpp_type, name##_value)
 
-// The sampler's filters (sample, sample_with_logprobs, token_logprobs, verify_draft).
+// The sampler's filters (sample, sample_with_logprobs, token_logprobs, verify_draft), and how
+// they compose ("joint" or "top_k_first": sampling.h's FilterOrder), one for the call.
 #define LP_FILTER_ARGUMENTS(X)                 \
   LP_PER_ROW(X, temperature, "float", double)  \
   LP_PER_ROW(X, top_k, "int", int64_t)         \
   LP_PER_ROW(X, top_p, "float", double)        \
-  LP_PER_ROW(X, min_p, "float", double)
+  LP_PER_ROW(X, min_p, "float", double)        \
+  X("str", const std::string&, filter_apply_order)
 
 // The draw's seed and offset (every sampler op but token_logprobs, which draws nothing).
 #define LP_DRAW_ARGUMENTS(X)             \
   LP_PER_ROW(X, seed, "int", int64_t)    \
   LP_PER_ROW(X, offset, "int", int64_t)
 
-// The penalties and logit biases, between apply_penalties_'s state and its rows.
-#define LP_PENALTY_ARGUMENTS(X)                              \
-  LP_PER_ROW(X, repetition_penalty, "float", double)         \
-  LP_PER_ROW(X, frequency_penalty, "float", double)          \
-  LP_PER_ROW(X, presence_penalty, "float", double)           \
-  X("Tensor?", const std::optional<Tensor>&, logit_bias_ids) \
-  X("Tensor?", const std::optional<Tensor>&, logit_bias_values)
+// The penalties and logit biases, between apply_penalties_'s state and its rows, and their
+// order ("vllm" or "bias_last": penalties.h's PenaltyOrder), one for the call.
+#define LP_PENALTY_ARGUMENTS(X)                                 \
+  LP_PER_ROW(X, repetition_penalty, "float", double)            \
+  LP_PER_ROW(X, frequency_penalty, "float", double)             \
+  LP_PER_ROW(X, presence_penalty, "float", double)              \
+  X("Tensor?", const std::optional<Tensor>&, logit_bias_ids)    \
+  X("Tensor?", const std::optional<Tensor>&, logit_bias_values) \
+  X("str", const std::string&, penalty_order)
 
 // The sampler ops' fused penalties: apply_penalties_'s arguments, the state optional (without
 // it, no penalties) and the rows named penalty_rows.

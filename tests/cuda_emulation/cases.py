@@ -23,6 +23,16 @@ PATHS = {
     "all": dict(top_k=50, top_p=0.9, min_p=0.05),
 }
 
+# Where filter_apply_order="top_k_first" decides differently (top-p over what top-k and min-p
+# keep): its own cut paths, with top-k in one block, gathered (top-k set) or selected first (a
+# top-k set past the gathered entries' capacity), and without top-k.
+TOP_K_FIRST_PATHS = {
+    "top_k_top_p": dict(top_k=40, top_p=0.9),
+    "top_p_min_p": dict(top_p=0.8, min_p=0.05),
+    "all": dict(top_k=50, top_p=0.9, min_p=0.05),
+    "large_top_k": dict(top_k=5000, top_p=0.95),
+}
+
 
 def row_params(rows: int, g: torch.Generator) -> dict:
     """Per-row parameters, row r on path r % 7 with its own temperature, seed and offset."""
@@ -80,6 +90,9 @@ BIN_PATHS = {
     "min_p": dict(min_p=0.9),
     "top_k_top_p": dict(top_k=2500, top_p=0.7),
     "all": dict(top_k=2000, top_p=0.9, min_p=0.95),
+    "top_k_first": dict(top_k=2500, top_p=0.7, filter_apply_order="top_k_first"),
+    "top_k_first_all": dict(top_k=2000, top_p=0.9, min_p=0.95, filter_apply_order="top_k_first"),
+    "top_k_first_top_p_min_p": dict(top_p=0.5, min_p=0.9, filter_apply_order="top_k_first"),
 }
 
 

@@ -15,8 +15,8 @@ import torch
 
 from conftest import requires_cuda
 from reference import random_bitmask
-from cuda_emulation.cases import (BIN_PATHS, PATHS, SANITIZED, crowded_logits, row_params, special_bitmask,
-                                  special_logits)
+from cuda_emulation.cases import (BIN_PATHS, PATHS, SANITIZED, TOP_K_FIRST_PATHS, crowded_logits, row_params,
+                                  special_bitmask, special_logits)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 MODES = ["processed", "raw"]
@@ -60,14 +60,18 @@ def test_sample_with_logprobs_agrees_with_cpu(cuda_target, lp_cpu, mode, dtype, 
     assert torch.equal(bits(again.cpu()), bits(expected.logprobs[:, 0]))
 
 
+ORDERED_PATHS = {**PATHS, **{f"{name}_top_k_first": dict(filters, filter_apply_order="top_k_first")
+                              for name, filters in TOP_K_FIRST_PATHS.items()}}
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", list(ORDERED_PATHS))
 def test_scalar_parameters_and_any_token(cuda_target, lp_cpu, mode, path):
     g = torch.Generator().manual_seed(len(path))
     rows, vocab = 9, 5000
     logits = special_logits(rows, vocab, torch.float32, g)
     bitmask = special_bitmask(rows, vocab, g)
-    kwargs = dict(PATHS[path], bitmask=bitmask, logprobs_mode=mode)
+    kwargs = dict(ORDERED_PATHS[path], bitmask=bitmask, logprobs_mode=mode)
     device = cuda_target.device
     expected = lp_cpu.sample_with_logprobs(logits, seed=4, offset=2, num_logprobs=3, **kwargs)
     got = cuda_target.lp.sample_with_logprobs(logits.to(device), seed=4, offset=2, num_logprobs=3, **on(device, **kwargs))

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from cuda_emulation.cases import (BIN_PATHS, DTYPES, PATHS, SANITIZED, SMS, assert_launched, crowded_logits,
-                                  row_params, special_bitmask, special_logits, unaligned_rows)
+from cuda_emulation.cases import (BIN_PATHS, DTYPES, PATHS, SANITIZED, SMS, TOP_K_FIRST_PATHS, assert_launched,
+                                  crowded_logits, row_params, special_bitmask, special_logits, unaligned_rows)
 from cuda_emulation.emulation import FLAVOR
 from op_cases import check_top_cell_refined, random_row_params
 from reference import random_bitmask
@@ -36,14 +36,14 @@ def test_sampler_agrees_with_cpu_per_row(emulation, lp_cpu, sms, dtype, rows, vo
     logits = special_logits(rows, vocab, dtype, g)
     bitmask = special_bitmask(rows, vocab, g)
     params = row_params(rows, g)
-    for with_bitmask in [True, False]:
-        extra = dict(bitmask=bitmask) if with_bitmask else {}
+    for with_bitmask, order in [(True, "joint"), (False, "joint"), (True, "top_k_first")]:
+        extra = dict(bitmask=bitmask, filter_apply_order=order) if with_bitmask else dict(filter_apply_order=order)
         expected = lp_cpu.sample(logits, **extra, **params)
         before = emulation.launches()
         with emulation.gpu(sms) as lp:
             got = lp.sample(logits, **extra, **params)
         assert_launched(emulation, before)
-        assert torch.equal(got, expected), (with_bitmask, (got != expected).nonzero().flatten().tolist())
+        assert torch.equal(got, expected), (with_bitmask, order, (got != expected).nonzero().flatten().tolist())
 
 
 @pytest.mark.emulation
@@ -60,6 +60,24 @@ def test_sampler_agrees_with_cpu_scalar_parameters(emulation, lp_cpu, sms, path,
     with emulation.gpu(sms) as lp:
         got = lp.sample(logits, **kwargs)
     assert torch.equal(got, lp_cpu.sample(logits, **kwargs))
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("sms", SMS)
+@pytest.mark.parametrize("path", list(TOP_K_FIRST_PATHS))
+@pytest.mark.parametrize("rows,vocab", [(5, 20000), (64, 3000)] if not SANITIZED else [(2, 9000)])
+def test_top_k_first_agrees_with_cpu(emulation, lp_cpu, sms, path, rows, vocab):
+    """filter_apply_order="top_k_first" (its cut in one block, split over blocks at 132 SMs),
+    scalar filters and per-row ones on the same rows: the CPU's tokens."""
+    g = torch.Generator().manual_seed(vocab + sms + len(path))
+    logits = special_logits(rows, vocab, DTYPES[(rows + sms) % len(DTYPES)], g)
+    bitmask = special_bitmask(rows, vocab, g)
+    per_row = {name: torch.full((rows,), value) for name, value in TOP_K_FIRST_PATHS[path].items()}
+    for filters in [TOP_K_FIRST_PATHS[path], per_row]:
+        kwargs = dict(filters, seed=123, offset=7, bitmask=bitmask, filter_apply_order="top_k_first")
+        with emulation.gpu(sms) as lp:
+            got = lp.sample(logits, **kwargs)
+        assert torch.equal(got, lp_cpu.sample(logits, **kwargs)), filters
 
 
 # The filters of rows cut over several blocks (top-k up to 1024, min-p, top-p with top-k or
@@ -110,7 +128,8 @@ def test_split_cut_agrees_with_cpu(emulation, lp_cpu, dtype, kind):
     bitmask = random_bitmask(rows, vocab, g, "words")
     counts = torch.randint(0, 3, (rows, vocab), generator=g, dtype=torch.int32)
     prompt_mask = random_bitmask(rows, vocab, g, "mixed")
-    for extra in [{}, dict(bitmask=bitmask)]:
+    # (top_k_first: the split's top-p paths renormalise over what top-k and min-p keep.)
+    for extra in [{}, dict(bitmask=bitmask), dict(bitmask=bitmask, filter_apply_order="top_k_first")]:
         penalties = [None, lp_cpu.Penalties(prompt_mask, counts, 1.3, 0.2, 0.1)] if extra else [None]
         for penalty in penalties:
             kwargs = dict(params, **extra, penalties=penalty)
@@ -121,9 +140,11 @@ def test_split_cut_agrees_with_cpu(emulation, lp_cpu, dtype, kind):
                 got = lp.sample(logits, **kwargs)
             assert torch.equal(got, expected), (extra.keys(), penalty is None, (got != expected).nonzero().flatten())
     for r, filters in enumerate(SPLIT_FILTERS):
-        with emulation.gpu(sms) as lp:
-            got = lp.sample(logits[r:r + 1], seed=r, temperature=0.7, **filters)
-        assert torch.equal(got, lp_cpu.sample(logits[r:r + 1], seed=r, temperature=0.7, **filters)), filters
+        for order in ["joint", "top_k_first"] if "top_p" in filters else ["joint"]:
+            with emulation.gpu(sms) as lp:
+                got = lp.sample(logits[r:r + 1], seed=r, temperature=0.7, filter_apply_order=order, **filters)
+            expected = lp_cpu.sample(logits[r:r + 1], seed=r, temperature=0.7, filter_apply_order=order, **filters)
+            assert torch.equal(got, expected), (filters, order)
     # Top-p with a top-k that cuts nothing (fewer candidates than k): sampled whole.
     few = logits[:1].clone()
     few[:, 500:] = float("-inf")

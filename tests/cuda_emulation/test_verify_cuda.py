@@ -56,9 +56,9 @@ def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, drafts
                        lp_cpu.verify_draft(target, drafts, counts, bitmask=bitmask, **params).tokens)
     target = padded
     seeds = dict(seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
-    for draft_probs in (q, None):
+    for draft_probs, order in [(q, "joint"), (None, "joint"), (q, "top_k_first")]:
         for rng in (seeds, dict(seed=5, offset=9)):
-            kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, **rng)
+            kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, **rng, filter_apply_order=order)
             expected = lp_cpu.verify_draft(target, drafts, counts, **kwargs)
             before = emulation.launches()
             with emulation.gpu(sms) as lp:

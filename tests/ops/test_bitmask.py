@@ -64,9 +64,25 @@ def test_bitmask_narrower_than_logits_masks_only_covered_columns(lp, device):
     logits = torch.randn(4, 100, generator=g)
     bitmask = random_bitmask(4, 64, g, "zeros")  # 2 words: 64 tokens
     got = logits.to(device, copy=True)
-    lp.apply_token_bitmask_inplace(got, bitmask.to(device))
+    with pytest.warns(UserWarning) as ours:
+        lp.apply_token_bitmask_inplace(got, bitmask.to(device))
     assert torch.isinf(got.cpu()[:, :64]).all()
     assert torch.equal(got.cpu()[:, 64:], logits[:, 64:])
+    with pytest.warns(UserWarning) as theirs:
+        xgrammar.apply_token_bitmask_inplace(logits.clone(), bitmask)
+    assert [str(w.message) for w in ours] == [str(w.message) for w in theirs]  # XGrammar's warning
+    assert ours[0].filename == __file__  # the caller's line: once per call site by default
+    with pytest.warns(UserWarning):
+        lp.apply_token_bitmask(got, bitmask.to(device))
+
+
+def test_bitmask_warns_only_when_narrower_without_vocab_size(lp):
+    import warnings
+    logits = torch.randn(2, 100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lp.apply_token_bitmask_inplace(logits, torch.full((2, 4), -1, dtype=torch.int32))  # 128 >= 100
+        lp.apply_token_bitmask_inplace(logits, torch.full((2, 2), -1, dtype=torch.int32), vocab_size=64)
 
 
 @pytest.mark.kernels_ci

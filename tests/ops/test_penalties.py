@@ -36,6 +36,28 @@ def test_apply_penalties_matches_reference(lp, dtype, vocab):
         assert_same_logits(got, expected, (combination, per_row, mapped))
 
 
+def test_penalty_orders_differ_where_the_engines_do(lp):
+    """A biased token that was generated: vLLM's order, (x + bias) / r - f * count - p, against
+    this package's earlier x / r - (f * count + p) + bias; each op equals its reference, and
+    the default is vLLM's."""
+    logits = torch.tensor([[2.0, -1.0, 3.0, 0.5]])
+    prompt_mask = torch.zeros(1, 1, dtype=torch.int32)
+    counts = torch.tensor([[3, 0, 1, 0]], dtype=torch.int32)
+    kwargs = dict(repetition_penalty=2.0, frequency_penalty=0.1, presence_penalty=0.3,
+                  logit_bias_ids=torch.tensor([[0, 1]]), logit_bias_values=torch.tensor([[1.0, 0.5]]))
+    vllm = lp.apply_penalties_(logits.clone(), prompt_mask, counts, **kwargs)
+    assert torch.equal(vllm, lp.apply_penalties_(logits.clone(), prompt_mask, counts, **kwargs, penalty_order="vllm"))
+    bias_last = lp.apply_penalties_(logits.clone(), prompt_mask, counts, **kwargs, penalty_order="bias_last")
+    assert abs(vllm[0, 0].item() - ((2.0 + 1.0) / 2.0 - 0.1 * 3 - 0.3)) < 1e-6  # 0.9
+    assert abs(bias_last[0, 0].item() - (2.0 / 2.0 - (0.1 * 3 + 0.3) + 1.0)) < 1e-6  # 1.4
+    assert torch.equal(vllm, penalties_reference(logits, prompt_mask, counts, **kwargs))
+    assert torch.equal(bias_last, penalties_reference(logits, prompt_mask, counts, **kwargs, penalty_order="bias_last"))
+    with pytest.raises(RuntimeError, match="^penalty_order must be 'vllm' or 'bias_last', got 'openai'$"):
+        lp.apply_penalties_(logits.clone(), prompt_mask, counts, penalty_order="openai")
+    with pytest.raises(RuntimeError, match="^penalty_order must be"):
+        lp.sample(logits, penalties=lp.Penalties(prompt_mask, counts, penalty_order="openai"))
+
+
 def test_apply_penalties_strided_rows_and_untouched_tokens(lp):
     """Rows of a padded buffer: padding and guard elements keep their bits, and so do tokens
     neither seen nor biased, NaN payloads included."""
@@ -172,7 +194,7 @@ def test_opcheck_and_compile(lp):
     bias = random_bias(4, 300, g)
     torch.library.opcheck(ops.apply_penalties_, (logits, prompt_mask, counts, torch.rand(4) + 0.5, 1.0, None, 0.2,
                                                  torch.rand(4), 0.0, bias["logit_bias_ids"],
-                                                 bias["logit_bias_values"], rows))
+                                                 bias["logit_bias_values"], "bias_last", rows))
     torch.library.opcheck(ops.update_output_counts_, (counts.clone(), torch.randint(-1, 300, (4, 2)), rows))
     prompt = torch.randint(-1, 300, (6, 9), generator=g)
     torch.library.opcheck(ops.penalty_state_from_tokens,
@@ -196,9 +218,9 @@ def test_opcheck_and_compile(lp):
 
     # the fused ops
     penalty_args = (prompt_mask, counts, torch.rand(4) + 0.5, 1.0, None, 0.2, torch.rand(4), 0.0,
-                    bias["logit_bias_ids"], bias["logit_bias_values"], rows)
+                    bias["logit_bias_ids"], bias["logit_bias_values"], "vllm", rows)
     bitmask = random_bitmask(4, 300, g, "mixed")
-    filter_args = (torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0)
+    filter_args = (torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "joint")
     torch.library.opcheck(ops.sample, (logits, *filter_args, torch.arange(4), 0, None, 3, bitmask, *penalty_args,
                                        torch.empty(4, dtype=torch.int64)))
     outs = (torch.empty(4, dtype=torch.int64), torch.empty(4, 3), torch.empty(4, 3, dtype=torch.int64),
@@ -258,7 +280,7 @@ def test_fused_penalties_without_state_rejected(lp):
     logits = torch.randn(2, 40)
     with pytest.raises(TypeError, match="^penalties must"):
         lp.sample(logits, penalties=(torch.zeros(2, 2, dtype=torch.int32), torch.zeros(2, 40, dtype=torch.int32)))
-    no_state = (None, None, None, 1.5, None, 0.0, None, 0.0, None, None, None)
+    no_state = (None, None, None, 1.5, None, 0.0, None, 0.0, None, None, "vllm", None)
     with pytest.raises(RuntimeError, match="^penalties need their state"):
-        lp._ops.ops.sample(logits, None, 1.0, None, 0, None, 1.0, None, 0.0, None, 0, None, 0, None, *no_state,
+        lp._ops.ops.sample(logits, None, 1.0, None, 0, None, 1.0, None, 0.0, "joint", None, 0, None, 0, None, *no_state,
                            torch.empty(2, dtype=torch.int64))

@@ -7,7 +7,7 @@ import torch
 
 from harness import names_as_subject
 from op_cases import random_row_params
-from reference import random_bitmask, sampling_reference
+from reference import random_bitmask, sampling_reference, support_scores, vllm_sampling_reference
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 FILTERS = {
@@ -49,6 +49,73 @@ def test_distribution_matches_float64_reference(lp_variant, name):
     counts = torch.bincount(tokens, minlength=vocab).double()
     assert (counts / n - expected).abs().max() < 0.002  # noise alone: sigma <= 8e-4
     assert chi_square_p_value(counts, expected * n) > 1e-4
+
+
+# Filters where the orders differ: top-p cuts inside what top-k and min-p keep.
+ORDER_FILTERS = {
+    "top_k_top_p": dict(top_k=12, top_p=0.7),
+    "top_p_min_p": dict(top_p=0.8, min_p=0.05),
+    "all_three": dict(top_k=15, top_p=0.75, min_p=0.02),
+}
+
+
+@pytest.mark.parametrize("name", list(ORDER_FILTERS))
+def test_top_k_first_distribution_matches_vllm_chain(lp, name):
+    """filter_apply_order="top_k_first": frequencies over 400k draws match vLLM's filter chain
+    in float64 (reference.vllm_sampling_reference), and the same check rejects them against
+    the joint (intersection) reference, whose kept set is larger: it tells the orders apart."""
+    g = torch.Generator().manual_seed(102)
+    vocab, n = 40, 400_000
+    logits = torch.randn(1, vocab, generator=g) * 1.5
+    kwargs = dict(ORDER_FILTERS[name], temperature=0.9)
+    expected = vllm_sampling_reference(logits, **kwargs)[0]
+    joint = sampling_reference(logits, **kwargs)[0]
+    assert (joint > 0).sum() > (expected > 0).sum()
+    tokens = draws(lp, logits, n, seed=7, filter_apply_order="top_k_first", **kwargs)
+    counts = torch.bincount(tokens, minlength=vocab).double()
+    assert (counts / n - expected).abs().max() < 0.002
+    assert chi_square_p_value(counts, expected * n) > 1e-4
+    assert chi_square_p_value(counts, joint * n) < 1e-6
+
+
+@pytest.mark.parametrize("order", ["joint", "top_k_first"])
+def test_kept_set_and_logprobs_match_each_order_reference(lp, order):
+    """Per-row filters on float32 rows (no ties): the support `sample_with_logprobs` reports is
+    the reference's kept set for the order (sort-based: the intersection, or vLLM's chain), its
+    log-probabilities that set's float64 log_softmax, the token inside it, and token_logprobs
+    and verify_draft's emitted tokens take the same distribution."""
+    g = torch.Generator().manual_seed(103)
+    rows, vocab = 32, 700
+    logits = torch.randn(rows, vocab, generator=g) * 2
+    params = random_row_params(rows, g)
+    params["top_p"] = params["top_p"] * 0.6 + 0.4
+    result = lp.sample_with_logprobs(logits, seed=torch.arange(rows), num_logprobs=vocab, filter_apply_order=order,
+                                     **params)
+    scores = support_scores(logits, **params, filter_apply_order=order)
+    ids, listed = result.logprob_token_ids[:, 1:], result.logprob_token_ids[:, 1:] >= 0
+    got = torch.full((rows, vocab), float("-inf"))
+    got[torch.arange(rows)[:, None].expand_as(ids)[listed], ids[listed]] = result.logprobs[:, 1:][listed]
+    expected = torch.log_softmax(scores.double(), dim=-1)
+    assert torch.equal(got > float("-inf"), expected > float("-inf"))
+    kept = expected > float("-inf")
+    assert (got[kept].double() - expected[kept]).abs().max() < 1e-5
+    assert kept.gather(1, result.tokens[:, None]).all()
+    again = lp.token_logprobs(logits, result.tokens, filter_apply_order=order, **params)
+    assert torch.equal(again, result.logprobs[:, 0])
+    verified = lp.verify_draft(logits[:, None], torch.empty(rows, 0, dtype=torch.int64), seed=torch.arange(rows),
+                               filter_apply_order=order, **params)
+    assert kept.gather(1, verified.tokens).all()
+
+
+def test_filter_order_is_checked_by_name(lp):
+    x = torch.randn(2, 50)
+    for op in [lambda **kw: lp.sample(x, **kw), lambda **kw: lp.sample_with_logprobs(x, **kw),
+               lambda **kw: lp.token_logprobs(x, torch.zeros(2, dtype=torch.int64), **kw),
+               lambda **kw: lp.verify_draft(x[:, None], torch.empty(2, 0, dtype=torch.int64), **kw)]:
+        with pytest.raises(RuntimeError, match="^filter_apply_order must be 'joint' or 'top_k_first', got 'vllm'$"):
+            op(filter_apply_order="vllm")
+        with pytest.raises((RuntimeError, TypeError), match="filter_apply_order"):
+            op(filter_apply_order=1)
 
 
 def test_chi_square_detects_a_wrong_distribution(lp):
@@ -253,8 +320,8 @@ def test_opcheck_and_compile(lp):
     logits = torch.randn(4, 300, generator=g)
     bitmask = random_bitmask(4, 300, g, "mixed")
     out = torch.empty(4, dtype=torch.int64)
-    no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, None)
-    args = (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, torch.arange(4), 0, None, 3, bitmask,
+    no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None)
+    args = (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "top_k_first", torch.arange(4), 0, None, 3, bitmask,
             *no_penalties, out)
     torch.library.opcheck(lp._ops.ops.sample, args)
 

@@ -302,7 +302,7 @@ def test_out_opcheck_and_compile(lp_cpu):
     returned = lp_cpu.verify_draft(target, drafts, draft_probs=q, seed=2, bitmask=bitmask, out=out)
     assert returned.tokens is out[0] and returned.num_accepted is out[1]
     args = (target, drafts, torch.tensor([2, 1, 0, 2]), q, torch.rand(rows) + 0.5, 1.0, None, 5, None, 0.9,
-            None, 0.0, torch.arange(rows), 0, None, 3, bitmask, torch.empty(rows, 3, dtype=torch.int64),
+            None, 0.0, "top_k_first", torch.arange(rows), 0, None, 3, bitmask, torch.empty(rows, 3, dtype=torch.int64),
             torch.empty(rows, dtype=torch.int64))
     torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args)
 

@@ -197,6 +197,8 @@ def _sampler_cases() -> list[Case]:
         ("sample-top_p-above-1", "top_p", sample(top_p=1.5)),
         ("sample-min_p-nan", "min_p", sample(min_p=nan)),
         ("sample-min_p-above-1", "min_p", sample(min_p=1.5)),
+        ("sample-filter_apply_order-unknown", "filter_apply_order", sample(filter_apply_order="vllm")),
+        ("sample-filter_apply_order-int", "filter_apply_order", sample(filter_apply_order=1)),
         ("sample-seed-float", "seed", sample(seed=1.5)),
         ("sample-seed-rows-float", "seed", sample(seed=lambda t: t.row_f32)),
         ("sample-offset-rows-wrong-length", "offset", sample(offset=lambda t: t.row_i64[:3])),
@@ -239,6 +241,7 @@ def _logprobs_cases() -> list[Case]:
         # sample_with_logprobs: the sampler's checks are shared; its own arguments
         ("logprobs-logits-float64", "logits", with_logprobs(logits=lambda t: t.f64)),
         ("logprobs-top_p-above-1", "top_p", with_logprobs(top_p=1.5)),
+        ("logprobs-filter_apply_order-unknown", "filter_apply_order", with_logprobs(filter_apply_order="joint ")),
         ("logprobs-seed-rows-float", "seed", with_logprobs(seed=lambda t: t.row_f32)),
         ("logprobs-bitmask-too-few-rows", "bitmask", with_logprobs(bitmask=lambda t: t.mask[:3])),
         ("logprobs-num_logprobs-negative", "num_logprobs", with_logprobs(num_logprobs=-1)),
@@ -265,6 +268,8 @@ def _logprobs_cases() -> list[Case]:
         ("token_logprobs-logits-3d", "logits", token_logprobs(logits=lambda t: t.logits.view(2, 2, V))),
         ("token_logprobs-token_ids-wrong-length", "token_ids", token_logprobs(token_ids=lambda t: t.ids2)),
         ("token_logprobs-token_ids-float", "token_ids", token_logprobs(token_ids=lambda t: t.row_f32)),
+        ("token_logprobs-filter_apply_order-unknown", "filter_apply_order",
+         token_logprobs(filter_apply_order="TOP_K_FIRST")),
         ("token_logprobs-token_ids-2d", "token_ids", token_logprobs(token_ids=lambda t: t.row_i64.view(2, 2))),
         ("token_logprobs-token_ids-list", "token_ids", token_logprobs(token_ids=[1, 2, 3, 4])),
         ("token_logprobs-token_ids-meta-device", "token_ids", token_logprobs(token_ids=lambda t: t.ids.to("meta"))),
@@ -322,6 +327,7 @@ def _penalty_cases() -> list[Case]:
     bias = dict(logit_bias_ids=lambda t: t.bias_ids, logit_bias_values=lambda t: t.bias_values)
     cases = [
         ("penalties-logits-float64", "logits", penalties(logits=lambda t: t.f64)),
+        ("penalties-penalty_order-unknown", "penalty_order", penalties(penalty_order="openai")),
         ("penalties-logits-1d", "logits", penalties(logits=lambda t: t.logits[0])),
         ("penalties-logits-transposed", "logits", penalties(logits=lambda t: t.logits.t())),
         ("penalties-logits-expanded-rows", "logits", penalties(logits=lambda t: t.logits[:1].expand(B, V))),

@@ -5,6 +5,7 @@ Token v of a row is bit v % 32 of word v // 32 (logits_processor/bitmask.h)."""
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional
 
 import torch
@@ -78,7 +79,8 @@ def apply_token_bitmask_inplace(
         bitmask (torch.Tensor): int32 ``[B', ceil(V / 32)]`` (or 1-D), XGrammar's layout; token v
             is bit v % 32 of word v // 32.
         vocab_size (int, optional): columns at or past it are left untouched; default
-            ``min(V, 32 * bitmask.shape[-1])``.
+            ``min(V, 32 * bitmask.shape[-1])``, with XGrammar's UserWarning when the bitmask is
+            the narrower.
         indices (sequence of int or integer tensor, optional): the rows to mask; row i of the
             logits is masked by row i of the bitmask, so B and B' may differ. Default: every row.
             Host indices are range-checked; indices already on the GPU are not read on the host
@@ -86,8 +88,24 @@ def apply_token_bitmask_inplace(
             op only with device indices (host ones are copied to the GPU).
         fill_value (float): the value of a disallowed logit; default -inf.
     """
+    _warn_if_narrow(logits, bitmask, vocab_size, stacklevel=3)
     call(ops, "apply_token_bitmask_inplace", logits=logits, bitmask=bitmask, vocab_size=vocab_size,
          indices=indices_tensor(indices), fill_value=fill_value)
+
+
+def _warn_if_narrow(logits, bitmask, vocab_size: Optional[int], stacklevel: int) -> None:
+    """XGrammar's UserWarning (xgrammar/matcher.py, apply_token_bitmask_inplace): without
+    vocab_size, a bitmask covering fewer tokens than the logits' last dimension leaves the rest
+    unmasked. Its words, its condition; under warnings' default filter, once per call site."""
+    if vocab_size is not None or not isinstance(logits, torch.Tensor) or not isinstance(bitmask, torch.Tensor):
+        return
+    if logits.dim() == 0 or bitmask.dim() == 0:
+        return  # (the op reports the shapes)
+    masked_width = bitmask.shape[-1] * 32
+    if masked_width < logits.shape[-1]:
+        warnings.warn(f"The bitmask covers only {masked_width} tokens but logits have {logits.shape[-1]}, so "
+                      f"logits[..., {masked_width}:] are left unmasked. Allocate the bitmask with the full vocab "
+                      "size, or pass vocab_size explicitly.", UserWarning, stacklevel=stacklevel)
 
 
 def apply_token_bitmask(
@@ -110,7 +128,9 @@ def apply_token_bitmask(
     Returns:
         torch.Tensor: `logits` itself, masked in place.
     """
-    apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab_size, indices=indices, fill_value=fill_value)
+    _warn_if_narrow(logits, bitmask, vocab_size, stacklevel=3)
+    call(ops, "apply_token_bitmask_inplace", logits=logits, bitmask=bitmask, vocab_size=vocab_size,
+         indices=indices_tensor(indices), fill_value=fill_value)
     return logits
 
 

@@ -53,6 +53,7 @@ class Penalties(NamedTuple):
         logit_bias_values (torch.Tensor, optional): floating-point ``[B, L]``.
         rows (sequence of int or integer tensor, optional): ``[B]``, logits row b -> state row
             rows[b]; default row b is state row b.
+        penalty_order (str): ``"vllm"`` (default) or ``"bias_last"``.
     """
 
     prompt_mask: torch.Tensor
@@ -63,6 +64,7 @@ class Penalties(NamedTuple):
     logit_bias_ids: Optional[torch.Tensor] = None
     logit_bias_values: Optional[torch.Tensor] = None
     rows: Rows = None
+    penalty_order: str = "vllm"
 
 
 def penalty_arguments(penalties: Penalties, rows: str) -> dict:
@@ -73,7 +75,7 @@ def penalty_arguments(penalties: Penalties, rows: str) -> dict:
             **number_or_tensor("frequency_penalty", penalties.frequency_penalty, float),
             **number_or_tensor("presence_penalty", penalties.presence_penalty, float),
             "logit_bias_ids": penalties.logit_bias_ids, "logit_bias_values": penalties.logit_bias_values,
-            rows: indices_tensor(penalties.rows, "rows")}
+            "penalty_order": penalties.penalty_order, rows: indices_tensor(penalties.rows, "rows")}
 
 
 def fused_penalty_arguments(penalties: Optional[Penalties]) -> dict:
@@ -146,16 +148,20 @@ def apply_penalties_(
     logit_bias_ids: Optional[torch.Tensor] = None,
     logit_bias_values: Optional[torch.Tensor] = None,
     rows: Rows = None,
+    penalty_order: str = "vllm",
 ) -> torch.Tensor:
     """Apply the penalties and logit biases to the logits in place, in one pass.
 
     For token v of row b, with state row s = rows[b], count = output_counts[s, v] and
-    seen = (v in the prompt) or count > 0, in float32 and in this order (vLLM's and the
-    OpenAI API's definition; exactly: logits_processor/penalties.h):
+    seen = (v in the prompt) or count > 0, in float32, each step rounded, in this order with
+    ``penalty_order="vllm"`` (the default: vLLM's sampler; exactly: logits_processor/penalties.h):
 
-        if seen:       x = x / r if x > 0 else x * r
-        if count > 0:  x = x - (f * count + p)
         x = x + bias   for each of the row's logit biases with id v, in list order
+        if seen:       x = x / r if x > 0 else x * r
+        if count > 0:  x = (x - f * count) - p
+
+    and with ``"bias_last"`` (this package's earlier default; docs/semantics-penalties.md):
+    the repetition step, then ``x - (f * count + p)``, then the biases.
 
     float16/bfloat16 logits are computed in float32 and rounded to nearest even once; tokens
     that are neither seen nor biased keep their bits. NaN logits stay NaN. Host tensors are
@@ -177,12 +183,13 @@ def apply_penalties_(
         rows (sequence of int or integer tensor, optional): ``[B]``, on the CPU or the logits'
             device: logits row b reads state row rows[b], as engines keep request slots;
             default row b is state row b, and B must be R.
+        penalty_order (str): ``"vllm"`` (default) or ``"bias_last"``, as above.
 
     Returns:
         torch.Tensor: `logits`.
     """
     penalties = Penalties(prompt_mask, output_counts, repetition_penalty, frequency_penalty, presence_penalty,
-                          logit_bias_ids, logit_bias_values, rows)
+                          logit_bias_ids, logit_bias_values, rows, penalty_order)
     call(ops, "apply_penalties_", logits=logits, **penalty_arguments(penalties, "rows"))
     return logits
 

@@ -1,5 +1,5 @@
-"""Fused sampling: penalties, temperature, top-k / top-p / min-p (intersection) and the draw, in one op;
-and the log-probabilities of the same distributions."""
+"""Fused sampling: penalties, temperature, top-k / top-p / min-p (intersection, or vLLM's order) and the
+draw, in one op; and the log-probabilities of the same distributions."""
 
 from __future__ import annotations
 
@@ -24,12 +24,14 @@ def sample(
     *,
     bitmask: Optional[torch.Tensor] = None,
     penalties: Optional[Penalties] = None,
+    filter_apply_order: str = "joint",
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Draw one token per row.
 
     With p = softmax(logits / temperature) over the allowed tokens, the kept set is the
-    intersection of the top-k, top-p and min-p filters (FlashInfer's "joint" mode). Ties at a
+    intersection of the top-k, top-p and min-p filters (FlashInfer's "joint" mode; vLLM's
+    order with ``filter_apply_order="top_k_first"``). Ties at a
     cutoff are all kept, so a filter may keep more than k tokens; the most likely token is
     always kept. The token is drawn in proportion to p over the kept set (Gumbel-max). NaN
     logits count as -inf, +inf as the largest finite value. The exact definitions of the
@@ -66,6 +68,11 @@ def sample(
             written): the result equals ``apply_penalties_(logits.clone(), **penalties._asdict())``
             then `sample`, token for token (float16/bfloat16 penalised values are rounded to the
             logits' dtype, as apply_penalties_ stores them). Default: none.
+        filter_apply_order (str): how top-p composes with top-k and min-p. ``"joint"``
+            (default): the intersection above, top-p over the whole row (FlashInfer's
+            "joint", SGLang's). ``"top_k_first"``: top-p over the renormalised set that top-k
+            and min-p keep (vLLM's order, FlashInfer's default "top_k_first"); see
+            docs/semantics-sampling.md.
         out (torch.Tensor, optional): int64 ``[B]``, where to write the tokens; default a new tensor.
 
     Returns:
@@ -76,7 +83,8 @@ def sample(
                                   offset=offset)
     if out is None:
         out = torch.empty(logits.shape[:1], dtype=torch.int64, device=logits.device)
-    call(ops, "sample", logits=logits, **arguments, bitmask=bitmask, **fused_penalty_arguments(penalties), out=out)
+    call(ops, "sample", logits=logits, **arguments, filter_apply_order=filter_apply_order, bitmask=bitmask,
+         **fused_penalty_arguments(penalties), out=out)
     return out
 
 
@@ -108,6 +116,7 @@ def sample_with_logprobs(
     *,
     bitmask: Optional[torch.Tensor] = None,
     penalties: Optional[Penalties] = None,
+    filter_apply_order: str = "joint",
     num_logprobs: int = 0,
     logprobs_mode: str = "processed",
     out: Optional[SampleWithLogprobs] = None,
@@ -130,6 +139,7 @@ def sample_with_logprobs(
         offset (int or torch.Tensor): as in `sample`; default 0.
         bitmask (torch.Tensor, optional): as in `sample`.
         penalties (Penalties, optional): as in `sample`.
+        filter_apply_order (str): as in `sample`; default ``"joint"``.
         num_logprobs (int): N, in [0, V]: how many of the most likely tokens to report besides
             the sampled one; default 0.
         logprobs_mode (str): the distribution the log-probabilities are under:
@@ -162,7 +172,8 @@ def sample_with_logprobs(
             torch.empty(rows, dtype=torch.int64, device=logits.device),
         )
     penalty_arguments = fused_penalty_arguments(penalties)  # checked before `out` is unpacked
-    call(ops, "sample_with_logprobs", *out, logits=logits, **arguments, bitmask=bitmask, **penalty_arguments,
+    call(ops, "sample_with_logprobs", *out, logits=logits, **arguments, filter_apply_order=filter_apply_order,
+         bitmask=bitmask, **penalty_arguments,
          num_logprobs=num_logprobs, logprobs_mode=logprobs_mode)
     return out
 
@@ -177,6 +188,7 @@ def token_logprobs(
     *,
     bitmask: Optional[torch.Tensor] = None,
     penalties: Optional[Penalties] = None,
+    filter_apply_order: str = "joint",
     logprobs_mode: str = "processed",
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
@@ -196,6 +208,7 @@ def token_logprobs(
         min_p (float or torch.Tensor): as in `sample`; default 0.0.
         bitmask (torch.Tensor, optional): as in `sample`.
         penalties (Penalties, optional): as in `sample`.
+        filter_apply_order (str): as in `sample`; default ``"joint"``.
         logprobs_mode (str): ``"processed"`` (default) or ``"raw"``, as in `sample_with_logprobs`.
         out (torch.Tensor, optional): float32 ``[B]``, where to write the result; default a new tensor.
 
@@ -207,7 +220,8 @@ def token_logprobs(
         raise TypeError(f"token_ids must be a 1-D integer tensor, got {type(token_ids).__name__}")
     if out is None:
         out = torch.empty(logits.shape[:1], dtype=torch.float32, device=logits.device)
-    call(ops, "token_logprobs", logits=logits, token_ids=token_ids, **arguments, bitmask=bitmask,
+    call(ops, "token_logprobs", logits=logits, token_ids=token_ids, **arguments,
+         filter_apply_order=filter_apply_order, bitmask=bitmask,
          **fused_penalty_arguments(penalties), logprobs_mode=logprobs_mode, out=out)
     return out
 

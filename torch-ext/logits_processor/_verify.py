@@ -37,6 +37,7 @@ def verify_draft(
     offset: Param = 0,
     *,
     bitmask: Optional[torch.Tensor] = None,
+    filter_apply_order: str = "joint",
     out: Optional[VerifiedDraft] = None,
 ) -> VerifiedDraft:
     """Speculative-decoding verification: the longest accepted prefix of each row's drafts, then
@@ -79,6 +80,7 @@ def verify_draft(
         bitmask (torch.Tensor, optional): int32 ``[B, S + 1, ceil(V / 32)]``, position j's grammar
             mask (XGrammar's layout; the matcher advanced over the drafts, then rolled back);
             default every token allowed.
+        filter_apply_order (str): as in `sample`; default ``"joint"``.
         out (VerifiedDraft, optional): preallocated tensors of the shapes below; default new tensors.
 
     Returns:
@@ -94,7 +96,8 @@ def verify_draft(
             torch.empty(shape[0], dtype=torch.int64, device=target_logits.device),
         )
     call(ops, "verify_draft", *out, target_logits=target_logits, draft_token_ids=draft_token_ids,
-         num_draft_tokens=num_draft_tokens, draft_probs=draft_probs, **arguments, bitmask=bitmask)
+         num_draft_tokens=num_draft_tokens, draft_probs=draft_probs, **arguments,
+         filter_apply_order=filter_apply_order, bitmask=bitmask)
     return VerifiedDraft(*out)
 
 
