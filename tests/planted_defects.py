@@ -80,6 +80,7 @@ DEFECTS: dict[str, tuple[str, Callable]] = {
     "sample-ignores-top_p": ("sample", _rerun_with(top_p=None, top_p_value=1.0)),
     "sample-ignores-min_p": ("sample", _rerun_with(min_p=None, min_p_value=0.0)),
     "sample-ignores-bitmask": ("sample", _rerun_with(bitmask=None)),
+    "kept-set-ignores-top_p": ("sample_with_kept", _rerun_with(top_p=None, top_p_value=1.0)),
     # The fused penalties dropped: sample as if called without penalties=.
     "sample-ignores-penalties": ("sample", _rerun_with(
         prompt_mask=None, output_counts=None, repetition_penalty=None, repetition_penalty_value=1.0,

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from cuda_emulation.cases import DTYPES, SANITIZED, SMS, assert_launched, special_bitmask, special_logits
-from reference import unpack_bitmask
+from cuda_emulation.emulation import COUNTS_TRAFFIC
+from reference import pack_bitmask, unpack_bitmask
 
 # (rows, vocab); under ThreadSanitizer and ASan smaller ones.
 SHAPES = [(5, 1001), (3, 4099)] if SANITIZED else [(1, 1), (7, 1001), (20, 32000), (3, 128256)]
@@ -25,6 +26,9 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 def replay_case(rows, vocab, dtype, g):
     logits = special_logits(rows, vocab, dtype, g)
     bitmask = special_bitmask(rows, vocab, g)
+    if vocab > 4:  # subnormal float16 logits in every support (the conversion's own path)
+        logits[:, 1:4] = torch.tensor([1e-6, -3e-6, 2e-5]).to(dtype)
+        bitmask[1::2, 0] |= 0b1110
     temperature = torch.rand(rows, generator=g) + 0.3
     temperature[::4] = 0.0
     tokens = torch.randint(-1, vocab + 1, (rows,), generator=g)
@@ -87,3 +91,36 @@ def test_return_kept_is_refused_on_the_cuda_path(emulation):
     """The CUDA sampler does not write the kept set yet: the op says so, never leaves it unwritten."""
     with pytest.raises(RuntimeError, match="return_kept is not implemented for CUDA tensors"):
         emulation.lp.sample_with_logprobs(torch.randn(2, 100), return_kept=3)
+
+
+@pytest.mark.emulation
+@pytest.mark.traffic
+@pytest.mark.skipif(not COUNTS_TRAFFIC, reason="the traffic build counts global-memory bytes")
+def test_replay_traffic(emulation):
+    """What the kernels move per row, counted: the forward reads the support's words and its
+    tokens' logits twice each (s_max, then the sums) plus a few per-row values, and writes 24
+    bytes (and each thread reads the row's token id); the backward writes the gradient row once and reads, per token, its support word
+    (each thread reads the word of its own token: an L1 hit on a GPU, counted here) and the
+    supported tokens' logits, plus each thread's copy of the row's saved values."""
+    rows, vocab, kept = 4, 128256, 50
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(rows, vocab, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(vocab, generator=g)[:kept] for _ in range(rows)])
+    allowed = torch.zeros(rows, vocab, dtype=torch.bool).scatter_(1, ids, True)
+    bitmask = pack_bitmask(allowed)
+    tokens = ids[:, 0].clone()
+    words = bitmask.shape[1]
+    x = logits.clone().requires_grad_()
+    with emulation.gpu(8) as lp:
+        emulation.reset_traffic()
+        logprobs = lp.token_logprobs(x, tokens, 0.8, support=bitmask)
+        forward = emulation.traffic()
+        emulation.reset_traffic()
+        logprobs.sum().backward()
+        backward = emulation.traffic()
+    token_ids = 256 * 8  # each thread's copy of the row's token id (a scalar temperature: none)
+    assert forward[0] == rows * (2 * (4 * words + 2 * kept) + token_ids), forward
+    assert forward[1] == rows * (4 + 4 + 16), forward
+    assert backward[1] == rows * vocab * 2, backward
+    saved = 16 + 4 + 4 + 4 + 4 + 8  # normaliser, logprob, entropy, both incoming gradients, token id
+    assert backward[0] == rows * (4 * vocab + 2 * kept + 256 * saved), backward

@@ -2,7 +2,7 @@
 
 Modules, each importing only from those above it: _ops (generated), _args (arguments as the
 ops take them) and _fakes (the ops' fake implementations), then _bitmask, _penalties,
-_sampling and _verify, one per op family.
+_replay (token_logprobs' replay over a support), _sampling and _verify, one per op family.
 """
 
 from ._bitmask import (
