@@ -44,7 +44,7 @@ struct LogprobsParams {
   // sample_with_logprobs(..., return_kept=K): the kept set of each row's draw (greedy rows:
   // the token alone; rows with nothing allowed: empty) as a bitmask [rows, kept_words] in
   // XGrammar's layout, its K most likely tokens [rows, kept_k] (top-N order, -1 padded) and
-  // its size [rows]; null when not asked for. (CPU only so far.)
+  // its size [rows]; null when not asked for.
   int32_t* kept_bitmask;
   int64_t kept_words;
   int64_t* kept_ids;

@@ -143,7 +143,6 @@ void run_sample_with_logprobs(const Tensor& logits, const FilterArguments& filte
   if (kept) {
     CHECK_ARG(kept->k >= 1 && kept->k <= p.vocab, "return_kept must be in [1, ", p.vocab,
               "] (K, the kept ids per row), got ", kept->k);
-    CHECK_ARG(!uses_cuda_kernels(logits), "sample_with_logprobs: return_kept is not implemented for CUDA tensors yet");
     const int64_t words = (p.vocab + 31) / 32;
     check_output(kept->bitmask, logits, "kept_bitmask", ScalarType::Int, words);
     check_output(kept->ids, logits, "kept_ids", ScalarType::Long, kept->k);

@@ -33,6 +33,7 @@ BINS = "logits_processor/key_bins.cuh"
 ROW_SAMPLER = "logits_processor/row_sampler.cuh"
 SPLIT = "logits_processor/split_rows.cuh"
 SUPPORT = "logits_processor/support_logprobs_cuda.cu"
+LOGPROBS = "logits_processor/logprobs_cuda.cuh"
 AGREEMENT = "AssertionError"
 
 
@@ -87,6 +88,9 @@ MUTANTS = [
     Mutant("support-token", SUPPORT, "if (i == token) token_key = score_key(s);",
            "if (i == token + 1) token_key = score_key(s);", "fibers", AGREEMENT, "replay_agrees_with_cpu",
            "tests/cuda_emulation/test_replay_cuda.py"),
+    # The kept set returned by the sampler loses the tokens tied at its cutoff.
+    Mutant("kept-set-cutoff", LOGPROBS, "if (key < sampler.threshold) return;", "if (key <= sampler.threshold) return;",
+           "fibers", AGREEMENT, "kept_set_agrees_with_cpu", "tests/cuda_emulation/test_replay_cuda.py"),
     # One thread leaves a block reduction early: the block's barriers no longer match.
     Mutant("uneven-barrier", BLOCK, "  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);",
            "  if (threadIdx.x == 7) return v;\n  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);", "fibers",

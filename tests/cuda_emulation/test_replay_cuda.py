@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from cuda_emulation.cases import DTYPES, SANITIZED, SMS, assert_launched, special_bitmask, special_logits
+from cuda_emulation.cases import (DTYPES, SANITIZED, SMS, assert_launched, row_params, special_bitmask,
+                                  special_logits)
 from cuda_emulation.emulation import COUNTS_TRAFFIC
 from reference import pack_bitmask, unpack_bitmask
 
@@ -86,11 +87,24 @@ def test_batch_invariance_emulated(emulation, lp_cpu, sms):
     assert_launched(emulation, before)
 
 
-@pytest.mark.emulation
-def test_return_kept_is_refused_on_the_cuda_path(emulation):
-    """The CUDA sampler does not write the kept set yet: the op says so, never leaves it unwritten."""
-    with pytest.raises(RuntimeError, match="return_kept is not implemented for CUDA tensors"):
-        emulation.lp.sample_with_logprobs(torch.randn(2, 100), return_kept=3)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [1, 20, 45])
+def test_kept_set_agrees_with_cpu(cuda_target, lp_cpu, dtype, k):
+    """sample_with_logprobs(..., return_kept=K) on every sampler path (rows cycle through them),
+    special logits, fully masked rows, K within one top-N chunk and beyond it."""
+    g = torch.Generator().manual_seed(k)
+    rows, vocab = (9, 3001) if SANITIZED else (21, 9001)
+    logits = special_logits(rows, vocab, dtype, g)
+    kwargs = dict(row_params(rows, g), bitmask=special_bitmask(rows, vocab, g), num_logprobs=3)
+    expected = lp_cpu.sample_with_logprobs(logits, return_kept=k, **kwargs)
+    device = cuda_target.device
+    got = cuda_target.lp.sample_with_logprobs(logits.to(device), return_kept=k,
+                                              **{n: v.to(device) if isinstance(v, torch.Tensor) else v
+                                                 for n, v in kwargs.items()})
+    for part_got, part_expected in zip(got, expected):
+        for a, b in zip(part_got, part_expected):
+            assert torch.equal(bits(a.cpu()) if a.is_floating_point() else a.cpu(),
+                               bits(b) if b.is_floating_point() else b)
 
 
 @pytest.mark.emulation
@@ -124,3 +138,26 @@ def test_replay_traffic(emulation):
     assert backward[1] == rows * vocab * 2, backward
     saved = 16 + 4 + 4 + 4 + 4 + 8  # normaliser, logprob, entropy, both incoming gradients, token id
     assert backward[0] == rows * (4 * vocab + 2 * kept + 256 * saved), backward
+
+
+@pytest.mark.emulation
+@pytest.mark.traffic
+@pytest.mark.skipif(not COUNTS_TRAFFIC, reason="the traffic build counts global-memory bytes")
+@pytest.mark.parametrize("k", [20, 64])
+def test_kept_set_traffic(emulation, k):
+    """What return_kept=K adds to sample_with_logprobs: one more pass over the row (fp32, top-k 50
+    + top-p 0.9, no bitmask) per kTopChunk = 20 kept ids (up to the set's size), and the kept
+    outputs' writes (the
+    bitmask's words, zeroed then set by atomics, the ids and the size)."""
+    rows, vocab = 4, 128256
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(k))
+    counted = []
+    with emulation.gpu(8) as lp:
+        for extra in ({}, dict(return_kept=k)):
+            emulation.reset_traffic()
+            lp.sample_with_logprobs(logits, top_k=50, top_p=0.9, seed=1, **extra)
+            counted.append(emulation.traffic())
+    extra_passes = (counted[1][0] - counted[0][0]) / (rows * vocab * 4)
+    # (The passes stop at a chunk the set does not fill: its 50 tokens take 3 for K = 64.)
+    expected = min(math.ceil(k / 20), 50 // 20 + 1)
+    assert expected - 0.01 <= extra_passes <= expected + 0.01, extra_passes

@@ -121,20 +121,3 @@ def test_a_set_larger_than_k_fills_the_bitmask(lp):
 def test_bad_k_raises(lp, k, error, message):
     with pytest.raises(error, match=message):
         lp.sample_with_logprobs(torch.randn(2, 100), return_kept=k)
-
-
-def test_cuda_tensors_raise_not_implemented(lp):
-    """Not silently wrong: the CUDA kernels do not write the kept set yet."""
-    x = torch.randn(2, 100)
-    with pytest.raises(NotImplementedError, match="return_kept"):
-        lp.sample_with_logprobs(x.cuda() if torch.cuda.is_available() else _FakeCuda(x), return_kept=3)
-
-
-class _FakeCuda:
-    """Stands for a CUDA tensor where there is no GPU: only its device is read first."""
-
-    def __init__(self, x):
-        self.shape, self.device = x.shape, torch.device("cuda")
-
-    def dim(self):
-        return len(self.shape)

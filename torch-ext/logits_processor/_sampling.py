@@ -162,8 +162,7 @@ def sample_with_logprobs(
             graphs); default new tensors.
         return_kept (int, optional): K >= 1: also return the kept set each token was drawn from
             (`KeptSet`, with its K most likely ids), for a trainer to replay with
-            `token_logprobs(..., support=)`; the tokens and logprobs are unchanged. CPU tensors
-            only for now (CUDA raises NotImplementedError).
+            `token_logprobs(..., support=)`; the tokens and logprobs are unchanged.
 
     Returns:
         SampleWithLogprobs: (`out`) ``tokens`` int64 ``[B]``; ``logprobs`` float32 and
@@ -177,8 +176,6 @@ def sample_with_logprobs(
     if return_kept is not None:
         if isinstance(return_kept, bool) or not isinstance(return_kept, int):
             raise TypeError(f"return_kept must be an int K >= 1 (the kept ids per row), got {return_kept!r}")
-        if logits.device.type not in ("cpu", "meta"):
-            raise NotImplementedError("sample_with_logprobs: return_kept is implemented for CPU tensors only so far")
     arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                   offset=offset)
     if out is None:
