@@ -1,8 +1,9 @@
 // The CUDA log-probabilities (sampling.h's "Log-probabilities"): logprobs_kernel, a block per
 // row, serves sample_with_logprobs (the draw: RowSampler::sample) and token_logprobs (the given
 // tokens), then takes one pass over the kept set for ln Z, the rank and the top-N (kept_pass,
-// also verify_draft's). Never split over blocks, and a kernel of its own: its registers would
-// lower sample_kernel's occupancy. Compiled in sampling_cuda.cu's translation unit.
+// also verify_draft's), and with return_kept the draw's kept set (write_kept). Never split
+// over blocks, and a kernel of its own: its registers would lower sample_kernel's occupancy.
+// Compiled in sampling_cuda.cu's translation unit.
 #pragma once
 
 #include "block_primitives.cuh"
@@ -66,6 +67,52 @@ __device__ int merge_top(const TopList& list, int n, SharedState& sh) {
   return found;
 }
 
+// sample_with_logprobs(..., return_kept=K): the draw's kept set (the candidates at or above
+// `sampler`'s threshold; greedy: the token alone) into the kept outputs (LogprobsParams). Its
+// K most likely ids come kTopChunk a pass, as the top-N do; the first pass also sets the
+// bitmask's bits (atomicOr into words zeroed first) and counts the set. Called by the whole block.
+template <Dtype D>
+__device__ void write_kept(const SamplingParams& p, const RowSampler<D>& sampler, int64_t row, int64_t token,
+                           SharedState& sh) {
+  const LogprobsParams& out = p.logprobs;
+  int32_t* words = out.kept_bitmask + row * out.kept_words;
+  int64_t* ids = out.kept_ids + row * out.kept_k;
+  for (int64_t w = threadIdx.x; w < out.kept_words; w += kThreads) words[w] = 0;
+  for (int64_t c = threadIdx.x; c < out.kept_k; c += kThreads) ids[c] = -1;
+  __syncthreads();  // the zeros before any bit
+  if (token < 0 || sampler.r.greedy) {
+    if (threadIdx.x == 0 && token >= 0) words[token >> 5] = static_cast<int32_t>(1u << (token & 31)), ids[0] = token;
+    if (threadIdx.x == 0) out.kept_size[row] = token < 0 ? 0 : 1;
+    return;
+  }
+  uint64_t bound = ~uint64_t{0};
+  uint64_t size = 0;
+  for (int64_t done = 0; done < out.kept_k;) {
+    const int n = static_cast<int>(out.kept_k - done < kTopChunk ? out.kept_k - done : kTopChunk);
+    TopList list{{}, 0};
+    sampler.for_each_candidate([&](int64_t i, float s) {
+      const uint32_t key = score_key(s);
+      if (key < sampler.threshold) return;
+      if (done == 0) {
+        atomicOr(reinterpret_cast<unsigned int*>(words) + (i >> 5), 1u << (i & 31));
+        ++size;
+      }
+      const uint64_t packed = pack_argmax(key, i);
+      if (packed < bound) list.offer(packed, n);
+    });
+    if (done == 0) {
+      size = block_sum(size, sh);
+      if (threadIdx.x == 0) out.kept_size[row] = static_cast<int64_t>(size);
+    }
+    const int found = merge_top(list, n, sh);
+    if (threadIdx.x < found) ids[done + threadIdx.x] = unpack_index(sh.top[threadIdx.x]);
+    done += found;
+    if (found < n) break;
+    bound = sh.top[n - 1];
+    __syncthreads();  // every thread has read sh.top before the next chunk writes it
+  }
+}
+
 // sample_with_logprobs / token_logprobs for one row, by the whole block: the draw, then one
 // pass for ln Z, the rank and the first kTopChunk of the top-N (N > kTopChunk: one more pass
 // per kTopChunk tokens). Greedy, unfiltered and raw rows first find their distribution's s_max
@@ -89,6 +136,7 @@ __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, in
   float* logprobs = out.logprobs + row * columns;
   int64_t* ids = out.token_ids + row * columns;
   const int64_t token = sampler.sample(sh);
+  if (out.kept_bitmask) write_kept(p, sampler, row, token, sh);
   if (threadIdx.x == 0) p.out[row] = token, out.ranks[row] = kNoRank;
   for (int64_t c = threadIdx.x; c < columns; c += kThreads) logprobs[c] = kNegInf, ids[c] = -1;
   if (token < 0) return;

@@ -42,6 +42,15 @@ struct LogprobsParams {
   float* logprobs;          // [rows, 1 + num_logprobs] contiguous (token_logprobs: [rows])
   int64_t* token_ids;       // [rows, 1 + num_logprobs] contiguous, or null (token_logprobs)
   int64_t* ranks;           // [rows], or null (token_logprobs)
+  // sample_with_logprobs(..., return_kept=K): the kept set of each row's draw (greedy rows:
+  // the token alone; rows with nothing allowed: empty) as a bitmask [rows, kept_words] in
+  // XGrammar's layout, its K most likely tokens [rows, kept_k] (top-N order, -1 padded) and
+  // its size [rows]; null when not asked for.
+  int32_t* kept_bitmask;
+  int64_t kept_words;
+  int64_t* kept_ids;
+  int64_t kept_k;
+  int64_t* kept_size;
 };
 
 // How top-p composes with the other filters (docs/semantics-sampling.md):

@@ -10,10 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
-#endif
-
+#include "ieee_float_mode.h"
 #include "sampling.h"
 
 namespace logits_processor {
@@ -21,38 +18,6 @@ namespace {
 
 constexpr int kCoarseShift = 21;  // 2048 bins on the top 11 bits of a score key
 constexpr int kCoarseBins = 1 << (32 - kCoarseShift);
-
-// IEEE subnormals and round-to-nearest within its scope, the calling thread's mode restored
-// after. The caller may have set flush-to-zero and denormals-are-zero
-// (torch.set_flush_denormal(True) sets both), or another rounding mode: they would change
-// scores, keys and comparisons that involve subnormals, or the rounding of log-probabilities,
-// and with them results that the GPU, which does neither in this code, would not change.
-class IeeeFloatMode {
- public:
-  IeeeFloatMode() { set(saved_ & ~kFlushBits); }
-  ~IeeeFloatMode() { set(saved_); }
-  IeeeFloatMode(const IeeeFloatMode&) = delete;
-  IeeeFloatMode& operator=(const IeeeFloatMode&) = delete;
-
- private:
-#if defined(__x86_64__) || defined(__i386__)
-  static constexpr unsigned kFlushBits = 0xe040u;  // MXCSR: FTZ (15), rounding (13-14), DAZ (6)
-  static void set(unsigned mode) { _mm_setcsr(mode); }
-  const unsigned saved_ = _mm_getcsr();
-#elif defined(__aarch64__)
-  // FPCR: rounding (22-23), FZ (24), FZ16 (19)
-  static constexpr uint64_t kFlushBits = (uint64_t{3} << 22) | (uint64_t{1} << 24) | (uint64_t{1} << 19);
-  static void set(uint64_t mode) { __asm__ __volatile__("msr fpcr, %0" : : "r"(mode)); }
-  static uint64_t get() {
-    uint64_t mode;
-    __asm__ __volatile__("mrs %0, fpcr" : "=r"(mode));
-    return mode;
-  }
-  const uint64_t saved_ = get();
-#else
-#error "IeeeFloatMode: add this architecture's flush-to-zero control"
-#endif
-};
 
 struct Candidate {
   uint32_t key;
@@ -242,6 +207,7 @@ class RowSampler {
     int64_t* ids = out.token_ids + row_ * columns;
     const int64_t token = sample();
     p_.out[row_] = token;
+    if (out.kept_bitmask) write_kept(token);  // before the scores are reloaded (greedy, raw)
     std::fill(logprobs, logprobs + columns, kNegInf);
     std::fill(ids, ids + columns, int64_t{-1});
     out.ranks[row_] = kNoRank;
@@ -256,6 +222,39 @@ class RowSampler {
       logprobs[1 + j] = token_logprob(scores_[index], s_max_, log_z);
       ids[1 + j] = index;
     }
+  }
+
+  // The kept set of the draw sample() just made (LogprobsParams::kept_bitmask): the
+  // candidates at or above its cutoff, or a greedy row's token alone. One pass over the
+  // scores for the bitmask and the size, top_tokens for the K most likely.
+  void write_kept(int64_t token) {
+    const LogprobsParams& out = p_.logprobs;
+    int32_t* words = out.kept_bitmask + row_ * out.kept_words;
+    int64_t* ids = out.kept_ids + row_ * out.kept_k;
+    std::fill(words, words + out.kept_words, 0);
+    std::fill(ids, ids + out.kept_k, int64_t{-1});
+    out.kept_size[row_] = token < 0 ? 0 : 1;
+    if (token < 0) return;
+    if (r_.greedy) {
+      words[token >> 5] = static_cast<int32_t>(1u << (token & 31));
+      ids[0] = token;
+      return;
+    }
+    const float floor = floor_score();
+    int64_t size = 0;
+    for (int64_t w = 0; 32 * w < p_.vocab; ++w) {
+      uint32_t bits = 0;
+      const int64_t end = std::min<int64_t>(32, p_.vocab - 32 * w);
+      for (int64_t j = 0; j < end; ++j) {
+        const float s = scores_[32 * w + j];
+        bits |= static_cast<uint32_t>((s > kNegInf) & (s >= floor)) << j;
+      }
+      words[w] = static_cast<int32_t>(bits);
+      size += __builtin_popcount(bits);
+    }
+    out.kept_size[row_] = size;
+    const int64_t n = top_tokens(out.kept_k);
+    for (int64_t j = 0; j < n; ++j) ids[j] = scratch_.top[j].index;
   }
 
  private:

@@ -81,6 +81,7 @@ DEFECTS: dict[str, tuple[str, Callable]] = {
     "sample-ignores-min_p": ("sample", _rerun_with(min_p=None, min_p_value=0.0)),
     "sample-ignores-bitmask": ("sample", _rerun_with(bitmask=None)),
     "sample-ignores-filter_apply_order": ("sample", _rerun_with(filter_apply_order="joint")),
+    "kept-set-ignores-top_p": ("sample_with_kept", _rerun_with(top_p=None, top_p_value=1.0)),
     # The fused penalties dropped: sample as if called without penalties=.
     "sample-ignores-penalties": ("sample", _rerun_with(
         prompt_mask=None, output_counts=None, repetition_penalty=None, repetition_penalty_value=1.0,

@@ -138,7 +138,8 @@ int choice_index(const std::string& value, const char* name, std::initializer_li
 void check_output(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype,
                   int64_t columns) {
   CHECK_ARG(t.scalar_type() == dtype, name, " must be ",
-            dtype == ScalarType::Long ? "int64" : "float32", ", got ", t.scalar_type());
+            dtype == ScalarType::Long ? "int64" : dtype == ScalarType::Double ? "float64" : "float32", ", got ",
+            t.scalar_type());
   CHECK_ARG(t.device() == logits.device(), name, " must be on the logits' device (",
             device_name(logits.device()), "), got ", device_name(t.device()));
   const int64_t rows = logits.size(0);
@@ -151,6 +152,30 @@ void check_output(const Tensor& t, const Tensor& logits, const char* name, Scala
               " must be a contiguous tensor of shape [", rows, ", ", columns, "], got shape ",
               shape_name(t.sizes()));
   }
+}
+
+void check_support(const std::optional<Tensor>& bitmask, const std::optional<Tensor>& ids, const Tensor& logits) {
+  CHECK_ARG(bitmask.has_value() != ids.has_value(),
+            "support must be given once: a packed bitmask (int32) or token ids (int64)");
+  const Tensor& s = bitmask.has_value() ? *bitmask : *ids;
+  CHECK_ARG(s.device() == logits.device(), "support must be on the logits' device (", device_name(logits.device()),
+            "), got ", device_name(s.device()));
+  const int64_t rows = logits.size(0);
+  if (bitmask.has_value()) {
+    const int64_t words = (logits.size(1) + 31) / 32;
+    CHECK_ARG(s.scalar_type() == ScalarType::Int, "support must be an int32 bitmask or int64 token ids, got ",
+              s.scalar_type());
+    CHECK_ARG(s.dim() == 2 && s.size(0) == rows && s.size(1) == words,
+              "support (a bitmask) must have shape [", rows, ", ", words, "] (rows, ceil(vocab / 32)), got ",
+              shape_name(s.sizes()));
+    row_view(s, "support");
+    return;
+  }
+  CHECK_ARG(s.scalar_type() == ScalarType::Long, "support must be an int32 bitmask or int64 token ids, got ",
+            s.scalar_type());
+  CHECK_ARG(s.dim() == 2 && s.size(0) == rows, "support (token ids) must be 2-D [", rows,
+            ", K] (one row per logits row, -1 padded), got shape ", shape_name(s.sizes()));
+  CHECK_ARG(s.size(1) >= 1, "support (token ids) must have K >= 1 columns, got ", s.size(1));
 }
 
 HIDDEN_NAMESPACE_END(binding)

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -80,5 +81,10 @@ int choice_index(const std::string& value, const char* name, std::initializer_li
 // or [rows, columns].
 void check_output(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype,
                   int64_t columns = -1);
+
+// token_logprobs' support (support_ops.cpp), exactly one of: a packed bitmask, int32
+// [rows, ceil(vocab / 32)] (XGrammar's layout), or token ids, int64 [rows, K], K >= 1 (-1
+// padded; ids outside [0, vocab) are skipped, repeats count once); on the logits' device.
+void check_support(const std::optional<Tensor>& bitmask, const std::optional<Tensor>& ids, const Tensor& logits);
 
 HIDDEN_NAMESPACE_END(binding)

@@ -114,15 +114,23 @@ void sample(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGU
   run_sampling(call.params, logits);
 }
 
-void sample_with_logprobs(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER)
-                          LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
-                          LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) int64_t num_logprobs,
-                          const std::string& logprobs_mode, const Tensor& tokens,
-                          const Tensor& logprobs, const Tensor& logprob_token_ids,
-                          const Tensor& ranks) {
-  SamplingCall call = sampling_call(logits, {LP_FILTER_ARGUMENTS(LP_FORWARD)},
-                                    {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask);
-  add_penalties(call, logits, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
+namespace {
+
+// The kept set's outputs of sample_with_kept (LogprobsParams::kept_bitmask).
+struct KeptOutputs {
+  int64_t k;
+  const Tensor& bitmask;
+  const Tensor& ids;
+  const Tensor& size;
+};
+
+void run_sample_with_logprobs(const Tensor& logits, const FilterArguments& filters, const DrawArguments& draws,
+                              const std::optional<Tensor>& bitmask, const PenaltyArguments& penalties,
+                              int64_t num_logprobs, const std::string& logprobs_mode, const Tensor& tokens,
+                              const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks,
+                              const KeptOutputs* kept) {
+  SamplingCall call = sampling_call(logits, filters, draws, bitmask);
+  add_penalties(call, logits, penalties);
   CHECK_ARG(num_logprobs >= 0 && num_logprobs <= call.params.vocab,
             "num_logprobs must be in [0, ", call.params.vocab, "] (the vocabulary), got ",
             num_logprobs);
@@ -135,7 +143,44 @@ void sample_with_logprobs(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER
   p.out = tokens.mutable_data_ptr<int64_t>();
   p.logprobs = {true, raw, nullptr, num_logprobs, logprobs.mutable_data_ptr<float>(),
                 logprob_token_ids.mutable_data_ptr<int64_t>(), ranks.mutable_data_ptr<int64_t>()};
+  if (kept) {
+    CHECK_ARG(kept->k >= 1 && kept->k <= p.vocab, "return_kept must be in [1, ", p.vocab,
+              "] (K, the kept ids per row), got ", kept->k);
+    const int64_t words = (p.vocab + 31) / 32;
+    check_output(kept->bitmask, logits, "kept_bitmask", ScalarType::Int, words);
+    check_output(kept->ids, logits, "kept_ids", ScalarType::Long, kept->k);
+    check_output(kept->size, logits, "kept_size", ScalarType::Long);
+    p.logprobs.kept_bitmask = kept->bitmask.mutable_data_ptr<int32_t>();
+    p.logprobs.kept_words = words;
+    p.logprobs.kept_ids = kept->ids.mutable_data_ptr<int64_t>();
+    p.logprobs.kept_k = kept->k;
+    p.logprobs.kept_size = kept->size.mutable_data_ptr<int64_t>();
+  }
   run_sampling(p, logits);
+}
+
+}  // namespace
+
+void sample_with_logprobs(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER)
+                          LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
+                          LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) int64_t num_logprobs,
+                          const std::string& logprobs_mode, const Tensor& tokens,
+                          const Tensor& logprobs, const Tensor& logprob_token_ids,
+                          const Tensor& ranks) {
+  run_sample_with_logprobs(logits, {LP_FILTER_ARGUMENTS(LP_FORWARD)}, {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask,
+                           {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)}, num_logprobs, logprobs_mode, tokens, logprobs,
+                           logprob_token_ids, ranks, nullptr);
+}
+
+void sample_with_kept(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
+                      const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
+                      int64_t num_logprobs, const std::string& logprobs_mode, int64_t kept_k, const Tensor& tokens,
+                      const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks,
+                      const Tensor& kept_bitmask, const Tensor& kept_ids, const Tensor& kept_size) {
+  const KeptOutputs kept{kept_k, kept_bitmask, kept_ids, kept_size};
+  run_sample_with_logprobs(logits, {LP_FILTER_ARGUMENTS(LP_FORWARD)}, {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask,
+                           {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)}, num_logprobs, logprobs_mode, tokens, logprobs,
+                           logprob_token_ids, ranks, &kept);
 }
 
 void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARGUMENTS(LP_PARAMETER)

@@ -8,6 +8,21 @@
 
 #include "registration.h"
 
+// sample_with_logprobs' arguments up to its outputs, which sample_with_kept extends.
+#define LP_SAMPLE_WITH_LOGPROBS_INPUTS          \
+  "Tensor logits, "                             \
+  LP_FILTER_ARGUMENTS(LP_SCHEMA_ARGUMENT)       \
+  LP_DRAW_ARGUMENTS(LP_SCHEMA_ARGUMENT)         \
+  "Tensor? bitmask, "                           \
+  LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT) \
+  "int num_logprobs, "                             \
+  "str logprobs_mode, "
+#define LP_SAMPLE_WITH_LOGPROBS_OUTPUTS \
+  "Tensor(a!) tokens, "                 \
+  "Tensor(b!) logprobs, "               \
+  "Tensor(c!) logprob_token_ids, "      \
+  "Tensor(d!) ranks"
+
 STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("apply_token_bitmask_inplace("
           "Tensor(a!) logits, "
@@ -31,17 +46,16 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "Tensor(a!) out"
           ") -> ()");
   ops.def("sample_with_logprobs("
-          "Tensor logits, "
-          LP_FILTER_ARGUMENTS(LP_SCHEMA_ARGUMENT)
-          LP_DRAW_ARGUMENTS(LP_SCHEMA_ARGUMENT)
-          "Tensor? bitmask, "
-          LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
-          "int num_logprobs, "
-          "str logprobs_mode, "
-          "Tensor(a!) tokens, "
-          "Tensor(b!) logprobs, "
-          "Tensor(c!) logprob_token_ids, "
-          "Tensor(d!) ranks"
+          LP_SAMPLE_WITH_LOGPROBS_INPUTS
+          LP_SAMPLE_WITH_LOGPROBS_OUTPUTS
+          ") -> ()");
+  ops.def("sample_with_kept("
+          LP_SAMPLE_WITH_LOGPROBS_INPUTS
+          "int kept_k, "
+          LP_SAMPLE_WITH_LOGPROBS_OUTPUTS ", "
+          "Tensor(e!) kept_bitmask, "
+          "Tensor(f!) kept_ids, "
+          "Tensor(g!) kept_size"
           ") -> ()");
   ops.def("verify_draft("
           "Tensor target_logits, "
@@ -62,6 +76,21 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "str logprobs_mode, "
           "Tensor(a!) out"
+          ") -> ()");
+  ops.def("support_logprobs("
+          LP_SUPPORT_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          "Tensor(a!) logprobs, "
+          "Tensor(b!) entropy, "
+          "Tensor(c!) normaliser"
+          ") -> ()");
+  ops.def("support_logprobs_backward("
+          "Tensor grad_logprobs, "
+          "Tensor grad_entropy, "
+          LP_SUPPORT_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          "Tensor logprobs, "
+          "Tensor entropy, "
+          "Tensor normaliser, "
+          "Tensor(a!) grad_logits"
           ") -> ()");
   ops.def("apply_penalties_("
           "Tensor(a!) logits, "
@@ -94,7 +123,10 @@ void impl_ops(Library& ops) {
   ops.impl("apply_packed_bitmask", TORCH_BOX(&apply_packed_bitmask));
   ops.impl("sample", TORCH_BOX(&sample));
   ops.impl("sample_with_logprobs", TORCH_BOX(&sample_with_logprobs));
+  ops.impl("sample_with_kept", TORCH_BOX(&sample_with_kept));
   ops.impl("token_logprobs", TORCH_BOX(&token_logprobs));
+  ops.impl("support_logprobs", TORCH_BOX(&support_logprobs));
+  ops.impl("support_logprobs_backward", TORCH_BOX(&support_logprobs_backward));
   ops.impl("verify_draft", TORCH_BOX(&verify_draft));
   ops.impl("apply_penalties_", TORCH_BOX(&apply_penalties_));
   ops.impl("update_output_counts_", TORCH_BOX(&update_output_counts_));

@@ -67,6 +67,14 @@
   LP_PENALTY_ARGUMENTS(X)                                   \
   X("Tensor?", const std::optional<Tensor>&, penalty_rows)
 
+// What token_logprobs(..., support=) reads, forward and backward (support_ops.cpp).
+#define LP_SUPPORT_ARGUMENTS(X)                                \
+  X("Tensor", const Tensor&, logits)                           \
+  X("Tensor", const Tensor&, token_ids)                        \
+  LP_PER_ROW(X, temperature, "float", double)                  \
+  X("Tensor?", const std::optional<Tensor>&, support_bitmask)  \
+  X("Tensor?", const std::optional<Tensor>&, support_ids)
+
 HIDDEN_NAMESPACE_BEGIN(binding)
 
 using torch::stable::Tensor;
@@ -96,9 +104,21 @@ void sample_with_logprobs(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER
                           const std::string& logprobs_mode, const Tensor& tokens,
                           const Tensor& logprobs, const Tensor& logprob_token_ids,
                           const Tensor& ranks);
+void sample_with_kept(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
+                      const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
+                      int64_t num_logprobs, const std::string& logprobs_mode, int64_t kept_k, const Tensor& tokens,
+                      const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks,
+                      const Tensor& kept_bitmask, const Tensor& kept_ids, const Tensor& kept_size);
 void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARGUMENTS(LP_PARAMETER)
                     const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
                     const std::string& logprobs_mode, const Tensor& out);
+
+// support_ops.cpp
+void support_logprobs(LP_SUPPORT_ARGUMENTS(LP_PARAMETER) const Tensor& logprobs, const Tensor& entropy,
+                      const Tensor& normaliser);
+void support_logprobs_backward(const Tensor& grad_logprobs, const Tensor& grad_entropy,
+                               LP_SUPPORT_ARGUMENTS(LP_PARAMETER) const Tensor& logprobs, const Tensor& entropy,
+                               const Tensor& normaliser, const Tensor& grad_logits);
 
 // verify_ops.cpp
 void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,

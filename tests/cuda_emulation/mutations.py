@@ -32,6 +32,8 @@ BLOCK = "logits_processor/block_primitives.cuh"
 BINS = "logits_processor/key_bins.cuh"
 ROW_SAMPLER = "logits_processor/row_sampler.cuh"
 SPLIT = "logits_processor/split_rows.cuh"
+SUPPORT = "logits_processor/support_logprobs_cuda.cu"
+LOGPROBS = "logits_processor/logprobs_cuda.cuh"
 AGREEMENT = "AssertionError"
 
 
@@ -45,6 +47,7 @@ class Mutant:
     flavor: str
     evidence: str  # in the failing run's output
     tests: str = "sampler_agrees_with_cpu_per_row"  # pytest -k
+    test_file: str = "tests/cuda_emulation/test_sampler_cuda.py"
 
 
 MUTANTS = [
@@ -88,6 +91,13 @@ MUTANTS = [
     # The last block reads the others' results without fencing after its arrival.
     Mutant("last-block-fence", BLOCK, "    if (last) __threadfence();\n", "", "concurrent",
            "ThreadSanitizer: data race", "split_cut"),
+    # The replay over a support reads the score of the token after the given one.
+    Mutant("support-token", SUPPORT, "if (i == token) token_key = score_key(s);",
+           "if (i == token + 1) token_key = score_key(s);", "fibers", AGREEMENT, "replay_agrees_with_cpu",
+           "tests/cuda_emulation/test_replay_cuda.py"),
+    # The kept set returned by the sampler loses the tokens tied at its cutoff.
+    Mutant("kept-set-cutoff", LOGPROBS, "if (key < sampler.threshold) return;", "if (key <= sampler.threshold) return;",
+           "fibers", AGREEMENT, "kept_set_agrees_with_cpu", "tests/cuda_emulation/test_replay_cuda.py"),
     # One thread leaves a block reduction early: the block's barriers no longer match.
     Mutant("uneven-barrier", BLOCK, "  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);",
            "  if (threadIdx.x == 7) return v;\n  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);", "fibers",
@@ -111,7 +121,7 @@ def check(mutant: Mutant) -> str | None:
     env = {**os.environ, **emulation_environment(mutant.flavor),
            "LP_EMULATION_BUILD": str(variants[mutant.flavor].parent)}
     run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                          "--capture=sys", "-m", "emulation", "tests/cuda_emulation/test_sampler_cuda.py",
+                          "--capture=sys", "-m", "emulation", mutant.test_file,
                           "-k", mutant.tests],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     output = run.stdout + run.stderr

@@ -11,18 +11,12 @@ import math
 import pytest
 import torch
 
+from op_cases import FILTERS
 from reference import logprobs_reference, random_bitmask, sampling_reference, support_scores
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 MODES = ["processed", "raw"]
 TOLERANCE = 2e-6
-FILTERS = {
-    "unfiltered": dict(),
-    "top_k": dict(top_k=7),
-    "top_p": dict(top_p=0.8),
-    "min_p": dict(min_p=0.1),
-    "all_three": dict(top_k=30, top_p=0.85, min_p=0.02),
-}
 
 
 def random_params(rows, g):

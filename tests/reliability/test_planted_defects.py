@@ -25,6 +25,7 @@ TEST_FILE = {
     "apply_token_bitmask_inplace": "tests/ops/test_bitmask.py",
     "apply_packed_bitmask": "tests/ops/test_bitmask.py",
     "sample": "tests/ops/test_sampling.py",
+    "sample_with_kept": "tests/ops/test_kept_set.py",
     "apply_penalties_": "tests/ops/test_penalties.py",
     "update_output_counts_": "tests/ops/test_penalties.py",
 }

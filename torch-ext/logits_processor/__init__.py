@@ -2,7 +2,7 @@
 
 Modules, each importing only from those above it: _ops (generated), _args (arguments as the
 ops take them) and _fakes (the ops' fake implementations), then _bitmask, _penalties,
-_sampling and _verify, one per op family.
+_replay (token_logprobs' replay over a support), _sampling and _verify, one per op family.
 """
 
 from ._bitmask import (
@@ -15,10 +15,11 @@ from ._bitmask import (
     reset_token_bitmask,
 )
 from ._penalties import Penalties, PenaltyState, apply_penalties_, penalty_state_from_tokens, update_output_counts_
-from ._sampling import SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
+from ._sampling import KeptSet, SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
 from ._verify import VerifiedDraft, verify_draft
 
 __all__ = [
+    "KeptSet",
     "SampleWithLogprobs",
     "VerifiedDraft",
     "allocate_token_bitmask",

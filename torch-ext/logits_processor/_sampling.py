@@ -11,6 +11,7 @@ from ._args import Param, call, sampler_arguments
 from ._fakes import register_fakes
 from ._ops import ops
 from ._penalties import FUSED_PENALTY_ARGUMENTS, Penalties, fused_penalty_arguments
+from ._replay import replay
 
 
 def sample(
@@ -105,6 +106,24 @@ class SampleWithLogprobs(NamedTuple):
     ranks: torch.Tensor
 
 
+class KeptSet(NamedTuple):
+    """The set each row's token was drawn from (`sample_with_logprobs(..., return_kept=K)`):
+    bitmask ∩ penalised ∩ top-k ∩ top-p ∩ min-p; a greedy row's token alone; empty for a row
+    with nothing allowed. Pass `bitmask` (or `ids`) back as `token_logprobs(..., support=)`.
+
+    Attributes:
+        bitmask (torch.Tensor): int32 ``[B, ceil(V / 32)]``, XGrammar's layout (usable wherever
+            a bitmask goes).
+        ids (torch.Tensor): int64 ``[B, K]``: the K most likely kept tokens, most likely first
+            (ties by lowest id), -1 padded; a set larger than K is in `bitmask` whole.
+        size (torch.Tensor): int64 ``[B]``, the number of kept tokens (may exceed K).
+    """
+
+    bitmask: torch.Tensor
+    ids: torch.Tensor
+    size: torch.Tensor
+
+
 def sample_with_logprobs(
     logits: torch.Tensor,
     temperature: Param = 1.0,
@@ -120,7 +139,8 @@ def sample_with_logprobs(
     num_logprobs: int = 0,
     logprobs_mode: str = "processed",
     out: Optional[SampleWithLogprobs] = None,
-) -> SampleWithLogprobs:
+    return_kept: Optional[int] = None,
+):
     """`sample`, and the log-probabilities of the draw, from the same passes over the logits.
 
     The tokens are exactly `sample`'s with the same arguments. The log-probabilities are within
@@ -150,6 +170,9 @@ def sample_with_logprobs(
             ``"raw"``: log_softmax of the logits as given: no penalties, temperature, filter or bitmask.
         out (SampleWithLogprobs, optional): preallocated tensors of the shapes below (for CUDA
             graphs); default new tensors.
+        return_kept (int, optional): K >= 1: also return the kept set each token was drawn from
+            (`KeptSet`, with its K most likely ids), for a trainer to replay with
+            `token_logprobs(..., support=)`; the tokens and logprobs are unchanged.
 
     Returns:
         SampleWithLogprobs: (`out`) ``tokens`` int64 ``[B]``; ``logprobs`` float32 and
@@ -157,8 +180,12 @@ def sample_with_logprobs(
         most likely tokens, most likely first, ties by lowest id; columns past the
         distribution's support hold id -1 and logprob -inf; ``ranks`` int64 ``[B]``: 1 + the
         number of tokens strictly more likely than the sampled one. A row with nothing allowed
-        returns token -1, every logprob -inf, every id -1 and rank 0.
+        returns token -1, every logprob -inf, every id -1 and rank 0. With `return_kept`, the
+        pair ``(SampleWithLogprobs, KeptSet)``.
     """
+    if return_kept is not None:
+        if isinstance(return_kept, bool) or not isinstance(return_kept, int):
+            raise TypeError(f"return_kept must be an int K >= 1 (the kept ids per row), got {return_kept!r}")
     arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                   offset=offset)
     if out is None:
@@ -172,10 +199,18 @@ def sample_with_logprobs(
             torch.empty(rows, dtype=torch.int64, device=logits.device),
         )
     penalty_arguments = fused_penalty_arguments(penalties)  # checked before `out` is unpacked
-    call(ops, "sample_with_logprobs", *out, logits=logits, **arguments, filter_apply_order=filter_apply_order,
-         bitmask=bitmask, **penalty_arguments,
-         num_logprobs=num_logprobs, logprobs_mode=logprobs_mode)
-    return out
+    if return_kept is None:
+        call(ops, "sample_with_logprobs", *out, logits=logits, **arguments, filter_apply_order=filter_apply_order,
+             bitmask=bitmask, **penalty_arguments,
+             num_logprobs=num_logprobs, logprobs_mode=logprobs_mode)
+        return out
+    rows, vocab = (logits.shape[0], logits.shape[-1]) if logits.dim() == 2 else (0, 0)
+    kept = KeptSet(torch.empty(rows, (vocab + 31) // 32, dtype=torch.int32, device=logits.device),
+                   torch.empty(rows, max(return_kept, 0), dtype=torch.int64, device=logits.device),
+                   torch.empty(rows, dtype=torch.int64, device=logits.device))
+    call(ops, "sample_with_kept", *out, *kept, logits=logits, **arguments, filter_apply_order=filter_apply_order,
+         bitmask=bitmask, **penalty_arguments, num_logprobs=num_logprobs, logprobs_mode=logprobs_mode, kept_k=return_kept)
+    return out, kept
 
 
 def token_logprobs(
@@ -191,11 +226,16 @@ def token_logprobs(
     filter_apply_order: str = "joint",
     logprobs_mode: str = "processed",
     out: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+    support: Optional[torch.Tensor] = None,
+    return_entropy: bool = False,
+):
     """The log-probability of given tokens under each row's distribution, as `sample_with_logprobs`
     defines it: bit for bit its column 0 on the same logits and parameters.
 
-    For a trainer to recompute, on its own forward pass, what the sampler reported.
+    For a trainer to recompute, on its own forward pass, what the sampler reported. With
+    `support` (the sampler's kept set), the distribution is softmax(logits / temperature) over
+    that set, the filters not recomputed: differentiable (autograd), and bit for bit column 0
+    on the rollout's logits and parameters (docs/semantics-logprobs.md, the RL recipe).
 
     Args:
         logits (torch.Tensor): as in `sample`.
@@ -211,10 +251,33 @@ def token_logprobs(
         filter_apply_order (str): as in `sample`; default ``"joint"``.
         logprobs_mode (str): ``"processed"`` (default) or ``"raw"``, as in `sample_with_logprobs`.
         out (torch.Tensor, optional): float32 ``[B]``, where to write the result; default a new tensor.
+        support (torch.Tensor, optional): the tokens each row's distribution is over, replacing
+            the filters (top_k, top_p, min_p, bitmask, penalties, logprobs_mode and out must
+            stay at their defaults): a packed bitmask, int32 ``[B, ceil(V / 32)]`` (XGrammar's
+            layout), or ids, int64 ``[B, K]``, K >= 1, -1 padded (ids outside [0, V) are
+            skipped, repeats count once), on the logits' device. Rows may be the tokens of
+            many sequences (B = sequences x length). A token outside its row's support gets
+            -inf and no gradient. Temperature <= 0 counts as 1.
+        return_entropy (bool): with `support`, also return the entropy of each row's
+            distribution (0 for an empty support), differentiable too.
 
     Returns:
         torch.Tensor: float32 ``[B]`` (`out`): the log-probability of token_ids[b] in row b.
+        With `support`, a new tensor, differentiable with respect to the logits (the gradient
+        in their dtype); with `return_entropy`, the pair ``(logprobs, entropy)``.
     """
+    if support is not None:
+        defaults = dict(top_k=(top_k, 0), top_p=(top_p, 1.0), min_p=(min_p, 0.0), bitmask=(bitmask, None),
+                        penalties=(penalties, None), filter_apply_order=(filter_apply_order, "joint"),
+                        logprobs_mode=(logprobs_mode, "processed"), out=(out, None))
+        for name, (value, default) in defaults.items():
+            if isinstance(value, torch.Tensor) or value != default:
+                raise ValueError(f"token_logprobs: {name} cannot be given with support= (the support replaces "
+                                 "the filters; apply penalties to the logits first)")
+        logprobs, entropy = replay(logits, token_ids, temperature, support)
+        return (logprobs, entropy) if return_entropy else logprobs
+    if return_entropy:
+        raise ValueError("token_logprobs: return_entropy needs support=")
     arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"token_ids must be a 1-D integer tensor, got {type(token_ids).__name__}")
@@ -226,4 +289,5 @@ def token_logprobs(
     return out
 
 
-register_fakes("sample", "sample_with_logprobs", "token_logprobs", checked_last=FUSED_PENALTY_ARGUMENTS)
+register_fakes("sample", "sample_with_logprobs", "sample_with_kept", "token_logprobs",
+               checked_last=FUSED_PENALTY_ARGUMENTS)
