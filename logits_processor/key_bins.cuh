@@ -75,18 +75,16 @@ struct BinCut {
   uint64_t above;
 };
 
-// One thread writes the cut (CUB's scan promises no barrier that would order two writers):
-// the finder, the one thread whose prefix crosses `target`, or the last thread when none does.
-__device__ bool writes_no_cut(uint64_t above, uint64_t total, uint64_t target) {
-  return threadIdx.x == kThreads - 1 && !(above < target && above + total >= target);
-}
-
 template <typename Count, typename Shared>
 __device__ BinCut find_bin(const Count* bins, uint64_t target, Shared& sh) {
   const uint64_t mine = own_bins_sum(bins);
+  // Defaults in case no bin qualifies, ordered before the finder's write by a barrier of our
+  // own: CUB's scan promises none. (Written instead by the last thread after the scan, when no
+  // bin qualifies, they make ptxas give sample_kernel 80 registers and 1.2 KB of spills, sm_90.)
+  if (threadIdx.x == 0) sh.bin = -1, sh.above = 0;
+  __syncthreads();
   uint64_t inclusive;
   BlockScan(sh.cub.scan).InclusiveSum(mine, inclusive);
-  if (writes_no_cut(0, inclusive, target)) sh.bin = -1, sh.above = 0;
   uint64_t above = inclusive - mine;
   if (above < target && inclusive >= target) {
     for (int j = 0; j < kBinsPerThread; ++j) {
@@ -138,9 +136,10 @@ __device__ uint32_t radix_select(ForEachKey&& for_each_key, int bin, uint64_t ab
     __syncthreads();
     const uint32_t digit = kThreads - 1 - threadIdx.x;  // the scan runs from the top digit down
     const uint64_t mine = sh.histogram[digit];
+    if (threadIdx.x == 0) sh.digit = kNoDigit, sh.above = above;  // (as in find_bin)
+    __syncthreads();
     uint64_t inclusive;
     BlockScan(sh.cub.scan).InclusiveSum(mine, inclusive);
-    if (writes_no_cut(above, inclusive, target)) sh.digit = kNoDigit, sh.above = above;
     if (above + inclusive - mine < target && above + inclusive >= target) {
       sh.digit = digit;
       sh.above = above + inclusive - mine;

@@ -56,14 +56,13 @@ MUTANTS = [
     Mutant("histogram-barrier-tsan", BINS,
            "    sh.histogram[threadIdx.x] = 0;\n    __syncthreads();\n",
            "    sh.histogram[threadIdx.x] = 0;\n", "tsan", "ThreadSanitizer: data race"),
-    # find_bin's defaults written by thread 0 before the scan, the finder's after it (as the
-    # code once did): ordered only if the scan had a barrier, which CUB does not promise and
-    # the emulation's scan does not give ThreadSanitizer.
+    # find_bin's barrier between thread 0's defaults and the finder's write removed (the code
+    # as it once was): they are then ordered only if the scan had a barrier, which CUB does not
+    # promise and the emulation's scan does not give ThreadSanitizer.
     Mutant("scan-barrier-reliance", BINS,
-           "  BlockScan(sh.cub.scan).InclusiveSum(mine, inclusive);\n  if (writes_no_cut(0, inclusive, target)) sh.bin = -1, sh.above = 0;\n",
-           "  if (threadIdx.x == 0) sh.bin = -1, sh.above = 0;\n  BlockScan(sh.cub.scan).InclusiveSum(mine, inclusive);\n",
-           "tsan", "ThreadSanitizer: data race"),
-    # find_bin's own barrier between the one writer of the cut and its readers, removed.
+           "  if (threadIdx.x == 0) sh.bin = -1, sh.above = 0;\n  __syncthreads();\n",
+           "  if (threadIdx.x == 0) sh.bin = -1, sh.above = 0;\n", "tsan", "ThreadSanitizer: data race"),
+    # find_bin's barrier between the writers of the cut and its readers, removed.
     Mutant("find-bin-barrier", BINS, "  __syncthreads();\n  const BinCut cut{sh.bin, sh.above};\n",
            "  const BinCut cut{sh.bin, sh.above};\n", "tsan", "ThreadSanitizer: data race"),
     # A radix digit off by one: each key counted in the next bin.
