@@ -49,6 +49,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __grid_constant__
 #define __shared__ static  // one block runs at a time: a static is that block's shared memory
 
 // --- vector types, launch configuration, runtime API -----------------------------------------
