@@ -83,11 +83,18 @@ inline void check_kernels_for_device(const void* kernel, int device, const char*
 // Every kernel is launched through here: kernel<<<grid, block, 0, stream>>>(args...) under
 // nvcc, the CPU emulation of tests/cuda_emulation/ otherwise (the only difference between
 // the two compilations of a .cu file). A launch that fails raises, naming the op and the GPU,
-// instead of leaving outputs unwritten. (cudaGetLastError neither synchronises nor breaks
-// graph capture; errors inside the kernel surface at the caller's next synchronisation.)
+// instead of leaving outputs unwritten. cudaGetLastError returns the thread's last error
+// whatever call made it, and a launch that succeeds does not clear it: so an error an earlier
+// call left pending is taken first, and raised as that (nothing launched), not as this
+// launch's failure. (cudaGetLastError neither synchronises nor breaks graph capture; errors
+// inside the kernel surface at the caller's next synchronisation.)
 template <typename... Params, typename... Args>
 void launch_kernel(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block,
                    cudaStream_t stream, const Args&... args) {
+  const cudaError_t earlier = cudaGetLastError();
+  if (earlier != cudaSuccess)
+    throw std::runtime_error(std::string("logits-processor: the ") + op + " kernel was not launched: an earlier " +
+                             "CUDA call left an error pending on this thread: " + cudaGetErrorString(earlier));
   int device = 0;
   cudaGetDevice(&device);
   check_kernels_for_device(reinterpret_cast<const void*>(kernel), device, op);

@@ -171,9 +171,10 @@ __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, in
   }
 }
 
-// One block per row, grid-stride.
+// One block per row, grid-stride. (__grid_constant__: row_logprobs takes p by reference, which
+// would otherwise copy its 360 bytes to the stack, over CUDA's default 1 KB limit.)
 template <Dtype D>
-__global__ void __launch_bounds__(kThreads) logprobs_kernel(SamplingParams p) {
+__global__ void __launch_bounds__(kThreads) logprobs_kernel(const __grid_constant__ SamplingParams p) {
   __shared__ SharedState sh;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     RowSampler<D> sampler{p, row_params(p, row), logits_row(p, row), row_bitmask(p, row),

@@ -281,7 +281,7 @@ struct RowSampler {
     const bool top_k = has_top_k();
     const KeyCount first = count_keys(top_k ? KeyBins::kCounts : KeyBins::kNone, 0, p.vocab, sh);
     if (first.candidates == 0) return false;
-    s_max = key_score(static_cast<uint32_t>(first.max_key));
+    s_max = row_max_score(static_cast<uint32_t>(first.max_key));
     uint32_t lower = min_p_key(s_max, r.min_p);
     threshold = lower;
     BinCut k_cut{-1, 0}, p_cut{-1, 0};

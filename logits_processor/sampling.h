@@ -142,6 +142,11 @@ LP_HOST_DEVICE float key_score(uint32_t key) {
   return bits_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
+// s_max, as both devices take it: the score of the row's largest key. A top score of -0.0 is
+// then +0.0 on both (the keys do not tell the zeros apart, and which zero a float max
+// reduction returns depends on the order it meets them).
+LP_HOST_DEVICE float row_max_score(uint32_t max_key) { return key_score(max_key); }
+
 LP_HOST_DEVICE const int32_t* row_bitmask(const SamplingParams& p, int64_t row) {
   return p.bitmask ? p.bitmask + row * p.bitmask_row_stride : nullptr;
 }
@@ -297,9 +302,10 @@ LP_HOST_DEVICE double log_normaliser(FineMass sum) {
 }
 
 // Finite for every token of the support: a value below -FLT_MAX (scores 2 FLT_MAX apart) is
-// clamped to it, as -inf means "outside the support".
+// clamped to it, as -inf means "outside the support". s is read as its key reads it, -0.0 as
+// +0.0 (s_max is, too): a top token of -0.0 then gets (+0) - (+0) = +0.0, not -0.0.
 LP_HOST_DEVICE float token_logprob(float s, float s_max, double log_z) {
-  const double logprob = lp_dadd(lp_dadd(static_cast<double>(s), -static_cast<double>(s_max)), -log_z);
+  const double logprob = lp_dadd(lp_dadd(static_cast<double>(lp_add(s, 0.0f)), -static_cast<double>(s_max)), -log_z);
   return lp_double_to_float(logprob > -static_cast<double>(kMaxFinite) ? logprob : -static_cast<double>(kMaxFinite));
 }
 

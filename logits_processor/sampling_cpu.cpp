@@ -277,7 +277,7 @@ class RowSampler {
   // s_max and the candidate count of the loaded scores; false if there is no candidate.
   bool scan() {
     const RowMax m = max_and_count(scores_, p_.vocab);
-    s_max_ = m.s_max;
+    s_max_ = row_max_score(score_key(m.s_max));
     candidates_ = m.candidates;
     return candidates_ > 0;
   }

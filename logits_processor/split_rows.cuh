@@ -167,7 +167,7 @@ template <Dtype D>
 __device__ void bracket_top_p(const RowSampler<D>& sampler, const Split& split, int64_t row, uint32_t max_key,
                               uint32_t lower, SharedState& sh) {
   const unsigned long long* estimates = split.merged_bins(row);
-  const float row_max = key_score(max_key);
+  const float row_max = row_max_score(max_key);
   // (top_k_first renormalises over the keys at or above t_minp: the bins below its own are left out.)
   const int lowest = sampler.r.top_k_first && lower != kNoKey ? static_cast<int>(key_bin(lower)) : 0;
   for (int j = 0; j < kBinsPerThread; ++j) {
@@ -207,7 +207,7 @@ __device__ void cut_from_chunks(const RowSampler<D>& sampler, const Split& split
     return;
   }
   const uint32_t lower =
-      candidates == 0 ? kNoKey : min_p_key(key_score(static_cast<uint32_t>(max_key)), sampler.r.min_p);
+      candidates == 0 ? kNoKey : min_p_key(row_max_score(static_cast<uint32_t>(max_key)), sampler.r.min_p);
   if (!sampler.has_top_k() && sampler.r.top_p < 1.0f) {
     bracket_top_p(sampler, split, row, static_cast<uint32_t>(max_key), lower, sh);
     return;
@@ -322,7 +322,7 @@ template <Dtype D>
 __device__ void draw_top_p_chunk(RowSampler<D>& sampler, const Split& split, int64_t row, int64_t begin, int64_t end,
                                  int bin, uint32_t lower, SharedState& sh) {
   SplitRow& state = split.rows[row];
-  sampler.s_max = key_score(block_load(state.max_key, sh));
+  sampler.s_max = row_max_score(block_load(state.max_key, sh));
   const uint64_t from = max(bin_start(bin), static_cast<uint64_t>(lower));
   const auto gather = shared_entries(sh);
   uint64_t mass = 0;
@@ -363,7 +363,7 @@ template <Dtype D>
 __device__ bool draw_top_p_bracket(RowSampler<D>& sampler, const Split& split, int64_t row, int64_t chunk,
                                    int64_t begin, int64_t end, int high, uint32_t lower, SharedState& sh) {
   SplitRow& state = split.rows[row];
-  sampler.s_max = key_score(block_load(state.max_key, sh));
+  sampler.s_max = row_max_score(block_load(state.max_key, sh));
   const uint64_t top = bin_start(high + 1);
   const uint64_t from = max(bin_start(block_load(state.low_bin, sh)), static_cast<uint64_t>(lower));
   const auto gather = shared_entries(sh);

@@ -9,7 +9,7 @@ import math
 import torch
 
 from harness import bits, random_logits
-from reference import penalties_reference, random_bitmask
+from reference import pack_bitmask, penalties_reference, random_bitmask
 
 
 # --- the sampler ------------------------------------------------------------------------------
@@ -22,6 +22,27 @@ def random_row_params(rows, g):
         top_p=torch.rand(rows, generator=g),
         min_p=torch.rand(rows, generator=g) * 0.3,
     )
+
+
+# Rows whose top score is a zero: -0.0 (row 0), +0.0 (row 1), both in either order (rows 2,
+# 3: -0.0 at 3 and +0.0 at 7, then swapped), the rest of each row negative; and the kept sets
+# that leave the top alone (a point mass; rows 2-3 keep both tied zeros unless a one-token
+# bitmask allows only token 3), or the whole row.
+ZERO_TOP_ROWS = 4
+
+
+def zero_top_logits(vocab: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    x = -1.0 - torch.rand(ZERO_TOP_ROWS, vocab, generator=g) * 4
+    x[0, 0], x[1, 0] = -0.0, 0.0
+    x[2, 3], x[2, 7], x[3, 3], x[3, 7] = -0.0, 0.0, 0.0, -0.0
+    return x.to(dtype)
+
+
+def zero_top_kept_sets(vocab: int) -> list[dict]:
+    allowed = torch.zeros(ZERO_TOP_ROWS, vocab, dtype=torch.bool)
+    allowed[:2, 0] = allowed[2:, 3] = True
+    return [dict(top_k=1), dict(top_p=0.0), dict(bitmask=pack_bitmask(allowed)), dict(min_p=1.0),
+            dict(temperature=0.0), dict(temperature=0.7), dict(top_k=1, temperature=1e-30)]
 
 
 # --- the top cell of the sampler's noise ----------------------------------------------------

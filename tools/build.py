@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -177,6 +178,23 @@ def section_flags(config: dict, backend: str, key: str) -> list[str]:
     return flags
 
 
+def overridden_flags(pinned: list[str], appended: str) -> list[str]:
+    """The options of `appended` (NVCC_APPEND_FLAGS: nvcc adds them last, and the last value of
+    an option wins) that give one of `pinned`'s `-option=value` flags another value: e.g.
+    -ftz=true against build.toml's -ftz=false. (A --use_fast_math there is harmless: explicit
+    options win over what it implies, which tests/build/test_float_flags.py checks.)"""
+    values = {flag.lstrip("-").partition("=")[0]: flag.partition("=")[2] for flag in pinned if "=" in flag}
+    words = shlex.split(appended)
+    overridden = []
+    for i, word in enumerate(words):
+        name, equals, value = word.lstrip("-").partition("=")
+        if not equals and i + 1 < len(words):
+            value = words[i + 1]  # "--ftz true"
+        if word.startswith("-") and name in values and value != values[name]:
+            overridden.append(word if equals else f"{word} {value}")
+    return overridden
+
+
 def source_hash(files: list[Path], flags: list[str]) -> str:
     digest = hashlib.sha256()
     for path in sorted(files + [ROOT / "build.toml", Path(__file__)]):
@@ -243,6 +261,10 @@ def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) ->
     cuda_flags = (CUDA_FLAGS + [backend_define(backend)] + (stable_abi_flags(stable) if stable else [])
                   + gencode_flags(archs) + [supported_archs_flag(archs)]
                   + section_flags(config, backend, "cuda-flags"))
+    overridden = overridden_flags(section_flags(config, backend, "cuda-flags"), os.environ.get("NVCC_APPEND_FLAGS", ""))
+    if backend == "cuda" and overridden:
+        raise SystemExit(f"[build] NVCC_APPEND_FLAGS sets {' '.join(overridden)}, against build.toml's cuda-flags: "
+                         "the GPU would no longer make the CPU's float decisions")
     if sanitize:
         cflags = [f for f in cflags if f != "-O3"] + [
             "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",

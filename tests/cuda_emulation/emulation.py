@@ -69,6 +69,17 @@ class Emulation:
     def fail_next_launch(self, cuda_error: int) -> None:
         self._lib.lp_emulation_fail_next_launch(cuda_error)
 
+    def leave_error_pending(self) -> None:
+        """An emulated runtime call fails and nobody checks: its error stays this thread's last
+        (cudaFuncGetAttributes on a device without kernels, called here through ctypes)."""
+        get_attributes = getattr(self._lib, "_Z21cudaFuncGetAttributesP18cudaFuncAttributesPKv")
+        attributes = ctypes.create_string_buffer(64)
+        self._lib.lp_emulation_set_device(0, 9, 0, 0)
+        try:
+            assert get_attributes(attributes, None) != 0, "the emulated call did not fail"
+        finally:
+            self._lib.lp_emulation_set_device(0, 9, 0, 1)
+
     @contextmanager
     def device(self, index: int, capability: tuple[int, int], has_kernels: bool):
         """Runs the body on another emulated device, then restores device 0 (an sm90)."""

@@ -59,6 +59,15 @@ MUTANTS = [
     Mutant("histogram-barrier-tsan", BINS,
            "    sh.histogram[threadIdx.x] = 0;\n    __syncthreads();\n",
            "    sh.histogram[threadIdx.x] = 0;\n", "tsan", "ThreadSanitizer: data race"),
+    # find_bin's barrier between thread 0's defaults and the finder's write removed (the code
+    # as it once was): they are then ordered only if the scan had a barrier, which CUB does not
+    # promise and the emulation's scan does not give ThreadSanitizer.
+    Mutant("scan-barrier-reliance", BINS,
+           "  if (threadIdx.x == 0) sh.bin = -1, sh.above = 0;\n  __syncthreads();\n",
+           "  if (threadIdx.x == 0) sh.bin = -1, sh.above = 0;\n", "tsan", "ThreadSanitizer: data race"),
+    # find_bin's barrier between the writers of the cut and its readers, removed.
+    Mutant("find-bin-barrier", BINS, "  __syncthreads();\n  const BinCut cut{sh.bin, sh.above};\n",
+           "  const BinCut cut{sh.bin, sh.above};\n", "tsan", "ThreadSanitizer: data race"),
     # A radix digit off by one: each key counted in the next bin.
     Mutant("radix-digit", BINS, "(key >> shift) & (kThreads - 1)",
            "((key >> shift) + 1) & (kThreads - 1)", "fibers", AGREEMENT),

@@ -30,6 +30,21 @@ def test_failed_launch_raises_naming_op_and_gpu(emulation):
     call(emulation.lp)  # the failure was not sticky
 
 
+def test_error_pending_before_a_launch_is_not_reported_as_its_own(emulation):
+    """cudaGetLastError returns an earlier call's error too (a launch that succeeds leaves it):
+    launch_kernel takes it first and raises it as what it is, launching nothing."""
+    logits = torch.randn(4, 100)
+    emulation.leave_error_pending()
+    launches = emulation.launches()
+    with pytest.raises(RuntimeError) as info:
+        emulation.lp.sample(logits, seed=1)
+    message = str(info.value)
+    assert "the sample kernel was not launched: an earlier CUDA call left an error pending" in message, message
+    assert "no kernel image is available" in message and "failed to launch" not in message, message
+    assert emulation.launches() == launches
+    assert torch.equal(emulation.lp.sample(logits, seed=1), emulation.lp.sample(logits, seed=1))  # taken once
+
+
 def test_gpu_without_kernels_gets_a_clear_error(emulation):
     import tomllib
 

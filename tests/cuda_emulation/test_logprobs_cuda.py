@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import requires_cuda
+from op_cases import zero_top_kept_sets, zero_top_logits
 from reference import random_bitmask
 from cuda_emulation.cases import (BIN_PATHS, PATHS, SANITIZED, TOP_K_FIRST_PATHS, crowded_logits, row_params,
                                   special_bitmask, special_logits)
@@ -100,6 +101,24 @@ def test_cutoffs_in_a_crowded_bin(cuda_target, lp_cpu, crowd, path):
     cpu = lp_cpu.token_logprobs(logits, ids, **kwargs)
     gpu = cuda_target.lp.token_logprobs(logits.to(device), ids.to(device), **kwargs)
     assert torch.equal(bits(gpu.cpu()), bits(cpu))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zero_top_scores_agree_with_cpu(cuda_target, lp_cpu, mode, dtype):
+    """Rows whose top score is -0.0, +0.0 or both (op_cases.zero_top_logits), with point-mass
+    kept sets: the same bits (s_max is row_max_score on both devices, +0.0 for either zero)."""
+    vocab = 40
+    logits = zero_top_logits(vocab, dtype, torch.Generator().manual_seed(40))
+    device = cuda_target.device
+    for kwargs in zero_top_kept_sets(vocab):
+        kwargs = dict(kwargs, logprobs_mode=mode)
+        expected = lp_cpu.sample_with_logprobs(logits, seed=3, num_logprobs=3, **kwargs)
+        got = cuda_target.lp.sample_with_logprobs(logits.to(device), seed=3, num_logprobs=3, **on(device, **kwargs))
+        assert_same(got, expected, kwargs)
+        cpu = lp_cpu.token_logprobs(logits, expected.tokens, **kwargs)
+        gpu = cuda_target.lp.token_logprobs(logits.to(device), expected.tokens.to(device), **on(device, **kwargs))
+        assert torch.equal(bits(gpu.cpu()), bits(cpu)), kwargs
 
 
 @pytest.mark.emulation

@@ -19,7 +19,7 @@ from conftest import requires_cuda
 from cuda_emulation.cases import (BIN_PATHS, DTYPES, PATHS, SANITIZED, SMS, TOP_K_FIRST_PATHS, assert_launched,
                                   crowded_logits, row_params, special_bitmask, special_logits, unaligned_rows)
 from cuda_emulation.emulation import FLAVOR
-from op_cases import check_top_cell_refined, random_row_params
+from op_cases import ZERO_TOP_ROWS, check_top_cell_refined, random_row_params, zero_top_kept_sets, zero_top_logits
 from reference import random_bitmask
 
 # (rows, vocab): V > 16384 with few rows is the split path; 256 rows exceed 1 or 8 SMs' blocks.
@@ -255,6 +255,19 @@ def test_split_top_p_brackets_or_samples_whole(emulation, lp_cpu):
             assert (sum(counted) / (4 * vocab) < 2.3) == two_passes, counted
         assert torch.equal(got, lp_cpu.sample(logits[:1], seed=3, **kwargs))
         assert torch.equal(batch, lp_cpu.sample(logits, seed=torch.arange(4) + 11, **kwargs))
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [40, 20011])
+def test_zero_top_scores_agree_with_cpu(emulation, lp_cpu, dtype, vocab):
+    """Rows whose top score is -0.0, +0.0 or both (op_cases.zero_top_logits), point-mass kept
+    sets: the CPU's tokens, a block per row (V = 40) or the rows split over blocks (20011)."""
+    logits = zero_top_logits(vocab, dtype, torch.Generator().manual_seed(vocab))
+    for kwargs in zero_top_kept_sets(vocab):
+        with emulation.gpu(132) as lp:
+            got = lp.sample(logits, seed=torch.arange(ZERO_TOP_ROWS), **kwargs)
+        assert torch.equal(got, lp_cpu.sample(logits, seed=torch.arange(ZERO_TOP_ROWS), **kwargs)), kwargs
 
 
 # --- on a GPU where there is one, and emulated --------------------------------------------

@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from op_cases import FILTERS
+from harness import bits
+from op_cases import FILTERS, zero_top_kept_sets, zero_top_logits
 from reference import logprobs_reference, random_bitmask, sampling_reference, support_scores
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -84,6 +85,23 @@ def test_logprobs_match_float64_reference(lp, mode, name):
     result = lp.sample_with_logprobs(logits, seed=5, num_logprobs=5, logprobs_mode=mode, **kwargs)
     assert torch.equal(result.tokens, lp.sample(logits, seed=5, **kwargs))
     check_against_reference(result, logits, 5, mode, **kwargs)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zero_top_scores(lp, mode, dtype):
+    """Rows whose top score is -0.0, +0.0 or both (op_cases.zero_top_logits): the reference's
+    values, and a token alone in its kept set has logprob +0.0, as float64's log_softmax gives."""
+    vocab = 40
+    logits = zero_top_logits(vocab, dtype, torch.Generator().manual_seed(41))
+    for kwargs in zero_top_kept_sets(vocab):
+        result = lp.sample_with_logprobs(logits, seed=3, num_logprobs=3, logprobs_mode=mode, **kwargs)
+        check_against_reference(result, logits, 3, mode, rows_checked_min=1.0, **kwargs)
+        ref = logprobs_reference(logits, mode=mode, **kwargs).gather(1, result.tokens[:, None])[:, 0].float()
+        certain = ref == 0
+        assert torch.equal(bits(result.logprobs[certain, 0]), bits(ref[certain])), kwargs
+        assert torch.equal(bits(lp.token_logprobs(logits, result.tokens, logprobs_mode=mode, **kwargs)),
+                           bits(result.logprobs[:, 0])), kwargs
 
 
 @pytest.mark.parametrize("mode", MODES)

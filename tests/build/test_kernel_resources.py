@@ -1,0 +1,68 @@
+"""Every kernel of the built CUDA variant, on every architecture it carries, needs at most
+1024 bytes of stack per thread: CUDA's default limit. A kernel above it makes the driver grow
+the limit at its first launch, which waits for the device and cannot happen inside a CUDA
+graph capture. Read from the .so by `cuobjdump --dump-resource-usage` (PyPI's
+nvidia-cuda-cuobjdump, requirements-dev.txt), which gives each kernel's whole stack, its
+callees' frames included (ptxas' "cumulative_stack_size")."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import BUILD
+
+STACK_LIMIT = 1024  # bytes: cudaLimitStackSize's default
+ARCH = re.compile(r"^arch = (sm_\d+)")
+FUNCTION = re.compile(r"^\s*Function (\S+):")
+USAGE = re.compile(r"REG:(\d+) STACK:(\d+)")
+
+pytestmark = pytest.mark.no_sanitize("reads the CUDA build's machine code and runs no op")
+
+
+def cuobjdump() -> str:
+    import nvidia
+
+    found = [str(p) for root in nvidia.__path__ for p in sorted(Path(root).glob("*/bin/cuobjdump"))]
+    found += [p for p in [shutil.which("cuobjdump")] if p]
+    if not found:
+        pytest.fail("no cuobjdump: requirements-dev.txt's nvidia-cuda-cuobjdump is not installed")
+    return found[0]
+
+
+def kernel_resources(so: Path) -> dict[tuple[str, str], tuple[int, int]]:
+    """(arch, demangled kernel) -> (registers, stack bytes) of each kernel in `so`'s cubins."""
+    text = subprocess.run([cuobjdump(), "--dump-resource-usage", str(so)], check=True, capture_output=True,
+                          text=True).stdout
+    arch, name, found = None, None, {}
+    for line in text.splitlines():
+        if m := ARCH.match(line):
+            arch = m.group(1)
+        elif m := FUNCTION.match(line):
+            name = m.group(1)
+        elif (m := USAGE.search(line)) and name:
+            found[(arch, name)] = (int(m.group(1)), int(m.group(2)))
+            name = None
+    names = subprocess.run(["c++filt"], input="\n".join(n for _, n in found), check=True, capture_output=True,
+                           text=True).stdout.splitlines()
+    return {(arch, demangled): usage for ((arch, _), usage), demangled in zip(found.items(), names)}
+
+
+def test_every_kernel_stack_within_the_default_limit():
+    variants = sorted(BUILD.glob("torch*-cu*"))
+    if not variants:
+        pytest.skip("no CUDA variant was built (CPU-only torch or no nvcc)")
+    so = next(variants[0].glob("*.abi3.so"))
+    resources = kernel_resources(so)
+    archs = json.loads((variants[0] / "metadata.json").read_text())["backend"]["archs"]
+    carried = {f"sm_{a.removesuffix('+PTX').replace('.', '')}" for a in archs}
+    assert {arch for arch, _ in resources} == carried, "cuobjdump's report misses an architecture"
+    for arch in carried:  # each .cu's kernels, on each architecture
+        assert sum(arch == a for a, _ in resources) >= 18, (arch, sorted(n for a, n in resources if a == arch))
+    over = {key: stack for key, (_, stack) in resources.items() if stack > STACK_LIMIT}
+    assert not over, "\n".join(f"{arch} {name}: {stack} bytes of stack" for (arch, name), stack in sorted(over.items()))
