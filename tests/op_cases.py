@@ -103,7 +103,6 @@ def check_top_cell_refined(lp, device):
 
 # --- penalties and their fusion into the sampler ops --------------------------------------------
 
-# Each combination of the three penalties and the bias: (repetition, frequency, presence, bias).
 # The sampler's filters one at a time and together (test_replay.py, test_kept_set.py).
 FILTERS = {
     "unfiltered": dict(),
@@ -113,6 +112,7 @@ FILTERS = {
     "all_three": dict(top_k=30, top_p=0.85, min_p=0.02),
 }
 
+# Each combination of the three penalties and the bias: (repetition, frequency, presence, bias).
 COMBINATIONS = list(itertools.product([False, True], repeat=4))
 
 
