@@ -57,10 +57,18 @@ void __tsan_write_range(void* a, unsigned long size) { write(a, size); }
 // The instrumentation replaces each atomic with one of these, so they must perform it.
 void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
-uint64_t __tsan_atomic64_load(const volatile uint64_t* a, int) {
-  read(a, sizeof(*a));
-  return __atomic_load_n(a, __ATOMIC_SEQ_CST);
-}
+#define LP_LOAD_STORE_HOOKS(BITS, T)                           \
+  T __tsan_atomic##BITS##_load(const volatile T* a, int) {     \
+    read(a, sizeof(T));                                        \
+    return __atomic_load_n(a, __ATOMIC_SEQ_CST);               \
+  }                                                            \
+  void __tsan_atomic##BITS##_store(volatile T* a, T v, int) {  \
+    write(a, sizeof(T));                                       \
+    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                  \
+  }
+LP_LOAD_STORE_HOOKS(32, uint32_t)
+LP_LOAD_STORE_HOOKS(64, uint64_t)
+#undef LP_LOAD_STORE_HOOKS
 
 #define LP_READ_MODIFY_WRITE_HOOK(BITS, T, OP)                 \
   T __tsan_atomic##BITS##_##OP(volatile T* a, T v, int) {      \
