@@ -336,3 +336,39 @@ def test_cuda_graph_decode_step(lp):
     assert torch.equal(results[0], results[2])
     eager = lp.sample(logits.cpu(), temperature=0.8, top_k=50, top_p=0.9, seed=seeds.cpu(), offset=1, bitmask=bitmask.cpu())
     assert torch.equal(results[0].cpu(), eager)
+
+
+def documented_split_workspace() -> tuple[int, int, int]:
+    """docs/semantics-sampling.md's figures for a split row: the scratch bytes beyond 8 per
+    split, the zeroed state and the merged bins' zeroed bytes."""
+    import re
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "semantics-sampling.md").read_text().split())
+    found = re.search(r"8 x \(splits \+ (\d+)\) bytes of scratch.*? and (\d+) bytes of state zeroed"
+                      r".*?plus (\d+) bytes zeroed", text)
+    assert found, "the split workspace's figures are missing from docs/semantics-sampling.md"
+    return int(found[1]), int(found[2]), int(found[3])
+
+
+@pytest.mark.emulation
+@pytest.mark.skipif(SANITIZED, reason="host-side allocation sizes: the fibers runs check them")
+@pytest.mark.parametrize("merges", [False, True])
+def test_split_workspace_is_what_the_docs_say(emulation, merges):
+    """The op's own allocations for a split batch (two rows over many blocks), recorded by
+    torch's profiler: one scratch buffer of rows x 8 x (splits + the documented words) bytes and
+    one zeroed buffer of the documented state (plus the merged bins when a row may merge)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    scratch_words, state_bytes, merged_bytes = documented_split_workspace()
+    rows, vocab = 2, 128256
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(5))
+    filters = dict(top_k=50, top_p=0.9) if merges else dict(top_k=50)  # top-p < 1 may merge bins
+    with emulation.gpu(132) as lp:
+        lp.sample(logits, 1.0, seed=1, offset=0, out=torch.empty(rows, dtype=torch.int64), **filters)  # warm
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            lp.sample(logits, 1.0, seed=1, offset=0, out=torch.empty(rows, dtype=torch.int64), **filters)
+    sizes = sorted(e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage > 0)  # each allocation
+    zeroed = rows * (state_bytes + (merged_bytes if merges else 0))
+    scratch = [size for size in sizes if size % (rows * 8) == 0 and 2 <= size // (rows * 8) - scratch_words <= 64]
+    assert zeroed in sizes and len(scratch) == 1, (sizes, zeroed)
