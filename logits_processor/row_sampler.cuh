@@ -1,6 +1,7 @@
 // The CUDA row sampler, RowSampler<D>: a block samples one row by sampling.h's definitions, so
 // it draws the token the CPU's RowSampler (sampling_cpu.cpp) draws. `sample` decides greedy
-// and unfiltered rows in one pass; filtered rows take 2 or 3 (`cut`, no sort, integer
+// and unfiltered rows in one pass (unfiltered rows with |s_max| >= 2^8 in two: the draw's
+// origin, sampling.h); filtered rows take 2 or 3 (`cut`, no sort, integer
 // histograms of the score keys: key_bins.cuh). Every pass reads the logits by 16-byte loads
 // where the row is aligned and the bitmask staged in shared memory a tile at a time
 // (for_each_logit). Small batches split each row over several blocks instead (split_rows.cuh);
@@ -161,6 +162,7 @@ struct RowSampler {
   float s_max;
   uint32_t threshold;  // the kept set's, once `cut` ran
   uint32_t* staged_words;  // the block's SharedState::staged_words
+  float origin = 0.0f;     // the draw's: draw_origin(s_max) once s_max is known, else 0
 
   // f(i, x) for each token i of this thread's share of [begin, end), x its candidate_logit,
   // by 16-byte loads (kVector<D> consecutive tokens each) where the row is aligned: rows need
@@ -238,24 +240,39 @@ struct RowSampler {
     return block_max(best, sh);
   }
 
-  // Over the candidates of tokens [begin, end) for which drawn(i, key) holds.
+  // Over the candidates of tokens [begin, end) for which drawn(i, key) holds, from `origin`.
+  // With max_key, also the largest of their score keys into it (kNoKey if none), block-wide.
   template <typename Drawn>
-  __device__ uint64_t gumbel_argmax(Drawn&& drawn, SharedState& sh, int64_t begin, int64_t end) const {
-    uint64_t best = kNoToken;
+  __device__ uint64_t gumbel_argmax(Drawn&& drawn, SharedState& sh, int64_t begin, int64_t end,
+                                    uint64_t* max_key = nullptr) const {
+    uint64_t best = kNoToken, top = kNoKey;
     NoiseWords noise;
     for_each_logit(begin, end, [&](int64_t i, float x) {
       if (!(x > kNegInf)) return;
       const float s = score(x, r.temperature);
       if (!drawn(i, score_key(s))) return;
-      best = max(best, pack_argmax(score_key(perturbed_score(s, token_gumbel(r, i, noise(r, i)))), i));
+      if (max_key) top = max(top, static_cast<uint64_t>(score_key(s)));
+      best = max(best, pack_argmax(score_key(perturbed_score(s, origin, token_gumbel(r, i, noise(r, i)))), i));
     });
+    if (max_key) *max_key = block_max(top, sh);
     return block_max(best, sh);
+  }
+
+  // An unfiltered row's draw: one pass from origin 0, which also finds s_max; a second from
+  // s_max when that pass finds it too far from 0 (redraw_from_origin), for such rows only.
+  __device__ uint64_t unfiltered_draw(SharedState& sh) {
+    uint64_t max_key = kNoKey;
+    const uint64_t winner = gumbel_argmax(at_least(kNoKey), sh, 0, p.vocab, &max_key);
+    if (winner == kNoToken || !redraw_from_origin(row_max_score(static_cast<uint32_t>(max_key)))) return winner;
+    s_max = row_max_score(static_cast<uint32_t>(max_key));
+    origin = draw_origin(s_max);
+    return gumbel_argmax(at_least(kNoKey), sh, 0, p.vocab);
   }
 
   // (Inlined into each kernel: a call would copy the kernel's parameters to the stack.)
   __device__ __forceinline__ int64_t sample(SharedState& sh) {
     if (r.greedy) return unpack_or_none(greedy_argmax(sh, 0, p.vocab));
-    if (single_pass()) return unpack_or_none(gumbel_argmax(at_least(kNoKey), sh, 0, p.vocab));
+    if (single_pass()) return unpack_or_none(unfiltered_draw(sh));
     Draw draw{false, kNoToken};
     if (!cut(sh, &draw)) return -1;
     return unpack_or_none(draw.done ? draw.winner : gumbel_argmax(at_least(threshold), sh, 0, p.vocab));
@@ -282,6 +299,7 @@ struct RowSampler {
     const KeyCount first = count_keys(top_k ? KeyBins::kCounts : KeyBins::kNone, 0, p.vocab, sh);
     if (first.candidates == 0) return false;
     s_max = row_max_score(static_cast<uint32_t>(first.max_key));
+    origin = draw_origin(s_max);
     uint32_t lower = min_p_key(s_max, r.min_p);
     threshold = lower;
     BinCut k_cut{-1, 0}, p_cut{-1, 0};
@@ -392,7 +410,7 @@ struct RowSampler {
       const BinEntry c = sh.wide.entries[e];
       if (c.key < threshold) continue;
       const uint32_t bits = noise_bits(r, c.index >> 2).v[c.index & 3];
-      const float g = perturbed_score(key_score(c.key), token_gumbel(r, c.index, bits));
+      const float g = perturbed_score(key_score(c.key), origin, token_gumbel(r, c.index, bits));
       best = max(best, pack_argmax(score_key(g), c.index));
     }
     return block_max(best, sh);

@@ -13,7 +13,8 @@
 // >= t and Z the total, so sums are exact and independent of their order. The kept set is
 // {s_i >= max(t_k, t_minp, t_p)} (ties at the cutoff all kept, the maximum always kept; with
 // FilterOrder::kTopKFirst, Z is the mass that top-k and min-p keep: see FilterOrder), and
-// the token is argmax over it of s_i + G_i (lowest index on ties), G_i = -ln(-ln U_i) with
+// the token is argmax over it of (s_i - o) + G_i (lowest index on ties; o = draw_origin(s_max),
+// 0 unless |s_max| >= 2^8), G_i = -ln(-ln U_i) with
 // U_i from Philox keyed by the seed and counted by (i, stream, offset): a draw in
 // proportion to e^(s_i), exact for tokens up to about 40 nats below the top (gumbel_noise). Scores are compared through order-preserving integer keys.
 #pragma once
@@ -249,7 +250,26 @@ LP_HOST_DEVICE float token_gumbel(const RowParams& r, int64_t token, uint32_t k)
   return k == kTopCell ? gumbel_noise_top_cell(top_cell_bits(r, token)) : gumbel_noise(k);
 }
 
-LP_HOST_DEVICE float perturbed_score(float s, float gumbel) { return lp_add(s, gumbel); }
+// The draw's perturbed score (s - o) + G, from the origin o = draw_origin(s_max): 0 while
+// |s_max| < 2^8 (s + G, exact enough there), else s_max. Far from 0 the spacing of floats near
+// s swallows G's low bits (at |s| >= 2^24 all of it: equal scores of 1e30 would tie in s + G,
+// and the lowest index would always win); s - s_max is exact for every token within |s_max| / 2
+// of the top (Sterbenz), the only ones the noise (< 44) can lift to the top. The argmax is
+// the same in exact arithmetic for any origin, so the draw is still in proportion to e^(s_i).
+constexpr float kDrawOriginFrom = 256.0f;  // 2^8
+
+LP_HOST_DEVICE float draw_origin(float s_max) {
+  return s_max >= kDrawOriginFrom || s_max <= -kDrawOriginFrom ? s_max : 0.0f;
+}
+
+// Whether a draw made from origin 0 must be made again from draw_origin(s_max) (the one-pass
+// rows, which learn s_max only as they draw).
+LP_HOST_DEVICE bool redraw_from_origin(float s_max) { return draw_origin(s_max) != 0.0f; }
+
+// (origin 0: s + (-0) is s, -0 included, so the draw is s + G bit for bit.)
+LP_HOST_DEVICE float perturbed_score(float s, float origin, float gumbel) {
+  return lp_add(lp_add(s, -origin), gumbel);
+}
 
 // (key, index) packed so that the larger value wins and, on equal keys, the lower index.
 LP_HOST_DEVICE uint64_t pack_argmax(uint32_t key, int64_t index) {

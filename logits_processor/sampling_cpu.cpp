@@ -59,10 +59,10 @@ bool ranks_before(const Candidate& a, const Candidate& b) {
 // The vectorised loops over a row are free functions on restrict pointers: inside RowSampler
 // gcc falls back to their scalar versions, several times slower.
 
-// perturbed[i] = s_i + G_i for the candidates with s_i >= floor, -inf for the others, with
-// G_i from word k_i below the top cell (the caller refines the top cells, which it counts);
-// returns the largest.
-float perturb(const float* __restrict scores, const uint32_t* __restrict noise, float floor,
+// perturbed[i] = (s_i - origin) + G_i for the candidates with s_i >= floor, -inf for the
+// others, with G_i from word k_i below the top cell (the caller refines the top cells, which
+// it counts); returns the largest.
+float perturb(const float* __restrict scores, const uint32_t* __restrict noise, float floor, float origin,
               int64_t vocab, float* __restrict perturbed, int64_t& top_cells) {
   float best = kNegInf;
   int64_t top = 0;
@@ -71,7 +71,7 @@ float perturb(const float* __restrict scores, const uint32_t* __restrict noise, 
     // (& rather than &&, and a ternary rather than std::max: either would stop gcc from
     // vectorising this loop, which then runs 5x slower.)
     top += noise[i] == kTopCell;
-    const float g = perturbed_score(scores[i], gumbel_noise(noise[i]));
+    const float g = perturbed_score(scores[i], origin, gumbel_noise(noise[i]));
     const bool kept = (scores[i] >= floor) & (scores[i] > kNegInf);
     perturbed[i] = kept ? lp_add(g, 0.0f) : kNegInf;
     best = perturbed[i] > best ? perturbed[i] : best;
@@ -376,7 +376,7 @@ class RowSampler {
     const float floor = threshold == kNoKey ? kNegInf : key_score(threshold);
     float* perturbed = scratch_.perturbed.data();
     int64_t top_cells = 0;  // words that need their refinement (probability 2^-32 each)
-    float best = perturb(scores_, noise, floor, p_.vocab, perturbed, top_cells);
+    float best = perturb(scores_, noise, floor, draw_origin(s_max_), p_.vocab, perturbed, top_cells);
     if (top_cells > 0) best = refine_top_cells(floor);
     if (best == kNegInf) return -1;
     for (int64_t i = 0; i < p_.vocab; ++i)
@@ -391,7 +391,7 @@ class RowSampler {
     for (int64_t i = 0; i < p_.vocab; ++i) {
       const uint32_t k = scratch_.noise[i];
       if (k == kTopCell && scores_[i] >= floor && scores_[i] > kNegInf)
-        perturbed[i] = lp_add(perturbed_score(scores_[i], token_gumbel(r_, i, k)), 0.0f);
+        perturbed[i] = lp_add(perturbed_score(scores_[i], draw_origin(s_max_), token_gumbel(r_, i, k)), 0.0f);
       best = perturbed[i] > best ? perturbed[i] : best;
     }
     return best;
@@ -399,10 +399,11 @@ class RowSampler {
 
   int64_t gumbel_over_kept(uint32_t threshold) const {
     uint64_t best = kNoToken;
+    const float origin = draw_origin(s_max_);
     for (const Candidate& c : scratch_.kept) {
       if (c.key < threshold) break;  // kept is sorted by key, descending
       const uint32_t bits = noise_bits(r_, c.index >> 2).v[c.index & 3];
-      const float g = perturbed_score(key_score(c.key), token_gumbel(r_, c.index, bits));
+      const float g = perturbed_score(key_score(c.key), origin, token_gumbel(r_, c.index, bits));
       best = std::max(best, pack_argmax(score_key(g), c.index));
     }
     return unpack_or_none(best);

@@ -46,11 +46,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Spli
   __shared__ SharedState sh;
   for_each_chunk<D>(p, split, sh, [&](RowSampler<D>& sampler, int64_t row, int64_t chunk, int64_t begin, int64_t end) {
     if (split.splits > 1 && sampler.single_pass()) {
-      const uint64_t winner = single_pass_winner(sampler, begin, end, sh);
-      if (threadIdx.x == 0) split.partials(row)[chunk] = winner;
-      if (!last_to_arrive(&split.rows[row].drawn, split.splits, sh)) return;
-      const uint64_t best = partials_max(split.partials(row), split.splits, sh);
-      if (threadIdx.x == 0) p.out[row] = unpack_or_none(best);
+      single_pass_chunk(sampler, split, row, chunk, begin, end, sh);
     } else if (split.splits > 1 && cut_over_chunks(sampler)) {
       count_chunk(sampler, split, row, chunk, begin, end, sh);
     } else if (chunk == 0) {
@@ -60,12 +56,14 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Spli
   });
 }
 
-// The second kernel of a split batch: the draw of its cut_over_chunks rows.
+// The second kernel of a split batch: the draw of its cut_over_chunks rows, and the second
+// draw of its unfiltered rows that need one (redraw_chunk).
 template <Dtype D>
 __global__ void __launch_bounds__(kThreads) split_draw_kernel(SamplingParams p, Split split) {
   __shared__ SharedState sh;
   for_each_chunk<D>(p, split, sh, [&](RowSampler<D>& sampler, int64_t row, int64_t chunk, int64_t begin, int64_t end) {
     if (cut_over_chunks(sampler)) sampler.draw_chunk(split, row, chunk, begin, end, sh);
+    else if (!sampler.r.greedy) redraw_chunk(sampler, split, row, chunk, begin, end, sh);
   });
 }
 

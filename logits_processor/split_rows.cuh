@@ -3,6 +3,8 @@
 // combines their results, so no block waits for another, and the chunks exchange integer
 // counts and masses only: the token is the CPU's whatever the split.
 //   - greedy and unfiltered rows: one kernel; the last block takes the best chunk winner.
+//     An unfiltered row whose s_max lies 2^8 or more from 0 is drawn again from that origin
+//     (sampling.h's draw_origin) by the second kernel's blocks (redraw_chunk).
 //   - filtered rows (cut_over_chunks): two kernels of 1 pass each. In the first (count_chunk)
 //     each block counts its chunk; the last one cuts the row (cut_from_chunks). In the
 //     second (draw_chunk) each block draws over its kept tokens that the cut decides and
@@ -51,6 +53,7 @@ constexpr int64_t kSplitRowWords = 7;
 static_assert(sizeof(SplitRow) == 8 * kSplitRowWords, "kSplitRowWords");
 
 constexpr uint64_t kSampledWhole = ~uint64_t{0};  // SplitRow::cut of a row to sample in one block
+constexpr uint64_t kRedrawn = 1;  // SplitRow::cut of an unfiltered row to draw again (redraw_chunk)
 
 // A chunk's count of candidates in one key bin, listed for the row's cut.
 struct BinCount {
@@ -79,6 +82,8 @@ struct Split {
     return scratch + row * split_scratch_words(splits);
   }
   __device__ BinCount* bin_list(int64_t row) const { return reinterpret_cast<BinCount*>(partials(row) + splits); }
+  // An unfiltered row's chunks' max keys (in its bin list's words, which only filtered rows use).
+  __device__ unsigned long long* max_keys(int64_t row) const { return partials(row) + splits; }
   __device__ BinEntry* entries(int64_t row) const {
     return reinterpret_cast<BinEntry*>(partials(row) + splits + kBinListCapacity);
   }
@@ -98,14 +103,6 @@ __device__ bool cut_over_chunks(const RowSampler<D>& sampler) {
 template <Dtype D>
 __device__ bool merges_bins(const RowSampler<D>& sampler) {
   return sampler.has_top_k() ? sampler.r.top_k > kMaxSplitTopK : sampler.r.top_p < 1.0f;
-}
-
-// The one pass of a greedy or unfiltered row over tokens [begin, end): the packed winner,
-// kNoToken if none.
-template <Dtype D>
-__device__ uint64_t single_pass_winner(const RowSampler<D>& sampler, int64_t begin, int64_t end, SharedState& sh) {
-  return sampler.r.greedy ? sampler.greedy_argmax(sh, begin, end)
-                          : sampler.gumbel_argmax(at_least(kNoKey), sh, begin, end);
 }
 
 // The rest of this file is called by the whole block, like block_primitives.cuh's.
@@ -155,6 +152,49 @@ __device__ void list_bins(const unsigned int* counts, int lowest, SplitRow& stat
     if (slot < kBinListCapacity) list[slot] = {static_cast<uint32_t>(b), counts[b]};
     ++slot;
   }
+}
+
+// The first kernel's pass of a greedy or unfiltered row over chunk [begin, end): its winner
+// (and an unfiltered row's max key) into its partials; the last block takes the best winner,
+// or, for an unfiltered row whose s_max asks for another origin, marks the row kRedrawn.
+template <Dtype D>
+__device__ void single_pass_chunk(const RowSampler<D>& sampler, const Split& split, int64_t row, int64_t chunk,
+                                  int64_t begin, int64_t end, SharedState& sh) {
+  SplitRow& state = split.rows[row];
+  uint64_t max_key = kNoKey;
+  const uint64_t winner = sampler.r.greedy ? sampler.greedy_argmax(sh, begin, end)
+                                           : sampler.gumbel_argmax(at_least(kNoKey), sh, begin, end, &max_key);
+  if (threadIdx.x == 0) {
+    split.partials(row)[chunk] = winner;
+    if (!sampler.r.greedy) split.max_keys(row)[chunk] = max_key;
+  }
+  if (!last_to_arrive(&state.drawn, split.splits, sh)) return;
+  const uint64_t best = partials_max(split.partials(row), split.splits, sh);
+  if (!sampler.r.greedy && best != kNoToken) {
+    const uint32_t row_key = static_cast<uint32_t>(partials_max(split.max_keys(row), split.splits, sh));
+    if (redraw_from_origin(row_max_score(row_key))) {
+      if (threadIdx.x == 0) state.max_key = row_key, state.cut = kRedrawn;
+      return;
+    }
+  }
+  if (threadIdx.x == 0) sampler.p.out[row] = unpack_or_none(best);
+}
+
+// The second kernel's part of an unfiltered row marked kRedrawn: each chunk's draw from
+// origin s_max into its partial (the first kernel's are consumed), the last block's (arrivals
+// counted in `counted`, which unfiltered rows leave unused) the best of them.
+template <Dtype D>
+__device__ void redraw_chunk(RowSampler<D>& sampler, const Split& split, int64_t row, int64_t chunk, int64_t begin,
+                             int64_t end, SharedState& sh) {
+  SplitRow& state = split.rows[row];
+  if (block_load(state.cut, sh) != kRedrawn) return;
+  sampler.s_max = row_max_score(block_load(state.max_key, sh));
+  sampler.origin = draw_origin(sampler.s_max);
+  const uint64_t winner = sampler.gumbel_argmax(at_least(kNoKey), sh, begin, end);
+  if (threadIdx.x == 0) split.partials(row)[chunk] = winner;
+  if (!last_to_arrive(&state.counted, split.splits, sh)) return;
+  const uint64_t best = partials_max(split.partials(row), split.splits, sh);
+  if (threadIdx.x == 0) sampler.p.out[row] = unpack_or_none(best);
 }
 
 // --- the first kernel ---------------------------------------------------------------------
@@ -285,6 +325,7 @@ __device__ void draw_cut_chunk(RowSampler<D>& sampler, const Split& split, int64
                                int64_t end, int bin, uint32_t lower, SharedState& sh) {
   SplitRow& state = split.rows[row];
   BinEntry* entries = split.entries(row);
+  sampler.origin = draw_origin(row_max_score(block_load(state.max_key, sh)));
   uint64_t winner;
   if (bin < 0) {
     winner = sampler.gumbel_argmax(at_least(lower), sh, begin, end);
@@ -323,6 +364,7 @@ __device__ void draw_top_p_chunk(RowSampler<D>& sampler, const Split& split, int
                                  int bin, uint32_t lower, SharedState& sh) {
   SplitRow& state = split.rows[row];
   sampler.s_max = row_max_score(block_load(state.max_key, sh));
+  sampler.origin = draw_origin(sampler.s_max);
   const uint64_t from = max(bin_start(bin), static_cast<uint64_t>(lower));
   const auto gather = shared_entries(sh);
   uint64_t mass = 0;
@@ -364,6 +406,7 @@ __device__ bool draw_top_p_bracket(RowSampler<D>& sampler, const Split& split, i
                                    int64_t begin, int64_t end, int high, uint32_t lower, SharedState& sh) {
   SplitRow& state = split.rows[row];
   sampler.s_max = row_max_score(block_load(state.max_key, sh));
+  sampler.origin = draw_origin(sampler.s_max);
   const uint64_t top = bin_start(high + 1);
   const uint64_t from = max(bin_start(block_load(state.low_bin, sh)), static_cast<uint64_t>(lower));
   const auto gather = shared_entries(sh);

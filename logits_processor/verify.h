@@ -116,10 +116,11 @@ struct ResidualDraw {
   uint64_t residual = kNoToken;
   uint64_t target = kNoToken;
 
+  // (Origin 0: the log-probabilities that can win lie near 0, never far from it.)
   LP_HOST_DEVICE void offer(int64_t token, float logprob, float gumbel, float q) {
     const float weight = residual_log_weight(logprob, q);
-    const uint64_t as_residual = pack_argmax(score_key(perturbed_score(weight, gumbel)), token);
-    const uint64_t as_target = pack_argmax(score_key(perturbed_score(logprob, gumbel)), token);
+    const uint64_t as_residual = pack_argmax(score_key(perturbed_score(weight, 0.0f, gumbel)), token);
+    const uint64_t as_target = pack_argmax(score_key(perturbed_score(logprob, 0.0f, gumbel)), token);
     if (weight > kNegInf && as_residual > residual) residual = as_residual;
     if (as_target > target) target = as_target;
   }

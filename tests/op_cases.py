@@ -268,3 +268,49 @@ def fused_decode_loop(lp, device: str, steps: int = 50) -> None:
         lp.update_output_counts_(reference_state.output_counts, expected, rows=rows)
         assert torch.equal(tokens.cpu(), expected), step
     assert torch.equal(state.output_counts.cpu(), reference_state.output_counts)
+
+
+# --- ties at any magnitude (sampling.h's draw origin) -------------------------------------------
+
+TIED = 4  # tied top logits in each tie row
+# A tie row's tied value and the value of the rest of its row, far enough below that the noise
+# never lifts it to the top: from 0, through the draw origin's threshold 2^8 (s_max's distance
+# from 0 at which the draw's origin moves to s_max), to the largest finite value and +inf (which
+# counts as it), and a negative one.
+TIE_VALUES = {"0": (0.0, -100.0), "255": (255.0, 100.0), "256": (256.0, 100.0), "1e6": (1e6, 5e5),
+              "1e30": (1e30, 5e29), "3e38": (3e38, 1e38), "inf": (math.inf, 1e4), "-1e30": (-1e30, -3e38)}
+# Filters that keep exactly the tie (ties at a cutoff are all kept), and none.
+TIE_FILTERS = {"unfiltered": dict(), "top_k": dict(top_k=2), "top_p": dict(top_p=0.5), "min_p": dict(min_p=0.5),
+               "all": dict(top_k=3, top_p=0.9, min_p=0.1), "top_k_first": dict(top_k=2, top_p=0.3,
+                                                                            filter_apply_order="top_k_first")}
+
+
+def tie_dtypes(value: str) -> list[torch.dtype]:
+    """The dtypes that hold the case's values as finite numbers (+inf as itself)."""
+    top, rest = TIE_VALUES[value]
+    return [d for d in (torch.float32, torch.float16, torch.bfloat16)
+            if math.isfinite(torch.tensor(rest).to(d).item())
+            and (math.isinf(top) or math.isfinite(torch.tensor(top).to(d).item()))]
+
+
+def tie_row(value: str, vocab: int, dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
+    """One row [1, vocab]: TIED equal top logits spread over it, NaN and -inf among the rest;
+    and the tied positions."""
+    top, rest = TIE_VALUES[value]
+    row = torch.full((1, vocab), rest)
+    tied = [vocab // 9, vocab // 3, vocab // 2 + 1, vocab - 3]
+    row[0, tied] = top
+    row[0, [0, vocab // 4, vocab - 1]] = math.nan
+    row[0, [1, vocab // 5]] = -math.inf
+    return row.to(dtype), tied
+
+
+# Chi-square with TIED - 1 = 3 degrees of freedom: P(X > 21.1) = 1e-4 under uniform draws.
+CHI_SQUARE_LIMIT = 21.1
+
+
+def chi_square(tokens: torch.Tensor, tied: list[int]) -> float:
+    """Pearson's statistic of the draws over the tied tokens (each must be one of them)."""
+    assert bool(torch.isin(tokens, torch.tensor(tied)).all()), "a draw left the tie"
+    expected = len(tokens) / len(tied)
+    return sum((int((tokens == t).sum()) - expected) ** 2 / expected for t in tied)
