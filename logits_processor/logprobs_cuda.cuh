@@ -14,16 +14,23 @@
 namespace logits_processor {
 namespace {
 
-// A thread's best packed (key, index) pairs, best first, at most kTopChunk of them.
+// A thread's best packed (key, index) pairs, best first, at most n <= kTopChunk of them (n
+// the same for each offer since the last clear). `worst` is v[n - 1] once the list is full,
+// else kNoToken (below every candidate): a register, so that a candidate the list rejects, as
+// most do, costs no load from v, which lives in local memory.
 struct TopList {
   uint64_t v[kTopChunk];
   int size;
+  uint64_t worst;
+
+  __device__ void clear() { size = 0, worst = kNoToken; }
 
   __device__ void offer(uint64_t packed, int n) {
-    if (size == n && packed <= v[n - 1]) return;
+    if (packed <= worst) return;
     int j = size < n ? size++ : n - 1;
     for (; j > 0 && v[j - 1] < packed; --j) v[j] = v[j - 1];
     v[j] = packed;
+    if (size == n) worst = v[n - 1];
   }
 };
 
@@ -41,7 +48,7 @@ template <Dtype D, typename Visit>
 __device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token, uint64_t bound, int n, TopList* top,
                               Visit&& visit) {
   KeptPass k{{0, 0}, 0};
-  if (n > 0) top->size = 0;
+  if (n > 0) top->clear();
   row.for_each_candidate([&](int64_t i, float s) {
     const uint32_t key = score_key(s);
     if (key < row.threshold) return;
@@ -140,7 +147,7 @@ __device__ void finish_kept(const LogprobsParams& out, int64_t row, KeptSet& set
   for (int64_t done = 0; done < k;) {
     const int n = static_cast<int>(k - done < kTopChunk ? k - done : kTopChunk);
     if (!ready) {
-      list.size = 0;
+      list.clear();
       sampler.for_each_candidate([&](int64_t i, float s) {
         const uint32_t key = score_key(s);
         if (key < sampler.threshold) return;
@@ -192,7 +199,7 @@ __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, in
   };
   if (collecting && out.raw) {
     const int n = static_cast<int>(out.kept_k < kTopChunk ? out.kept_k : kTopChunk);
-    list.size = 0;
+    list.clear();
     sampler.for_each_candidate([&](int64_t i, float s) {
       const uint32_t key = score_key(s);
       if (key >= sampler.threshold) collect(i, key), list.offer(pack_argmax(key, i), n);
