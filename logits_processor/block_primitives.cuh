@@ -80,6 +80,23 @@ __device__ T block_load(const T& x, Shared& sh) {
   return v;
 }
 
+// keys[0, m) sorted in place, largest first (m a power of two, in shared memory): a bitonic
+// sort, log2(m) (log2(m) + 1) / 2 rounds of m / 2 compare-exchanges, a barrier after each.
+// Called by the whole block.
+__device__ void block_sort_descending(uint64_t* keys, int m) {
+  for (int size = 2; size <= m; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int t = threadIdx.x; t < m / 2; t += kThreads) {
+        const int i = 2 * stride * (t / stride) + t % stride;  // the pair (i, i + stride)
+        const uint64_t a = keys[i], b = keys[i + stride];
+        // (Runs of `size` alternate: descending where bit `size` of i is clear.)
+        if ((a < b) == ((i & size) == 0)) keys[i] = b, keys[i + stride] = a;
+      }
+      __syncthreads();
+    }
+  }
+}
+
 // This thread's share of elements [begin, end) of a read-only array of kSize-byte elements at
 // `base` (element-aligned): vector(first, v) for each 16-byte aligned load v of elements first ..
 // first + 16 / kSize - 1, scalar(i) for the elements before the first 16-byte boundary and

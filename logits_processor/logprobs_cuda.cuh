@@ -1,7 +1,8 @@
 // The CUDA log-probabilities (sampling.h's "Log-probabilities"): logprobs_kernel, a block per
 // row, serves sample_with_logprobs (the draw: RowSampler::sample) and token_logprobs (the given
 // tokens), then takes one pass over the kept set for ln Z, the rank and the top-N (kept_pass,
-// also verify_draft's), and with return_kept the draw's kept set (write_kept). Never split
+// also verify_draft's), and with return_kept the draw's kept set (KeptSet: collected in that
+// pass, sorted in shared memory). Never split
 // over blocks, and a kernel of its own: its registers would lower sample_kernel's occupancy.
 // Compiled in sampling_cuda.cu's translation unit.
 #pragma once
@@ -13,31 +14,41 @@
 namespace logits_processor {
 namespace {
 
-// A thread's best packed (key, index) pairs, best first, at most kTopChunk of them.
+// A thread's best packed (key, index) pairs, best first, at most n <= kTopChunk of them (n
+// the same for each offer since the last clear). `worst` is v[n - 1] once the list is full,
+// else kNoToken (below every candidate): a register, so that a candidate the list rejects, as
+// most do, costs no load from v, which lives in local memory.
 struct TopList {
   uint64_t v[kTopChunk];
   int size;
+  uint64_t worst;
+
+  __device__ void clear() { size = 0, worst = kNoToken; }
 
   __device__ void offer(uint64_t packed, int n) {
-    if (size == n && packed <= v[n - 1]) return;
+    if (packed <= worst) return;
     int j = size < n ? size++ : n - 1;
     for (; j > 0 && v[j - 1] < packed; --j) v[j] = v[j - 1];
     v[j] = packed;
+    if (size == n) worst = v[n - 1];
   }
 };
 
 // What one pass over a row's kept set gives a thread: its part of the fine masses and of the
-// count of kept tokens scoring above s_token, and its best n (<= kTopChunk) packed (key,
-// index) pairs below `bound`. Called by the whole block (`row` has been cut).
+// count of kept tokens scoring above s_token.
 struct KeptPass {
   FineMass z;
   uint64_t above;
-  TopList top;
 };
 
-template <Dtype D>
-__device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token, uint64_t bound, int n) {
-  KeptPass k{{0, 0}, 0, {{}, 0}};
+// The pass, by the whole block (`row` has been cut): also visit(i, key) for each kept
+// candidate, and into *top (emptied first) this thread's best n (<= kTopChunk) packed (key,
+// index) pairs below `bound` (n = 0: top unused).
+template <Dtype D, typename Visit>
+__device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token, uint64_t bound, int n, TopList* top,
+                              Visit&& visit) {
+  KeptPass k{{0, 0}, 0};
+  if (n > 0) top->clear();
   row.for_each_candidate([&](int64_t i, float s) {
     const uint32_t key = score_key(s);
     if (key < row.threshold) return;
@@ -45,10 +56,16 @@ __device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token, uint64_t 
     k.z.high += m.high;
     k.z.low += m.low;
     k.above += s > s_token;
+    visit(i, key);
     const uint64_t packed = pack_argmax(key, i);
-    if (n > 0 && packed < bound) k.top.offer(packed, n);
+    if (n > 0 && packed < bound) top->offer(packed, n);
   });
   return k;
+}
+
+template <Dtype D>
+__device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token) {
+  return kept_pass(row, s_token, 0, 0, nullptr, [](int64_t, uint32_t) {});
 }
 
 // The block's best n of the threads' lists into sh.top, best first; their count. n rounds of
@@ -67,45 +84,80 @@ __device__ int merge_top(const TopList& list, int n, SharedState& sh) {
   return found;
 }
 
-// sample_with_logprobs(..., return_kept=K): the draw's kept set (the candidates at or above
-// `sampler`'s threshold; greedy: the token alone) into the kept outputs (LogprobsParams). Its
-// K most likely ids come kTopChunk a pass, as the top-N do; the first pass also sets the
-// bitmask's bits (atomicOr into words zeroed first) and counts the set. Called by the whole block.
-template <Dtype D>
-__device__ void write_kept(const SamplingParams& p, const RowSampler<D>& sampler, int64_t row, int64_t token,
+// sample_with_logprobs(..., return_kept=K): one row's kept outputs (LogprobsParams) and their
+// collection during a pass over the kept set (the candidates at or above the draw's threshold;
+// greedy: the token alone): each kept candidate's bit (atomicOr into words zeroed first), the
+// thread's count of them, and their packed (key, index) pairs into sh.wide.kept while they fit
+// (kBinCapacity: sh.entry_count hands out the slots; a thread that finds them taken stops
+// asking, so a large set costs at most kBinCapacity + kThreads shared atomics).
+struct KeptSet {
+  int32_t* words;
+  int64_t* ids;
+  uint64_t size;
+  bool full;
+
+  __device__ void add(int64_t i, uint32_t key, SharedState& sh) {
+    atomicOr(reinterpret_cast<unsigned int*>(words) + (i >> 5), 1u << (i & 31));
+    ++size;
+    if (full) return;
+    const unsigned int slot = atomicAdd(&sh.entry_count, 1u);
+    if (slot < kBinCapacity) sh.wide.kept[slot] = pack_argmax(key, i);
+    else full = true;
+  }
+};
+
+// The kept outputs zeroed (ids -1) and the trivial sets written (nothing allowed: empty;
+// greedy: the token); true when the set is to be collected (then sh.entry_count is 0 and the
+// zeros are ordered before any bit). Called by the whole block.
+__device__ bool begin_kept(const LogprobsParams& out, int64_t row, int64_t token, bool greedy, KeptSet& set,
                            SharedState& sh) {
-  const LogprobsParams& out = p.logprobs;
-  int32_t* words = out.kept_bitmask + row * out.kept_words;
-  int64_t* ids = out.kept_ids + row * out.kept_k;
-  for (int64_t w = threadIdx.x; w < out.kept_words; w += kThreads) words[w] = 0;
-  for (int64_t c = threadIdx.x; c < out.kept_k; c += kThreads) ids[c] = -1;
+  set = {out.kept_bitmask + row * out.kept_words, out.kept_ids + row * out.kept_k, 0, false};
+  for (int64_t w = threadIdx.x; w < out.kept_words; w += kThreads) set.words[w] = 0;
+  for (int64_t c = threadIdx.x; c < out.kept_k; c += kThreads) set.ids[c] = -1;
+  if (threadIdx.x == 0) sh.entry_count = 0;
   __syncthreads();  // the zeros before any bit
-  if (token < 0 || sampler.r.greedy) {
-    if (threadIdx.x == 0 && token >= 0) words[token >> 5] = static_cast<int32_t>(1u << (token & 31)), ids[0] = token;
-    if (threadIdx.x == 0) out.kept_size[row] = token < 0 ? 0 : 1;
+  if (token >= 0 && !greedy) return true;
+  if (threadIdx.x == 0 && token >= 0) set.words[token >> 5] = static_cast<int32_t>(1u << (token & 31)), set.ids[0] = token;
+  if (threadIdx.x == 0) out.kept_size[row] = token < 0 ? 0 : 1;
+  return false;
+}
+
+// After the collecting pass: the set's size, and its K most likely ids (top-N order). A set
+// that fit in sh.wide.kept is sorted there (no pass over the row); a larger one takes
+// kTopChunk ids a pass over the row, as the top-N do, the first chunk already in `list` when
+// `ready`. Called by the whole block.
+template <Dtype D>
+__device__ void finish_kept(const LogprobsParams& out, int64_t row, KeptSet& set, const RowSampler<D>& sampler,
+                            TopList& list, bool ready, SharedState& sh) {
+  const uint64_t size = block_sum(set.size, sh);  // (its barriers complete the collection)
+  if (threadIdx.x == 0) out.kept_size[row] = static_cast<int64_t>(size);
+  const int64_t k = out.kept_k;
+  if (size <= kBinCapacity) {
+    int m = 1;
+    while (static_cast<uint64_t>(m) < size) m <<= 1;
+    for (int e = static_cast<int>(size) + threadIdx.x; e < m; e += kThreads) sh.wide.kept[e] = kNoToken;
+    __syncthreads();
+    block_sort_descending(sh.wide.kept, m);
+    for (int64_t c = threadIdx.x; c < k && c < static_cast<int64_t>(size); c += kThreads)
+      set.ids[c] = unpack_index(sh.wide.kept[c]);
+    __syncthreads();  // sh.wide is read before the next row writes it
     return;
   }
   uint64_t bound = ~uint64_t{0};
-  uint64_t size = 0;
-  for (int64_t done = 0; done < out.kept_k;) {
-    const int n = static_cast<int>(out.kept_k - done < kTopChunk ? out.kept_k - done : kTopChunk);
-    TopList list{{}, 0};
-    sampler.for_each_candidate([&](int64_t i, float s) {
-      const uint32_t key = score_key(s);
-      if (key < sampler.threshold) return;
-      if (done == 0) {
-        atomicOr(reinterpret_cast<unsigned int*>(words) + (i >> 5), 1u << (i & 31));
-        ++size;
-      }
-      const uint64_t packed = pack_argmax(key, i);
-      if (packed < bound) list.offer(packed, n);
-    });
-    if (done == 0) {
-      size = block_sum(size, sh);
-      if (threadIdx.x == 0) out.kept_size[row] = static_cast<int64_t>(size);
+  for (int64_t done = 0; done < k;) {
+    const int n = static_cast<int>(k - done < kTopChunk ? k - done : kTopChunk);
+    if (!ready) {
+      list.clear();
+      sampler.for_each_candidate([&](int64_t i, float s) {
+        const uint32_t key = score_key(s);
+        if (key < sampler.threshold) return;
+        const uint64_t packed = pack_argmax(key, i);
+        if (packed < bound) list.offer(packed, n);
+      });
     }
+    ready = false;
     const int found = merge_top(list, n, sh);
-    if (threadIdx.x < found) ids[done + threadIdx.x] = unpack_index(sh.top[threadIdx.x]);
+    if (threadIdx.x < found) set.ids[done + threadIdx.x] = unpack_index(sh.top[threadIdx.x]);
     done += found;
     if (found < n) break;
     bound = sh.top[n - 1];
@@ -116,16 +168,19 @@ __device__ void write_kept(const SamplingParams& p, const RowSampler<D>& sampler
 // sample_with_logprobs / token_logprobs for one row, by the whole block: the draw, then one
 // pass for ln Z, the rank and the first kTopChunk of the top-N (N > kTopChunk: one more pass
 // per kTopChunk tokens). Greedy, unfiltered and raw rows first find their distribution's s_max
-// and threshold (`cut`).
+// and threshold (`cut`). With return_kept, a processed row's kept set is collected in that
+// same pass (its distribution's support is the draw's kept set); a raw row's takes a pass of
+// its own, before.
 template <Dtype D>
 __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, int64_t row, SharedState& sh) {
   const LogprobsParams& out = p.logprobs;
   if (out.given_tokens) {
-    RowSampler<D> d = sampler.logprob_row(out.raw);
+    RowSampler<D>& d = sampler;
+    d.become_logprob_row(out.raw);
     float value = kNegInf;
     if (d.cut(sh)) {
       const float s = d.kept_score(out.given_tokens[row]);
-      const KeptPass k = kept_pass(d, s, 0, 0);
+      const KeptPass k = kept_pass(d, s);
       const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
       if (s > kNegInf) value = token_logprob(s, d.s_max, log_z);
     }
@@ -136,17 +191,41 @@ __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, in
   float* logprobs = out.logprobs + row * columns;
   int64_t* ids = out.token_ids + row * columns;
   const int64_t token = sampler.sample(sh);
-  if (out.kept_bitmask) write_kept(p, sampler, row, token, sh);
+  TopList list;  // one list for the top-N and the kept ids' own passes, in turn
+  KeptSet set;
+  bool collecting = out.kept_bitmask && begin_kept(out, row, token, sampler.r.greedy, set, sh);
+  const auto collect = [&](int64_t i, uint32_t key) {
+    if (collecting) set.add(i, key, sh);
+  };
+  if (collecting && out.raw) {
+    const int n = static_cast<int>(out.kept_k < kTopChunk ? out.kept_k : kTopChunk);
+    list.clear();
+    sampler.for_each_candidate([&](int64_t i, float s) {
+      const uint32_t key = score_key(s);
+      if (key >= sampler.threshold) collect(i, key), list.offer(pack_argmax(key, i), n);
+    });
+    finish_kept(out, row, set, sampler, list, true, sh);
+    collecting = false;
+  }
   if (threadIdx.x == 0) p.out[row] = token, out.ranks[row] = kNoRank;
   for (int64_t c = threadIdx.x; c < columns; c += kThreads) logprobs[c] = kNegInf, ids[c] = -1;
   if (token < 0) return;
-  RowSampler<D> d = sampler.logprob_row(out.raw);
-  // (sample cut the row unless one pass decided it: greedy or unfiltered.)
-  if ((out.raw || sampler.single_pass()) && !d.cut(sh)) return;
+  // (sample cut the row unless one pass decided it: greedy or unfiltered. A row collecting
+  // its kept set has a candidate, its token: its cut cannot fail.)
+  const bool uncut = out.raw || sampler.single_pass();
+  RowSampler<D>& d = sampler;  // (the draw's row no longer needed)
+  d.become_logprob_row(out.raw);
+  if (uncut && !d.cut(sh)) return;
+  if (collecting) {  // (an unfiltered row's cut gathers nothing: sh.entry_count is still 0)
+    if (threadIdx.x == 0) sh.entry_count = 0;
+    __syncthreads();
+  }
   const float s_token = d.kept_score(token);
   uint64_t bound = ~uint64_t{0};
   int n = static_cast<int>(out.num_logprobs < kTopChunk ? out.num_logprobs : kTopChunk);
-  const KeptPass k = kept_pass(d, s_token, bound, n);
+  const KeptPass k = kept_pass(d, s_token, bound, n, &list, collect);
+  const bool kept = collecting;
+  collecting = false;  // (the top-N's further passes collect nothing)
   const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
   const uint64_t above = block_sum(k.above, sh);  // (its barriers order the padding first)
   if (threadIdx.x == 0) {
@@ -154,7 +233,6 @@ __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, in
     ids[0] = token;
     out.ranks[row] = 1 + static_cast<int64_t>(above);
   }
-  TopList list = k.top;
   for (int64_t done = 0; n > 0;) {
     const int found = merge_top(list, n, sh);
     if (threadIdx.x < found) {
@@ -167,8 +245,9 @@ __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, in
     bound = sh.top[n - 1];
     __syncthreads();  // every thread has read sh.top before the next chunk writes it
     n = static_cast<int>(out.num_logprobs - done < kTopChunk ? out.num_logprobs - done : kTopChunk);
-    list = kept_pass(d, s_token, bound, n).top;
+    kept_pass(d, s_token, bound, n, &list, collect);
   }
+  if (kept) finish_kept(out, row, set, d, list, false, sh);
 }
 
 // One block per row, grid-stride. (__grid_constant__: row_logprobs takes p by reference, which

@@ -38,11 +38,13 @@ struct SharedState {
     BlockScan::TempStorage scan;
   } cub;
   // One row's wide data, each dead before the next is written: the key bins' candidate
-  // counts (first pass), their top-p masses (second), the boundary bin's candidates (last).
+  // counts (first pass), their top-p masses (second), the boundary bin's candidates (last);
+  // in logprobs_kernel, after the draw, the kept set's candidates, packed (write_kept).
   union {
     unsigned int counts[kBins];
     unsigned long long masses[kBins];
     BinEntry entries[kBinCapacity];
+    uint64_t kept[kBinCapacity];
   } wide;
   unsigned long long histogram[kThreads];  // a radix digit's bins
   uint32_t staged_words[kStagedWords];      // a tile of the row's bitmask (RowSampler::for_each_logit)
@@ -425,19 +427,18 @@ struct RowSampler {
     return score_key(s) >= threshold ? s : kNegInf;
   }
 
-  // The row the log-probabilities are taken under (sampling.h): this one for a processed,
-  // non-greedy row; the allowed logits at temperature 1 without filters for a greedy one; all
-  // logits at temperature 1 for raw. (`cut` then finds its s_max and threshold.)
-  __device__ RowSampler logprob_row(bool raw) const {
-    RowSampler d = *this;
-    if (!raw && !r.greedy) return d;
-    d.r.greedy = false;
-    d.r.temperature = 1.0f;
-    d.r.top_k = 0;
-    d.r.top_p = 1.0f;
-    d.r.min_p = 0.0f;
-    if (raw) d.bitmask = nullptr, d.penalty.enabled = false;
-    return d;
+  // Makes this the row the log-probabilities are taken under (sampling.h): unchanged for a
+  // processed, non-greedy row; the allowed logits at temperature 1 without filters for a
+  // greedy one; all logits at temperature 1 for raw. (`cut` then finds its s_max and
+  // threshold.) In place: a copy would be one more RowSampler on logprobs_kernel's stack.
+  __device__ void become_logprob_row(bool raw) {
+    if (!raw && !r.greedy) return;
+    r.greedy = false;
+    r.temperature = 1.0f;
+    r.top_k = 0;
+    r.top_p = 1.0f;
+    r.min_p = 0.0f;
+    if (raw) bitmask = nullptr, penalty.enabled = false;
   }
 
   // The second kernel's part of a row split over blocks, defined with the split (split_rows.cuh).

@@ -40,7 +40,7 @@ __device__ int64_t position_token(const VerifyParams& v, int64_t b, int64_t posi
   if (!v.draft_probs || row.r.greedy || position == row_draft_count(v, b)) return row.sample(sh);
   if (!row.cut(sh)) return -1;
   const float s_draft = row.kept_score(draft);
-  const KeptPass k = kept_pass(row, s_draft, 0, 0);
+  const KeptPass k = kept_pass(row, s_draft);
   const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
   const bool in_support = s_draft > kNegInf;
   const float logprob = in_support ? token_logprob(s_draft, row.s_max, log_z) : kNegInf;

@@ -111,9 +111,12 @@ MUTANTS = [
     Mutant("support-token", SUPPORT, "if (i == token) token_key = score_key(s);",
            "if (i == token + 1) token_key = score_key(s);", "fibers", AGREEMENT, "replay_agrees_with_cpu",
            "tests/cuda_emulation/test_replay_cuda.py"),
-    # The kept set returned by the sampler loses the tokens tied at its cutoff.
+    # The kept ids of a set too large for shared memory lose the tokens tied at its cutoff.
     Mutant("kept-set-cutoff", LOGPROBS, "if (key < sampler.threshold) return;", "if (key <= sampler.threshold) return;",
-           "fibers", AGREEMENT, "kept_set_agrees_with_cpu", "tests/cuda_emulation/test_replay_cuda.py"),
+           "fibers", AGREEMENT, "kept_set_sizes_agree_with_cpu", "tests/cuda_emulation/test_replay_cuda.py"),
+    # The shared-memory sort of a kept set (its ids' top-N order) runs the wrong way round.
+    Mutant("kept-set-sort", BLOCK, "if ((a < b) == ((i & size) == 0))", "if ((a < b) == ((i & size) != 0))",
+           "fibers", AGREEMENT, "kept_set_sizes_agree_with_cpu", "tests/cuda_emulation/test_replay_cuda.py"),
     # One thread leaves a block reduction early: the block's barriers no longer match.
     Mutant("uneven-barrier", BLOCK, "  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);",
            "  if (threadIdx.x == 7) return v;\n  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);", "fibers",

@@ -107,6 +107,47 @@ def test_kept_set_agrees_with_cpu(cuda_target, lp_cpu, dtype, k):
                                bits(b) if b.is_floating_point() else b)
 
 
+def stepped(rows, vocab, step, g):
+    """fp32 logits on a grid of `step`: every score value shared by many tokens (ties)."""
+    return (torch.randn(rows, vocab, generator=g) * 3 / step).round() * step
+
+
+# return_kept's two ways to the K ids on CUDA (logprobs_cuda.cuh): a kept set of at most
+# kBinCapacity = 4096 candidates is sorted in shared memory, a larger one found by passes over
+# the row. (K, filters, the logits' grid step (0: unrounded), the kept sizes the case is about.)
+KEPT_CASES = {
+    "k_1024": (1024, dict(top_k=1500), 0, lambda n: n == 1500),
+    "k_past_the_set": (1024, dict(top_k=50, top_p=0.9), 0, lambda n: n <= 50),
+    "ties_at_the_cutoff": (1024, dict(top_k=700), 0.1, lambda n: 700 < n < 1024),
+    "at_capacity": (300, dict(top_k=4096), 0, lambda n: n == 4096),
+    "past_capacity": (300, dict(top_k=4097), 0, lambda n: n == 4097),
+    "past_capacity_whole": (4200, dict(top_k=4097), 0, lambda n: n == 4097),  # (its cutoff's token too)
+    "ties_past_capacity": (64, dict(top_k=4090), 0.1, lambda n: n > 4096),
+    "top_p_min_p": (256, dict(top_p=0.95, min_p=0.02, temperature=0.7), 0, lambda n: 256 < n <= 4096),
+    "raw": (1024, dict(top_k=1000, logprobs_mode="raw"), 0, lambda n: n == 1000),
+    "raw_past_capacity": (30, dict(logprobs_mode="raw"), 0, lambda n: n > 4096),
+}
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("case", KEPT_CASES)
+def test_kept_set_sizes_agree_with_cpu(emulation, lp_cpu, case):
+    """The kept outputs bit for bit the CPU's on both sides of shared memory's capacity, K up
+    to 1024 and past the set's size, ties at the cutoff (the lower index first), raw rows."""
+    k, filters, step, sizes_of_the_case = KEPT_CASES[case]
+    rows, vocab = 3, 9001
+    g = torch.Generator().manual_seed(len(case))
+    logits = stepped(rows, vocab, step, g) if step else torch.randn(rows, vocab, generator=g)
+    kwargs = dict(filters, seed=7, num_logprobs=5, return_kept=k)
+    expected = lp_cpu.sample_with_logprobs(logits, **kwargs)
+    with emulation.gpu(8) as lp:
+        got = lp.sample_with_logprobs(logits, **kwargs)
+    assert all(sizes_of_the_case(n) for n in expected[-1].size.tolist()), expected[-1].size
+    for part_got, part_expected in zip(got, expected):
+        for a, b in zip(part_got, part_expected):
+            assert torch.equal(bits(a) if a.is_floating_point() else a, bits(b) if b.is_floating_point() else b)
+
+
 @pytest.mark.emulation
 @pytest.mark.traffic
 @pytest.mark.skipif(not COUNTS_TRAFFIC, reason="the traffic build counts global-memory bytes")
@@ -140,24 +181,44 @@ def test_replay_traffic(emulation):
     assert backward[0] == rows * (4 * vocab + 2 * kept + 256 * saved), backward
 
 
+# return_kept's filters for the traffic test (fp32, V = 128256, random normal logits, no
+# bitmask), with the kept set's size: up to kBinCapacity = 4096 the set is sorted in shared
+# memory, larger (min-p 0.05: 6000-10000 tokens) it takes kTopChunk = 20 ids a pass; a raw
+# row's set takes one pass of its own (its log-probabilities' pass is over another set).
+KEPT_TRAFFIC = {"top_k_50_top_p": dict(top_k=50, top_p=0.9), "top_k_2000": dict(top_k=2000),
+                "min_p_past_capacity": dict(min_p=0.05), "raw": dict(top_k=2000, logprobs_mode="raw")}
+
+
 @pytest.mark.emulation
 @pytest.mark.traffic
 @pytest.mark.skipif(not COUNTS_TRAFFIC, reason="the traffic build counts global-memory bytes")
-@pytest.mark.parametrize("k", [20, 64])
-def test_kept_set_traffic(emulation, k):
-    """What return_kept=K adds to sample_with_logprobs: one more pass over the row (fp32, top-k 50
-    + top-p 0.9, no bitmask) per kTopChunk = 20 kept ids (up to the set's size), and the kept
-    outputs' writes (the
-    bitmask's words, zeroed then set by atomics, the ids and the size)."""
+@pytest.mark.parametrize("filters", KEPT_TRAFFIC)
+def test_kept_set_traffic(emulation, filters):
+    """What return_kept=K adds to sample_with_logprobs, K in {1, 20, 64, 256, 1024}: no pass over
+    the row where the kept set fits in shared memory (read: only the bitmask word of each kept
+    token's atomicOr), else one pass per 20 ids (up to the set's size), a raw row one pass; and
+    the kept outputs' writes (the bitmask's words, zeroed then set by atomics, the ids padded
+    with -1 then written, the size)."""
     rows, vocab = 4, 128256
-    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(k))
-    counted = []
+    words = (vocab + 31) // 32
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0))
+    kwargs = dict(KEPT_TRAFFIC[filters], seed=1)
     with emulation.gpu(8) as lp:
-        for extra in ({}, dict(return_kept=k)):
+        emulation.reset_traffic()
+        lp.sample_with_logprobs(logits, **kwargs)
+        plain = emulation.traffic()
+        for k in [1, 20, 64, 256, 1024]:
             emulation.reset_traffic()
-            lp.sample_with_logprobs(logits, top_k=50, top_p=0.9, seed=1, **extra)
-            counted.append(emulation.traffic())
-    extra_passes = (counted[1][0] - counted[0][0]) / (rows * vocab * 4)
-    # (The passes stop at a chunk the set does not fill: its 50 tokens take 3 for K = 64.)
-    expected = min(math.ceil(k / 20), 50 // 20 + 1)
-    assert expected - 0.01 <= extra_passes <= expected + 0.01, extra_passes
+            kept = lp.sample_with_logprobs(logits, return_kept=k, **kwargs)[-1]
+            read, written = (a - b for a, b in zip(emulation.traffic(), plain))
+            sizes = kept.size.tolist()
+            atomics = 4 * sum(sizes)  # each kept token's word, read and written by its atomicOr
+            fits = max(sizes) <= 4096
+            assert fits == (filters != "min_p_past_capacity"), sizes
+            passes = (read - atomics) / (rows * vocab * 4)
+            # (by passes: as many as chunks of 20, stopping at a chunk the set does not fill)
+            expected = 1 if filters == "raw" else 0 if fits else sum(
+                math.ceil(min(k, size) / 20) + (k > size and size % 20 == 0) for size in sizes) / rows
+            assert expected - 0.005 <= passes <= expected + 0.005, (k, passes)
+            ids = sum(min(k, size) for size in sizes)
+            assert written == rows * (4 * words + 8 * k + 8) + atomics + 8 * ids, (k, written)
