@@ -63,6 +63,17 @@ __device__ bool last_to_arrive(unsigned int* counter, int64_t blocks, Shared& sh
   return last;
 }
 
+// atomicAdd on a 64-bit word of global memory. Through a pointer nvcc cannot prove global
+// (one read from a struct), a 64-bit atomicAdd is a global attempt with a shared-memory
+// compare-and-swap loop behind it (QSPC, ATOMS.CAST.SPIN.64), never taken here; the
+// assumption leaves the native RED.E.ADD.64 alone (tests/build/test_kernel_atomics.py).
+__device__ void global_add(unsigned long long* address, uint64_t v) {
+#ifdef __CUDA_ARCH__
+  __builtin_assume(__isGlobal(address));
+#endif
+  atomicAdd(address, static_cast<unsigned long long>(v));
+}
+
 // A read of memory that the launch's other blocks may have written (after last_to_arrive).
 template <typename T>
 __device__ T load_volatile(const T& x) {

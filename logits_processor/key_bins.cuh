@@ -4,6 +4,7 @@
 // Integer counts and masses only, so every result is independent of thread timing.
 // Called by the whole block, as block_primitives.cuh's; `Shared` there also has
 // `histogram[kThreads]` (unsigned long long), `digit` (uint32_t), `above` (uint64_t) and `bin`.
+// The bins are added to by 32-bit shared atomics only (add_to_bin, add_one_to_bin).
 #pragma once
 
 #include "block_primitives.cuh"
@@ -27,6 +28,24 @@ __device__ uint64_t bin_start(int64_t b) { return static_cast<uint64_t>(b) << kB
 
 // The key bins thread t scans, from the top: kBins - 1 - kBinsPerThread t downwards.
 __device__ int first_own_bin() { return kBins - 1 - kBinsPerThread * static_cast<int>(threadIdx.x); }
+
+// Adds v (< 2^64 - 2^32; a token's mass is at most 2^32) to a 64-bit shared bin by 32-bit
+// atomics: sm_80-sm_120 have no native 64-bit shared atomicAdd, and nvcc's compare-and-swap
+// loop makes a warp whose tokens share a bin retry on one address. The low word's old value
+// tells whether this add wrapped it, and the wrap is carried into the high word: after the
+// block's next barrier the bin holds the exact sum, in any order (the low word is the bin's
+// lower address, CUDA's and the emulation hosts' byte order).
+__device__ void add_to_bin(unsigned long long* bin, uint64_t v) {
+  uint32_t* words = reinterpret_cast<uint32_t*>(bin);
+  const uint32_t low = static_cast<uint32_t>(v);
+  uint32_t high = static_cast<uint32_t>(v >> 32);
+  if (low != 0) high += atomicAdd(words, low) > ~low;  // (s_max's tokens: low 0, high 1)
+  if (high != 0) atomicAdd(words + 1, high);
+}
+
+// Adds 1 to a 64-bit shared bin that counts tokens: its low word alone, since a row's
+// counts stay below 2^31 (the ops check V).
+__device__ void add_one_to_bin(unsigned long long* bin) { atomicAdd(reinterpret_cast<uint32_t*>(bin), 1u); }
 
 template <typename Count>
 __device__ void zero_bins(Count* bins) {
@@ -129,9 +148,10 @@ __device__ uint32_t radix_select(ForEachKey&& for_each_key, int bin, uint64_t ab
     sh.histogram[threadIdx.x] = 0;
     __syncthreads();
     for_each_key([&](uint32_t key) {
-      if ((key & decided) == prefix)
-        atomicAdd(&sh.histogram[(key >> shift) & (kThreads - 1)],
-                  kMass ? static_cast<unsigned long long>(token_mass(key_score(key), s_max)) : 1ull);
+      if ((key & decided) != prefix) return;
+      unsigned long long* digit_bin = &sh.histogram[(key >> shift) & (kThreads - 1)];
+      if constexpr (kMass) add_to_bin(digit_bin, token_mass(key_score(key), s_max));
+      else add_one_to_bin(digit_bin);
     });
     __syncthreads();
     const uint32_t digit = kThreads - 1 - threadIdx.x;  // the scan runs from the top digit down

@@ -318,7 +318,7 @@ struct RowSampler {
       zero_bins(sh.wide.masses);
       for_each_candidate([&](int64_t, float s) {
         if (score_key(s) < mass_floor) return;
-        atomicAdd(&sh.wide.masses[key_bin(score_key(s))], static_cast<unsigned long long>(token_mass(s, s_max)));
+        add_to_bin(&sh.wide.masses[key_bin(score_key(s))], token_mass(s, s_max));
       });
       __syncthreads();
       p_target = top_p_target(r.top_p, block_sum(own_bins_sum(sh.wide.masses), sh));
@@ -397,7 +397,7 @@ struct RowSampler {
           ++candidates;
           if (bins == KeyBins::kCounts) atomicAdd(&sh.wide.counts[key_bin(key)], 1u);
           if (bins == KeyBins::kEstimatedMasses)
-            atomicAdd(&sh.wide.masses[key_bin(key)], static_cast<unsigned long long>(estimated_mass(key)));
+            add_to_bin(&sh.wide.masses[key_bin(key)], estimated_mass(key));
         },
         begin, end);
     // (The reductions' barriers also complete the counts.)

@@ -304,12 +304,12 @@ __device__ void count_chunk(const RowSampler<D>& sampler, const Split& split, in
     unsigned long long* row_bins = split.merged_bins(row);
     for (int b = threadIdx.x; b < kBins; b += kThreads) {
       const uint64_t v = top_k ? sh.wide.counts[b] : sh.wide.masses[b];
-      if (v != 0) atomicAdd(&row_bins[b], static_cast<unsigned long long>(v));
+      if (v != 0) global_add(&row_bins[b], v);
     }
   }
   if (threadIdx.x == 0) {
     split.partials(row)[chunk] = first.max_key;
-    atomicAdd(&state.candidates, static_cast<unsigned long long>(first.candidates));
+    global_add(&state.candidates, first.candidates);
   }
   if (last_to_arrive(&state.counted, split.splits, sh)) cut_from_chunks(sampler, split, row, sh);
 }
@@ -376,7 +376,7 @@ __device__ void draw_top_p_chunk(RowSampler<D>& sampler, const Split& split, int
       begin, end);
   mass = block_sum(mass, sh);  // (its barriers complete the gathering)
   publish_entries(state, split.entries(row), sh);
-  if (threadIdx.x == 0) atomicAdd(&state.mass, static_cast<unsigned long long>(mass));
+  if (threadIdx.x == 0) global_add(&state.mass, mass);
   if (!last_to_arrive(&state.drawn, split.splits, sh)) return;
   const unsigned int gathered = block_load(state.gathered, sh);
   const uint64_t above = block_load(state.above, sh);
@@ -428,8 +428,8 @@ __device__ bool draw_top_p_bracket(RowSampler<D>& sampler, const Split& split, i
   publish_entries(state, split.entries(row), sh);
   if (threadIdx.x == 0) {
     split.partials(row)[chunk] = winner;
-    atomicAdd(&state.mass, static_cast<unsigned long long>(mass));
-    atomicAdd(&state.above, static_cast<unsigned long long>(above));
+    global_add(&state.mass, mass);
+    global_add(&state.above, above);
   }
   if (!last_to_arrive(&state.drawn, split.splits, sh)) return true;
   const unsigned int gathered = block_load(state.gathered, sh);

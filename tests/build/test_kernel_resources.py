@@ -29,14 +29,19 @@ USAGE = re.compile(r"REG:(\d+) STACK:(\d+)")
 pytestmark = pytest.mark.no_sanitize("reads the CUDA build's machine code and runs no op")
 
 
-def cuobjdump() -> str:
+def nvidia_tool(name: str) -> str:
+    """A CUDA binary tool from its PyPI wheel (nvidia-cuda-<name>, requirements-dev.txt), else PATH's."""
     import nvidia
 
-    found = [str(p) for root in nvidia.__path__ for p in sorted(Path(root).glob("*/bin/cuobjdump"))]
-    found += [p for p in [shutil.which("cuobjdump")] if p]
+    found = [str(p) for root in nvidia.__path__ for p in sorted(Path(root).glob(f"*/bin/{name}"))]
+    found += [p for p in [shutil.which(name)] if p]
     if not found:
-        pytest.fail("no cuobjdump: requirements-dev.txt's nvidia-cuda-cuobjdump is not installed")
+        pytest.fail(f"no {name}: requirements-dev.txt's nvidia-cuda-{name} is not installed")
     return found[0]
+
+
+def cuobjdump() -> str:
+    return nvidia_tool("cuobjdump")
 
 
 def kernel_resources(so: Path) -> dict[tuple[str, str], tuple[int, int]]:

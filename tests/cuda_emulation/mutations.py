@@ -85,8 +85,8 @@ MUTANTS = [
     Mutant("split-top-p-mass", SPLIT, "mass = block_sum(mass, sh);  // (its",
            "mass = block_sum(mass, sh) / 2;  // (its", "fibers", AGREEMENT, "split_cut"),
     # A split row's chunk adds its bins to the row's merged bins one off (top-k above 1024).
-    Mutant("split-merged-bins", SPLIT, "atomicAdd(&row_bins[b], static_cast<unsigned long long>(v));",
-           "atomicAdd(&row_bins[b ^ 1], static_cast<unsigned long long>(v));", "fibers", AGREEMENT, "split_cut"),
+    Mutant("split-merged-bins", SPLIT, "global_add(&row_bins[b], v);",
+           "global_add(&row_bins[b ^ 1], v);", "fibers", AGREEMENT, "split_cut"),
     # A split top-p row's last block trusts the estimate's bracket: t_p above it goes unseen.
     Mutant("split-top-p-bracket", SPLIT, "if (gathered > kBinCapacity || mass_above >= p_target) return false;",
            "if (gathered > kBinCapacity) return false;", "fibers", AGREEMENT, "split_top_p"),
