@@ -122,16 +122,18 @@ __device__ bool begin_kept(const LogprobsParams& out, int64_t row, int64_t token
   return false;
 }
 
-// After the collecting pass: the set's size, and its K most likely ids (top-N order). A set
-// that fit in sh.wide.kept is sorted there (no pass over the row); a larger one takes
-// kTopChunk ids a pass over the row, as the top-N do, the first chunk already in `list` when
-// `ready`. Called by the whole block.
+// After the collecting pass: the set's size, and when it has at most K members their ids
+// (top-N order; a larger set is in the bitmask only). A set that fit in sh.wide.kept is sorted
+// there (no pass over the row); a larger one (K > kBinCapacity) takes kTopChunk ids a pass
+// over the row, as the top-N do, the first chunk already in `list` when `ready`. Called by the
+// whole block.
 template <Dtype D>
 __device__ void finish_kept(const LogprobsParams& out, int64_t row, KeptSet& set, const RowSampler<D>& sampler,
                             TopList& list, bool ready, SharedState& sh) {
   const uint64_t size = block_sum(set.size, sh);  // (its barriers complete the collection)
   if (threadIdx.x == 0) out.kept_size[row] = static_cast<int64_t>(size);
   const int64_t k = out.kept_k;
+  if (size > static_cast<uint64_t>(k)) return;  // (size is the block's: every thread returns)
   if (size <= kBinCapacity) {
     int m = 1;
     while (static_cast<uint64_t>(m) < size) m <<= 1;

@@ -226,7 +226,8 @@ class RowSampler {
 
   // The kept set of the draw sample() just made (LogprobsParams::kept_bitmask): the
   // candidates at or above its cutoff, or a greedy row's token alone. One pass over the
-  // scores for the bitmask and the size, top_tokens for the K most likely.
+  // scores for the bitmask and the size, then top_tokens for the ids of a set of at most K
+  // (a larger set is in the bitmask only: a partial list of ids would replay as a smaller set).
   void write_kept(int64_t token) {
     const LogprobsParams& out = p_.logprobs;
     int32_t* words = out.kept_bitmask + row_ * out.kept_words;
@@ -253,6 +254,7 @@ class RowSampler {
       size += __builtin_popcount(bits);
     }
     out.kept_size[row_] = size;
+    if (size > out.kept_k) return;
     const int64_t n = top_tokens(out.kept_k);
     for (int64_t j = 0; j < n; ++j) ids[j] = scratch_.top[j].index;
   }

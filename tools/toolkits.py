@@ -30,6 +30,7 @@ ${XDG_CACHE_HOME:-~/.cache}/logits-processor/cuda-<version>-<what>/):
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import os
@@ -150,12 +151,19 @@ def apt_install(program: str, package: str) -> str | None:
     if os.environ.get("LP_OFFLINE") == "1" or os.geteuid() != 0 or not shutil.which("apt-get"):
         return f"no {program} (Debian: apt-get install {package})"
     start = time.monotonic()
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", package]
-    if subprocess.run(install, capture_output=True).returncode:  # no package lists yet
-        subprocess.run(["apt-get", "update", "-q"], capture_output=True)
-        proc = subprocess.run(install, capture_output=True, text=True)
-        if proc.returncode:
-            return f"apt-get install {package} failed: {proc.stderr.strip()[-500:]}"
+    # One apt-get at a time: tests on other pytest-xdist workers install packages too, and a
+    # second apt-get fails at once on dpkg's lock (the lock timeout covers any other apt user).
+    wait = ["-o", "DPkg::Lock::Timeout=600"]
+    install = ["apt-get", *wait, "install", "-y", "-q", "--no-install-recommends", package]
+    with open("/tmp/logits-processor-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if shutil.which(program):  # installed by another worker meanwhile
+            return None
+        if subprocess.run(install, capture_output=True).returncode:  # no package lists yet
+            subprocess.run(["apt-get", *wait, "update", "-q"], capture_output=True)
+            proc = subprocess.run(install, capture_output=True, text=True)
+            if proc.returncode:
+                return f"apt-get install {package} failed: {proc.stderr.strip()[-500:]}"
     print(f"[toolkits] installed {package} in {time.monotonic() - start:.0f} s", flush=True)
     return None
 

@@ -19,9 +19,10 @@ from conftest import BUILD
 
 STACK_LIMIT = 1024  # bytes: cudaLimitStackSize's default
 # Known exceptions, each with the ceiling it must stay under, listed only while needed (the
-# test fails once one is back within the limit). None: logprobs_kernel, the last one (1032-1200
-# bytes when the kept set joined it with a top-id list of its own), is back under 1 KB.
-OVER_LIMIT: dict[str, int] = {}
+# test fails once one is back within the limit). split_draw_kernel<fp16/bf16> needs 1144 bytes
+# on sm_100 alone (936-984 elsewhere) since the unfiltered split rows' redraw from the row's
+# top score (the draw's origin) joined it: call a small-batch sample once before a capture.
+OVER_LIMIT: dict[str, int] = {"split_draw_kernel": 1152}
 ARCH = re.compile(r"^arch = (sm_\d+)")
 FUNCTION = re.compile(r"^\s*Function (\S+):")
 USAGE = re.compile(r"REG:(\d+) STACK:(\d+)")

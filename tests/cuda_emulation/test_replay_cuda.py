@@ -183,8 +183,9 @@ def test_replay_traffic(emulation):
 
 # return_kept's filters for the traffic test (fp32, V = 128256, random normal logits, no
 # bitmask), with the kept set's size: up to kBinCapacity = 4096 the set is sorted in shared
-# memory, larger (min-p 0.05: 6000-10000 tokens) it takes kTopChunk = 20 ids a pass; a raw
-# row's set takes one pass of its own (its log-probabilities' pass is over another set).
+# memory, larger (min-p 0.05: 6000-10000 tokens, more than K: no ids) it is in the bitmask
+# only; a raw row's set takes one pass of its own (its log-probabilities' pass is over another
+# set).
 KEPT_TRAFFIC = {"top_k_50_top_p": dict(top_k=50, top_p=0.9), "top_k_2000": dict(top_k=2000),
                 "min_p_past_capacity": dict(min_p=0.05), "raw": dict(top_k=2000, logprobs_mode="raw")}
 
@@ -195,10 +196,10 @@ KEPT_TRAFFIC = {"top_k_50_top_p": dict(top_k=50, top_p=0.9), "top_k_2000": dict(
 @pytest.mark.parametrize("filters", KEPT_TRAFFIC)
 def test_kept_set_traffic(emulation, filters):
     """What return_kept=K adds to sample_with_logprobs, K in {1, 20, 64, 256, 1024}: no pass over
-    the row where the kept set fits in shared memory (read: only the bitmask word of each kept
-    token's atomicOr), else one pass per 20 ids (up to the set's size), a raw row one pass; and
-    the kept outputs' writes (the bitmask's words, zeroed then set by atomics, the ids padded
-    with -1 then written, the size)."""
+    the row (read: only the bitmask word of each kept token's atomicOr), whether the set fits
+    in shared memory or is larger than K (no ids then), a raw row one pass; and the kept
+    outputs' writes (the bitmask's words, zeroed then set by atomics, the ids padded with -1,
+    then written for a set of at most K, the size)."""
     rows, vocab = 4, 128256
     words = (vocab + 31) // 32
     logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0))
@@ -216,9 +217,7 @@ def test_kept_set_traffic(emulation, filters):
             fits = max(sizes) <= 4096
             assert fits == (filters != "min_p_past_capacity"), sizes
             passes = (read - atomics) / (rows * vocab * 4)
-            # (by passes: as many as chunks of 20, stopping at a chunk the set does not fill)
-            expected = 1 if filters == "raw" else 0 if fits else sum(
-                math.ceil(min(k, size) / 20) + (k > size and size % 20 == 0) for size in sizes) / rows
+            expected = 1 if filters == "raw" else 0
             assert expected - 0.005 <= passes <= expected + 0.005, (k, passes)
-            ids = sum(min(k, size) for size in sizes)
+            ids = sum(size for size in sizes if size <= k)
             assert written == rows * (4 * words + 8 * k + 8) + atomics + 8 * ids, (k, written)

@@ -32,16 +32,17 @@ def case(rows, vocab, dtype, g):
 
 def check_kept(kept, reference, k):
     """The bitmask is the reference's kept set (rows ambiguous at a cutoff skipped by the
-    caller); ids its K most likely members; size its size."""
+    caller); ids its members in top-N order when it has at most K, else all -1; size its size."""
     rows, vocab = reference.shape
     members = unpack_bitmask(kept.bitmask, vocab)
     assert torch.equal(members, reference > 0)
     assert torch.equal(kept.size, members.sum(-1))
     for r in range(rows):
         # Most likely first, ties by lowest id: the reference's probabilities, stable sort.
-        order = torch.sort(-reference[r], stable=True).indices[: min(k, int(kept.size[r]))]
+        order = torch.sort(-reference[r], stable=True).indices[: int(kept.size[r])]
         expected = torch.full((k,), -1, dtype=torch.int64)
-        expected[: len(order)] = order
+        if len(order) <= k:
+            expected[: len(order)] = order
         assert torch.equal(kept.ids[r], expected), r
 
 
@@ -106,11 +107,14 @@ def test_replay_of_the_kept_set_is_the_samplers_logprob(lp, dtype):
         assert (replayed[out.tokens < 0] == -math.inf).all()
 
 
-def test_a_set_larger_than_k_fills_the_bitmask(lp):
+def test_a_set_larger_than_k_fills_the_bitmask_only(lp):
+    """A set of more than K tokens: its ids all -1 (a partial list would replay as a smaller
+    set), the bitmask whole; K = its size: every id."""
     x = torch.zeros(2, 100)  # every token tied: all kept
     out, kept = lp.sample_with_logprobs(x, return_kept=5)
     assert torch.equal(kept.size, torch.tensor([100, 100]))
-    assert torch.equal(kept.ids, torch.arange(5).expand(2, 5))
+    assert (kept.ids == -1).all()
+    assert torch.equal(lp.sample_with_logprobs(x, return_kept=100)[1].ids, torch.arange(100).expand(2, 100))
     assert (unpack_bitmask(kept.bitmask, 100)).all()
     assert torch.equal(pack_bitmask(torch.ones(2, 100, dtype=torch.bool)), kept.bitmask)
 

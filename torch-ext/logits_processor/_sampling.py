@@ -114,8 +114,9 @@ class KeptSet(NamedTuple):
     Attributes:
         bitmask (torch.Tensor): int32 ``[B, ceil(V / 32)]``, XGrammar's layout (usable wherever
             a bitmask goes).
-        ids (torch.Tensor): int64 ``[B, K]``: the K most likely kept tokens, most likely first
-            (ties by lowest id), -1 padded; a set larger than K is in `bitmask` whole.
+        ids (torch.Tensor): int64 ``[B, K]``: a set of at most K tokens, most likely first
+            (ties by lowest id), -1 padded; a row whose set is larger than K has every id -1 (its
+            set is in `bitmask` alone: replay such rows from the bitmask).
         size (torch.Tensor): int64 ``[B]``, the number of kept tokens (may exceed K).
     """
 
@@ -171,7 +172,7 @@ def sample_with_logprobs(
         out (SampleWithLogprobs, optional): preallocated tensors of the shapes below (for CUDA
             graphs); default new tensors.
         return_kept (int, optional): K >= 1: also return the kept set each token was drawn from
-            (`KeptSet`, with its K most likely ids), for a trainer to replay with
+            (`KeptSet`: with its ids where it has at most K tokens), for a trainer to replay with
             `token_logprobs(..., support=)`; the tokens and logprobs are unchanged.
 
     Returns:
