@@ -65,8 +65,7 @@ constexpr int kVector = 16 / dtype_size(D);
 
 template <Dtype D>
 __device__ float vector_logit(const uint4& v, int j) {
-  const int w = D == Dtype::Float32 ? j : j >> 1;
-  const uint32_t word = w < 2 ? (w == 0 ? v.x : v.y) : (w == 2 ? v.z : v.w);
+  const uint32_t word = vector_word(v, D == Dtype::Float32 ? j : j >> 1);
   if constexpr (D == Dtype::Float32) return bits_float(word);
   else return logit_from_bits<D>(static_cast<uint16_t>(j & 1 ? word >> 16 : word));
 }
@@ -172,15 +171,16 @@ struct RowSampler {
   // tiles of kStagedWords words, each tile's words staged in shared memory first.
   template <typename F>
   __device__ void for_each_logit(int64_t begin, int64_t end, F&& f) const {
-    if (!bitmask) {
-      logits_in(begin, end, [](int64_t) { return ~0u; }, f);
-      return;
-    }
+    // (One tile loop with or without a bitmask, so that f is compiled once.)
     for (int64_t word0 = begin >> 5; 32 * word0 < end; word0 += kStagedWords) {
-      const int64_t tile_end = 32 * (word0 + kStagedWords) < end ? 32 * (word0 + kStagedWords) : end;
-      stage_words(word0, (tile_end + 31) >> 5);
+      int64_t tile_end = end;
+      if (bitmask) {
+        tile_end = 32 * (word0 + kStagedWords) < end ? 32 * (word0 + kStagedWords) : end;
+        stage_words(word0, (tile_end + 31) >> 5);
+      }
       logits_in(32 * word0 > begin ? 32 * word0 : begin, tile_end,
-                [&](int64_t i) { return staged_words[(i >> 5) - word0]; }, f);
+                [&](int64_t i) { return bitmask ? staged_words[(i >> 5) - word0] : ~0u; }, f);
+      if (!bitmask) return;
     }
   }
 
@@ -191,27 +191,21 @@ struct RowSampler {
     const int64_t loaded = word_end < p.bitmask_width ? word_end : p.bitmask_width;
     for (int64_t w = (loaded > word0 ? loaded : word0) + threadIdx.x; w < word_end; w += kThreads)
       staged_words[w - word0] = ~0u;
-    for_each_aligned<4>(reinterpret_cast<const char*>(bitmask), word0, loaded,
-                        [&](int64_t w) { staged_words[w - word0] = static_cast<uint32_t>(bitmask[w]); },
-                        [&](int64_t first, const uint4& v) {
-                          uint32_t* to = staged_words + (first - word0);
-                          to[0] = v.x, to[1] = v.y, to[2] = v.z, to[3] = v.w;
-                        });
+    for_each_aligned<4>(reinterpret_cast<const char*>(bitmask), word0, loaded, [&](int64_t first, const uint4& v, int count) {
+      for (int j = 0; j < count; ++j) staged_words[first + j - word0] = vector_word(v, j);
+    });
     __syncthreads();
   }
 
   // for_each_logit over [begin, end) with word(i) the bitmask word holding token i's bit.
   template <typename Word, typename F>
   __device__ void logits_in(int64_t begin, int64_t end, Word&& word, F&& f) const {
-    for_each_aligned<dtype_size(D)>(
-        static_cast<const char*>(logits), begin, end,
-        [&](int64_t i) { f(i, candidate_from_logit<D>(penalty, i, load_logit<D>(logits, i), word(i))); },
-        [&](int64_t first, const uint4& v) {
-          // (Not unrolled: f can be large, the Gumbel noise's Philox calls among it.)
+    for_each_aligned<dtype_size(D)>(static_cast<const char*>(logits), begin, end, [&](int64_t first, const uint4& v, int count) {
+      // (Not unrolled: f can be large, the Gumbel noise's Philox calls among it.)
 #pragma unroll 1
-          for (int j = 0; j < kVector<D>; ++j)
-            f(first + j, candidate_from_logit<D>(penalty, first + j, vector_logit<D>(v, j), word(first + j)));
-        });
+      for (int j = 0; j < count; ++j)
+        f(first + j, candidate_from_logit<D>(penalty, first + j, vector_logit<D>(v, j), word(first + j)));
+    });
   }
 
   // f(i, s) for each candidate token of this thread's share of tokens [begin, end).
@@ -260,24 +254,31 @@ struct RowSampler {
     return block_max(best, sh);
   }
 
-  // An unfiltered row's draw: one pass from origin 0, which also finds s_max; a second from
-  // s_max when that pass finds it too far from 0 (redraw_from_origin), for such rows only.
-  __device__ uint64_t unfiltered_draw(SharedState& sh) {
-    uint64_t max_key = kNoKey;
-    const uint64_t winner = gumbel_argmax(at_least(kNoKey), sh, 0, p.vocab, &max_key);
-    if (winner == kNoToken || !redraw_from_origin(row_max_score(static_cast<uint32_t>(max_key)))) return winner;
-    s_max = row_max_score(static_cast<uint32_t>(max_key));
-    origin = draw_origin(s_max);
-    return gumbel_argmax(at_least(kNoKey), sh, 0, p.vocab);
-  }
-
   // (Inlined into each kernel: a call would copy the kernel's parameters to the stack.)
+  // The draw's noise loop has one call site (its code is the largest here): a filtered row's
+  // draw over the kept set, unless `cut` completed it; an unfiltered row's from origin 0,
+  // which also finds s_max, and again from s_max when that pass finds it too far from 0
+  // (redraw_from_origin), for such rows only.
   __device__ __forceinline__ int64_t sample(SharedState& sh) {
     if (r.greedy) return unpack_or_none(greedy_argmax(sh, 0, p.vocab));
-    if (single_pass()) return unpack_or_none(unfiltered_draw(sh));
-    Draw draw{false, kNoToken};
-    if (!cut(sh, &draw)) return -1;
-    return unpack_or_none(draw.done ? draw.winner : gumbel_argmax(at_least(threshold), sh, 0, p.vocab));
+    const bool unfiltered = single_pass();
+    if (unfiltered) {
+      threshold = kNoKey;
+    } else {
+      Draw draw{false, kNoToken};
+      if (!cut(sh, &draw)) return -1;
+      if (draw.done) return unpack_or_none(draw.winner);
+    }
+    uint64_t max_key = kNoKey;
+#pragma unroll 1
+    for (int round = 0;; ++round) {
+      const bool find_max = unfiltered && round == 0;
+      const uint64_t winner = gumbel_argmax(at_least(threshold), sh, 0, p.vocab, find_max ? &max_key : nullptr);
+      if (!find_max || winner == kNoToken || !redraw_from_origin(row_max_score(static_cast<uint32_t>(max_key))))
+        return unpack_or_none(winner);
+      s_max = row_max_score(static_cast<uint32_t>(max_key));
+      origin = draw_origin(s_max);
+    }
   }
 
   // s_max and the kept set's threshold key for this row's filters; false if the row has no

@@ -92,13 +92,13 @@ MUTANTS = [
            "if (gathered > kBinCapacity) return false;", "fibers", AGREEMENT, "split_top_p"),
     # An unfiltered row far from 0 is not drawn again from its top score (sampling.h's draw
     # origin): its tied top tokens then go to the lowest index, in one block and split.
-    Mutant("unfiltered-redraw", ROW_SAMPLER, "if (winner == kNoToken || !redraw_from_origin(",
+    Mutant("unfiltered-redraw", ROW_SAMPLER, "if (!find_max || winner == kNoToken || !redraw_from_origin(",
            "if (true || winner == kNoToken || !redraw_from_origin(", "fibers", AGREEMENT, "ties_agree",
            "tests/cuda_emulation/test_ties_cuda.py"),
     Mutant("split-redraw", SPLIT, "    if (redraw_from_origin(row_max_score(row_key))) {", "    if (false) {",
            "fibers", AGREEMENT, "ties_split", "tests/cuda_emulation/test_ties_cuda.py"),
-    # A read one past each row's end: past the allocation at the last row.
-    Mutant("row-end", BLOCK, "e < head + (end - tail); e += kThreads", "e <= head + (end - tail); e += kThreads",
+    # A load past each row's end (a vector at its tail): past the allocation at the last row.
+    Mutant("row-end", BLOCK, "e < scalars + vectors; e += kThreads", "e <= scalars + vectors; e += kThreads",
            "asan", "AddressSanitizer: heap-buffer-overflow"),
     # The split rows' exchange between blocks (the concurrent flavor: blocks at the same time).
     # A block arrives without fencing its results first: the last block's reads of them race.
