@@ -23,6 +23,8 @@
 // The sampler ops apply the same formula as they read each logit (SamplingParams::penalties,
 // sampling.h's candidate_from_logit), rounded as apply_penalties_ stores it (stored_logit),
 // so that sampling with fused penalties equals apply_penalties_ then sampling, bit for bit.
+// A fused read may also count path tokens on top of the state (PenaltyPath: verify_draft's
+// drafts before a position), equal to apply_penalties_ with those counts added.
 #pragma once
 
 #include "common.h"
@@ -93,7 +95,20 @@ LP_HOST_DEVICE bool bias_filter_hit(const uint32_t* filter, int64_t i) {
   return (filter[(i >> 5) & (kBiasFilterWords - 1)] >> (i & 31)) & 1u;
 }
 
-// What penalising one logits row reads: its state row, penalty values and biases.
+// Path tokens: occurrences a row's penalties count on top of its state row's output_counts
+// (count(v) += #{l : tokens[l * stride] = v}; a token so counted is seen), as the state would
+// be after accepting them: verify_draft's drafts before a position, a tree node's ancestors.
+// Ids outside [0, vocab) match no token. At most kMaxPathTokens, so that the count cannot
+// overflow far and a token's scan of them stays short.
+constexpr int64_t kMaxPathTokens = 256;
+
+struct PenaltyPath {
+  const int64_t* tokens;  // or nullptr when length is 0
+  int64_t stride;         // between consecutive tokens, in elements
+  int64_t length;
+};
+
+// What penalising one logits row reads: its state row, penalty values, biases and path.
 struct RowPenaltyView {
   bool enabled;  // false: the call has none, or the row's state row is outside the state
   const int32_t* prompt_mask;    // the state row's
@@ -102,8 +117,12 @@ struct RowPenaltyView {
   const int64_t* bias_ids;  // the logits row's, bias_width of them
   const float* bias_values;
   int64_t bias_width;
-  const uint32_t* bias_filter;  // or nullptr: every token scans the bias list
+  const uint32_t* bias_filter;  // or nullptr: every token scans the lists (biases, path)
   bool bias_first;              // PenaltyOrder::kVllm
+  // Whether some token may be listed (bias_width > 0 or path.length > 0): the per-token
+  // read's one test, so that a row without lists pays nothing for them.
+  bool listed;
+  PenaltyPath path;
 };
 
 LP_HOST_DEVICE RowPenaltyView row_penalty_view(const Penalties& p, int64_t row) {
@@ -118,7 +137,32 @@ LP_HOST_DEVICE RowPenaltyView row_penalty_view(const Penalties& p, int64_t row) 
           biased ? p.bias_values + row * p.bias_values_row_stride : nullptr,
           p.bias_width,
           nullptr,
-          p.order == PenaltyOrder::kVllm};
+          p.order == PenaltyOrder::kVllm,
+          biased,
+          PenaltyPath{}};
+}
+
+// `q` with the path tokens `path` added to its counts (a disabled view stays disabled).
+LP_HOST_DEVICE RowPenaltyView with_path(RowPenaltyView q, const PenaltyPath& path) {
+  if (!q.enabled || path.length <= 0) return q;
+  q.path = path;
+  q.listed = true;
+  return q;
+}
+
+// The row's listed ids: its biases' (k < bias_width), then its path tokens.
+LP_HOST_DEVICE int64_t listed_tokens(const RowPenaltyView& q) { return q.bias_width + q.path.length; }
+
+LP_HOST_DEVICE int64_t listed_token(const RowPenaltyView& q, int64_t k) {
+  return k < q.bias_width ? q.bias_ids[k] : q.path.tokens[(k - q.bias_width) * q.path.stride];
+}
+
+// Token i's count: the state's plus its occurrences on the path, saturating (device counts
+// are unchecked).
+LP_HOST_DEVICE int32_t path_count(const RowPenaltyView& q, int64_t i) {
+  int64_t count = q.output_counts[i];
+  for (int64_t l = 0; l < q.path.length; ++l) count += q.path.tokens[l * q.path.stride] == i;
+  return count < 2147483647 ? static_cast<int32_t>(count) : 2147483647;
 }
 
 LP_HOST_DEVICE bool token_seen(bool in_prompt, int32_t count) { return in_prompt || count > 0; }
@@ -139,11 +183,12 @@ LP_HOST_DEVICE float penalized_logit(float x, bool in_prompt, int32_t count, con
   return count > 0 ? lp_add(y, -lp_add(frequency, r.presence)) : y;
 }
 
-// A biased token's value, unrounded: the whole formula from its logit x, the biases added in
-// list order. (A token the bias filter let through but no bias names gets the unbiased value.)
+// A listed token's value (biased or on the path), unrounded: the whole formula from its logit
+// x, its count with the path's occurrences, the biases added in list order. (A token the
+// filter let through but no list names gets the value of the vectorised formula.)
 LP_HOST_DEVICE float biased_token(const RowPenaltyView& q, int64_t i, float x) {
   const bool in_prompt = token_allowed(q.prompt_mask, i);
-  const int32_t count = q.output_counts[i];
+  const int32_t count = path_count(q, i);
   if (!q.bias_first) {
     float y = penalized_logit(x, in_prompt, count, q.values, false);
     for (int64_t k = 0; k < q.bias_width; ++k)
@@ -215,14 +260,15 @@ LP_HOST_DEVICE float stored_logit(float x) {
   }
 }
 
-// value[i - begin] of each biased token i of [begin, end), penalised without its biases,
-// replaced by biased_token from its logit (a token listed twice gets the same value twice);
-// each marked in touched[i - begin] when touched is not nullptr.
+// value[i - begin] of each listed token i of [begin, end) (biased or on the path), penalised
+// by the vectorised formula (state counts, no biases), replaced by biased_token from its
+// logit (a token listed twice gets the same value twice); each marked in touched[i - begin]
+// when touched is not nullptr.
 template <Dtype D>
 LP_HOST_DEVICE void add_row_biases(const RowPenaltyView& q, const void* logits, int64_t begin, int64_t end,
                                    float* value, bool* touched) {
-  for (int64_t k = 0; k < q.bias_width; ++k) {
-    const int64_t id = q.bias_ids[k];
+  for (int64_t k = 0; k < listed_tokens(q); ++k) {
+    const int64_t id = listed_token(q, k);
     if (id < begin || id >= end) continue;  // (-1, the padding, among them)
     value[id - begin] = biased_token(q, id, load_logit<D>(logits, id));
     if (touched) touched[id - begin] = true;
@@ -230,11 +276,11 @@ LP_HOST_DEVICE void add_row_biases(const RowPenaltyView& q, const void* logits, 
 }
 
 // Token i's logit x penalised and biased (as biased_token), then stored as apply_penalties_
-// stores it: what the unfused sampler would read. The bias list is scanned only where the
-// filter (if any) says a bias may hit i.
+// stores it: what the unfused sampler would read. The lists are scanned only where the
+// filter (if any) says a bias or a path token may be i.
 template <Dtype D>
 LP_HOST_DEVICE float penalized_token(const RowPenaltyView& q, int64_t i, float x) {
-  const bool biased = q.bias_width > 0 && (!q.bias_filter || bias_filter_hit(q.bias_filter, i));
+  const bool biased = q.listed && (!q.bias_filter || bias_filter_hit(q.bias_filter, i));
   return stored_logit<D>(biased ? biased_token(q, i, x)
                                 : penalized_logit(x, token_allowed(q.prompt_mask, i), q.output_counts[i], q.values,
                                                   q.bias_first));

@@ -80,8 +80,8 @@ void penalize_span_cpu(const RowPenaltyView& q, const void* logits, int64_t begi
 #pragma omp simd
     for (int l = 0; l < lanes; ++l) v[l] = stored_logit<D>(v[l]);
   }
-  for (int64_t k = 0; k < q.bias_width; ++k) {
-    const int64_t id = q.bias_ids[k];
+  for (int64_t k = 0; k < listed_tokens(q); ++k) {  // (add_row_biases' tokens)
+    const int64_t id = listed_token(q, k);
     if (id >= begin && id < end) value[id - begin] = stored_logit<D>(value[id - begin]);
   }
 }

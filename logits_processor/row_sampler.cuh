@@ -90,16 +90,17 @@ struct Draw {
   uint64_t winner;  // packed, kNoToken if no candidate
 };
 
-// Row `row`'s penalties, with the filter of its bias ids built in shared memory. Called by
-// the whole block.
-__device__ RowPenaltyView block_row_penalty_view(const SamplingParams& p, int64_t row, SharedState& sh) {
-  RowPenaltyView q = row_penalty_view(p.penalties, row);
-  if (!q.enabled || q.bias_width == 0) return q;  // (the same for the whole block)
+// Row `row`'s penalties with `path`'s tokens counted (penalties.h's with_path), with the
+// filter of its bias ids and path tokens built in shared memory. Called by the whole block.
+__device__ RowPenaltyView block_row_penalty_view(const SamplingParams& p, int64_t row, SharedState& sh,
+                                                 const PenaltyPath& path = {}) {
+  RowPenaltyView q = with_path(row_penalty_view(p.penalties, row), path);
+  if (!q.enabled || !q.listed) return q;  // (the same for the whole block)
   __syncthreads();  // every thread is done with the previous row's filter
   for (int w = threadIdx.x; w < kBiasFilterWords; w += kThreads) sh.bias_filter[w] = 0;
   __syncthreads();
-  for (int64_t k = threadIdx.x; k < q.bias_width; k += kThreads) {
-    const int64_t id = q.bias_ids[k];
+  for (int64_t k = threadIdx.x; k < listed_tokens(q); k += kThreads) {
+    const int64_t id = listed_token(q, k);
     if (id >= 0) atomicOr(&sh.bias_filter[(id >> 5) & (kBiasFilterWords - 1)], 1u << (id & 31));
   }
   __syncthreads();

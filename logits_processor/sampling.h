@@ -354,11 +354,13 @@ class CpuRowSampler {
   ~CpuRowSampler();
   CpuRowSampler(const CpuRowSampler&) = delete;
   CpuRowSampler& operator=(const CpuRowSampler&) = delete;
-  // sample's token (greedy rows: the argmax); -1 if nothing is allowed.
-  int64_t sample(const SamplingParams& p, int64_t row, const RowParams& r);
+  // sample's token (greedy rows: the argmax); -1 if nothing is allowed. With penalties,
+  // `path`'s tokens are counted on top of the state (penalties.h's PenaltyPath).
+  int64_t sample(const SamplingParams& p, int64_t row, const RowParams& r, const PenaltyPath& path = {});
   // A row that is not greedy: its distribution into `d` (valid until the next call); false
   // if nothing is allowed.
-  bool distribution(const SamplingParams& p, int64_t row, const RowParams& r, ProcessedDistribution& d);
+  bool distribution(const SamplingParams& p, int64_t row, const RowParams& r, ProcessedDistribution& d,
+                    const PenaltyPath& path = {});
 
  private:
   struct State;

@@ -172,8 +172,8 @@ class RowSampler {
  public:
   RowSampler(const SamplingParams& p, int64_t row, Scratch& scratch)
       : RowSampler(p, row, row_params(p, row), scratch) {}
-  RowSampler(const SamplingParams& p, int64_t row, const RowParams& r, Scratch& scratch)
-      : p_(p), row_(row), r_(r), penalty_(row_penalty_view(p.penalties, row)), scratch_(scratch),
+  RowSampler(const SamplingParams& p, int64_t row, const RowParams& r, Scratch& scratch, const PenaltyPath& path = {})
+      : p_(p), row_(row), r_(r), penalty_(with_path(row_penalty_view(p.penalties, row), path)), scratch_(scratch),
         scores_(scratch.scores.data()) {}
 
   // The token `sample` returns.
@@ -522,16 +522,17 @@ struct CpuRowSampler::State {
 CpuRowSampler::CpuRowSampler(int64_t vocab) : state_(std::make_unique<State>(vocab)) {}
 CpuRowSampler::~CpuRowSampler() = default;
 
-int64_t CpuRowSampler::sample(const SamplingParams& p, int64_t row, const RowParams& r) {
+int64_t CpuRowSampler::sample(const SamplingParams& p, int64_t row, const RowParams& r, const PenaltyPath& path) {
   int64_t token = -1;
-  dispatch_dtype(p.dtype, [&]<Dtype D>() { token = RowSampler<D>(p, row, r, state_->scratch).sample(); });
+  dispatch_dtype(p.dtype, [&]<Dtype D>() { token = RowSampler<D>(p, row, r, state_->scratch, path).sample(); });
   return token;
 }
 
 bool CpuRowSampler::distribution(const SamplingParams& p, int64_t row, const RowParams& r,
-                                 ProcessedDistribution& d) {
+                                 ProcessedDistribution& d, const PenaltyPath& path) {
   bool found = false;
-  dispatch_dtype(p.dtype, [&]<Dtype D>() { found = RowSampler<D>(p, row, r, state_->scratch).processed(d); });
+  dispatch_dtype(p.dtype,
+                 [&]<Dtype D>() { found = RowSampler<D>(p, row, r, state_->scratch, path).processed(d); });
   return found;
 }
 

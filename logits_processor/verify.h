@@ -1,6 +1,7 @@
 // Speculative decoding: verify a row's draft tokens d_0..d_{n-1} against the target's
-// distributions p_0..p_n (one per position, each sample's processed distribution: bitmask,
-// temperature, top-k ∩ top-p ∩ min-p, see sampling.h) and emit the longest accepted prefix
+// distributions p_0..p_n (one per position, each sample's processed distribution: penalties,
+// bitmask, temperature, top-k ∩ top-p ∩ min-p, see sampling.h; position j's penalties count
+// d_0..d_{j-1} on top of the state: drafts_before) and emit the longest accepted prefix
 // plus one token. Everything that decides a token is defined here, for the CPU and the CUDA
 // implementation.
 //
@@ -36,8 +37,9 @@ constexpr int64_t kMaxVerifyRows = int64_t{1} << 22;  // 22 bits of the stream w
 constexpr uint32_t kAcceptanceGroup = 0x40000000u;   // above V / 4, below the top cells' groups
 
 struct VerifyParams {
-  // The target's per-row parameters (temperature, filters, seed, offset) and position 0's
-  // logits and bitmask rows; position j's are j `*_position_stride` elements further.
+  // The target's per-row parameters (temperature, filters, seed, offset, penalties) and
+  // position 0's logits and bitmask rows; position j's are j `*_position_stride` elements
+  // further.
   SamplingParams target;
   int64_t positions;  // S + 1
   int64_t logits_position_stride;
@@ -76,6 +78,14 @@ LP_HOST_DEVICE int64_t row_draft_count(const VerifyParams& v, int64_t row) {
 
 LP_HOST_DEVICE int64_t draft_token(const VerifyParams& v, int64_t row, int64_t position) {
   return v.draft_tokens[row * v.draft_row_stride + position * v.draft_position_stride];
+}
+
+// With penalties, position j counts the row's drafts d_0 .. d_{j-1} on top of the state, as
+// the state would be after accepting them (penalties.h's PenaltyPath).
+static_assert(kMaxVerifyPositions - 1 <= kMaxPathTokens, "a position's drafts fit a penalty path");
+
+LP_HOST_DEVICE PenaltyPath drafts_before(const VerifyParams& v, int64_t row, int64_t position) {
+  return {v.draft_tokens + row * v.draft_row_stride, v.draft_position_stride, position};
 }
 
 // q_j(token) for a token in [0, V).

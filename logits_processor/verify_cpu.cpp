@@ -32,12 +32,13 @@ int64_t verify_row(const VerifyParams& v, int64_t row, CpuRowSampler& sampler) {
     const SamplingParams target = position_target(v, j);
     const RowParams r = position_params(v, row, j);
     const int64_t draft = draft_token(v, row, j);
+    const PenaltyPath path = drafts_before(v, row, j);
     int64_t emitted;
     if (!v.draft_probs || r.greedy) {
-      emitted = sampler.sample(target, row, r);
+      emitted = sampler.sample(target, row, r, path);
     } else {
       ProcessedDistribution d;
-      if (!sampler.distribution(target, row, r, d)) return j;  // nothing allowed: -1
+      if (!sampler.distribution(target, row, r, d, path)) return j;  // nothing allowed: -1
       const bool in_support = draft >= 0 && draft < vocab && d.scores[draft] > kNegInf && d.scores[draft] >= d.floor;
       const float logprob = in_support ? token_logprob(d.scores[draft], d.s_max, d.log_z) : kNegInf;
       const float q = in_support ? draft_prob(v, row, j, draft) : 0.0f;
@@ -46,7 +47,8 @@ int64_t verify_row(const VerifyParams& v, int64_t row, CpuRowSampler& sampler) {
     tokens[j] = emitted;
     if (emitted < 0 || emitted != draft) return j;
   }
-  tokens[drafts] = sampler.sample(position_target(v, drafts), row, position_params(v, row, drafts));
+  tokens[drafts] = sampler.sample(position_target(v, drafts), row, position_params(v, row, drafts),
+                                  drafts_before(v, row, drafts));
   return drafts;
 }
 

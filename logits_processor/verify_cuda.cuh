@@ -36,7 +36,8 @@ __device__ int64_t position_token(const VerifyParams& v, int64_t b, int64_t posi
                                   SharedState& sh) {
   const SamplingParams target = position_target(v, position);
   RowSampler<D> row{target, position_params(v, b, position), logits_row(target, b), row_bitmask(target, b),
-                    RowPenaltyView{}, 0.0f, kNoKey, sh.staged_words};  // (verify_draft has no penalties)
+                    block_row_penalty_view(target, b, sh, drafts_before(v, b, position)), 0.0f, kNoKey,
+                    sh.staged_words};
   if (!v.draft_probs || row.r.greedy || position == row_draft_count(v, b)) return row.sample(sh);
   if (!row.cut(sh)) return -1;
   const float s_draft = row.kept_score(draft);

@@ -314,3 +314,56 @@ def chi_square(tokens: torch.Tensor, tied: list[int]) -> float:
     assert bool(torch.isin(tokens, torch.tensor(tied)).all()), "a draw left the tie"
     expected = len(tokens) / len(tied)
     return sum((int((tokens == t).sum()) - expected) ** 2 / expected for t in tied)
+
+
+# --- verify_draft with penalties ----------------------------------------------------------------
+
+def path_counts(counts: torch.Tensor, rows, drafts: torch.Tensor, position: int) -> torch.Tensor:
+    """int32 [B, V]: the counts position `position` of each row sees, the state row's plus one
+    per occurrence of a token among the row's drafts before it (an engine's state after
+    accepting them)."""
+    state = counts[torch.arange(drafts.shape[0]) if rows is None else torch.as_tensor(rows)].clone()
+    for b in range(drafts.shape[0]):
+        for token in drafts[b, :position].tolist():
+            state[b, token] += 1
+    return state
+
+
+def unfused_verify(lp, target, drafts, num_draft_tokens, prompt_mask, counts, penalty_kwargs, **kwargs):
+    """verify_draft without penalties on target logits each position of which apply_penalties_
+    penalised with the counts it would see (path_counts): what ``penalties=`` must equal."""
+    rows = penalty_kwargs.get("rows")
+    state = torch.arange(target.shape[0]) if rows is None else torch.as_tensor(rows)
+    unmapped = {k: v for k, v in penalty_kwargs.items() if k != "rows"}
+    penalised = target.clone()
+    for j in range(target.shape[1]):
+        position = penalised[:, j].contiguous()
+        lp.apply_penalties_(position, prompt_mask[state], path_counts(counts, rows, drafts, j), **unmapped)
+        penalised[:, j] = position
+    return lp.verify_draft(penalised, drafts, num_draft_tokens, **kwargs)
+
+
+def verify_penalty_case(g: torch.Generator, rows: int, drafts_count: int, vocab: int, dtype: torch.dtype,
+                        combination, per_row: bool, mapped: bool):
+    """(target, drafts, counts, prompt_mask, output_counts, penalty kwargs): drafts drawn from a
+    few tokens per row (so they repeat), half of them the state's repeated tokens; a row map
+    into a larger state when `mapped`."""
+    state_rows = rows + 3 if mapped else rows
+    prompt_mask, counts = random_state(state_rows, vocab, g)
+    counts[2:, ::97] = 0  # the huge counts in two state rows only: elsewhere the drafts decide
+    kwargs = random_penalties(rows, combination, per_row, g)
+    if combination[3]:
+        kwargs.update(random_bias(rows, vocab, g))
+    if mapped:
+        kwargs["rows"] = torch.randperm(state_rows, generator=g)[:rows]
+    target = (torch.randn(rows, drafts_count + 1, vocab, generator=g) * 3).to(dtype)
+    pool = torch.randint(0, vocab, (rows, 3), generator=g)
+    drafts = pool.gather(1, torch.randint(0, 3, (rows, drafts_count), generator=g))
+    # Long accepted runs: the drafts' logits raised to about the row's maximum (3 sqrt(2 ln V))
+    # and more at their positions (repeats and penalties then decide).
+    lift = 3 * (2 * math.log(vocab)) ** 0.5 + 4
+    raised = target[:, :-1].float().scatter_add(2, drafts[..., None], torch.full((rows, drafts_count, 1), lift))
+    target[:, :-1] = raised.to(dtype)
+    num_draft_tokens = torch.randint(0, drafts_count + 1, (rows,), generator=g)
+    num_draft_tokens[: rows // 2] = drafts_count
+    return target, drafts, num_draft_tokens, prompt_mask, counts, kwargs

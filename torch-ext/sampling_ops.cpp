@@ -74,10 +74,6 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   return call;
 }
 
-namespace {
-
-// The sampler ops' fused penalties: every one of them with the state (prompt_mask and
-// output_counts), none without it.
 void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& a) {
   if (!a.prompt_mask.has_value() && !a.output_counts.has_value()) {
     CHECK_ARG(!a.repetition_penalty.has_value() && a.repetition_penalty_value == 1.0 &&
@@ -93,6 +89,8 @@ void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArgume
   call.penalty = penalty_call(logits, a);
   call.params.penalties = call.penalty.penalties;
 }
+
+namespace {
 
 // "raw" or "processed": whether the log-probabilities are the raw ones.
 bool raw_logprobs(const std::string& logprobs_mode) {

@@ -1,6 +1,6 @@
 #pragma once
 
-// The sampler's validation, which verify_draft shares with the sampler ops.
+// The sampler's validation (penalties included), which verify_draft shares with the sampler ops.
 
 #include <optional>
 
@@ -31,5 +31,9 @@ struct SamplingCall {
 // penalties.
 SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
                            const DrawArguments& draws, const std::optional<Tensor>& bitmask);
+
+// The sampler ops' fused penalties (and verify_draft's), validated against the [B, V] logits:
+// every one of them with the state (prompt_mask and output_counts), none without it.
+void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& args);
 
 HIDDEN_NAMESPACE_END(binding)

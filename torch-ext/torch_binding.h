@@ -59,8 +59,8 @@
   X("Tensor?", const std::optional<Tensor>&, logit_bias_values) \
   X("str", const std::string&, penalty_order)
 
-// The sampler ops' fused penalties: apply_penalties_'s arguments, the state optional (without
-// it, no penalties) and the rows named penalty_rows.
+// The sampler ops' (and verify_draft's) fused penalties: apply_penalties_'s arguments, the
+// state optional (without it, no penalties) and the rows named penalty_rows.
 #define LP_SAMPLER_PENALTY_ARGUMENTS(X)                     \
   X("Tensor?", const std::optional<Tensor>&, prompt_mask)   \
   X("Tensor?", const std::optional<Tensor>&, output_counts) \
@@ -125,6 +125,6 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
                   const std::optional<Tensor>& num_draft_tokens,
                   const std::optional<Tensor>& draft_probs, LP_FILTER_ARGUMENTS(LP_PARAMETER)
                   LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
-                  const Tensor& tokens, const Tensor& num_accepted);
+                  LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const Tensor& tokens, const Tensor& num_accepted);
 
 HIDDEN_NAMESPACE_END(binding)

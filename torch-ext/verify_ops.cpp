@@ -40,7 +40,7 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
                   const std::optional<Tensor>& num_draft_tokens,
                   const std::optional<Tensor>& draft_probs, LP_FILTER_ARGUMENTS(LP_PARAMETER)
                   LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
-                  const Tensor& tokens, const Tensor& num_accepted) {
+                  LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const Tensor& tokens, const Tensor& num_accepted) {
   check_logits_dtype(target_logits, "target_logits");
   check_device_supported(target_logits, "target_logits");
   CHECK_ARG(target_logits.dim() == 3 && target_logits.size(1) >= 1 &&
@@ -57,6 +57,9 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
   const Tensor position0 = torch::stable::select(target_logits, 1, 0);
   SamplingCall call = sampling_call(position0, {LP_FILTER_ARGUMENTS(LP_FORWARD)},
                                     {LP_DRAW_ARGUMENTS(LP_FORWARD)}, std::nullopt);
+  // Every position of row b reads the same state row, penalty values and biases; position j
+  // also counts the row's drafts before it (verify.h's drafts_before).
+  add_penalties(call, position0, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
   const int64_t vocab = call.params.vocab;
 
   CHECK_ARG(draft_token_ids.scalar_type() == ScalarType::Long, "draft_token_ids must be int64, got ",

@@ -34,6 +34,7 @@ ROW_SAMPLER = "logits_processor/row_sampler.cuh"
 SPLIT = "logits_processor/split_rows.cuh"
 SUPPORT = "logits_processor/support_logprobs_cuda.cu"
 LOGPROBS = "logits_processor/logprobs_cuda.cuh"
+VERIFY = "logits_processor/verify_cuda.cuh"
 AGREEMENT = "AssertionError"
 
 
@@ -117,6 +118,15 @@ MUTANTS = [
     # The shared-memory sort of a kept set (its ids' top-N order) runs the wrong way round.
     Mutant("kept-set-sort", BLOCK, "if ((a < b) == ((i & size) == 0))", "if ((a < b) == ((i & size) != 0))",
            "fibers", AGREEMENT, "kept_set_sizes_agree_with_cpu", "tests/cuda_emulation/test_replay_cuda.py"),
+    # verify_draft's penalties on CUDA count the state alone, not the drafts before a position;
+    # or all but the last of them. (In verify_cuda.cuh, not penalties.h: a header's inline
+    # functions are shared with the CPU's objects, and the linker keeps one definition.)
+    Mutant("verify-path-count", VERIFY, "block_row_penalty_view(target, b, sh, drafts_before(v, b, position))",
+           "block_row_penalty_view(target, b, sh)", "fibers", AGREEMENT, "agrees_with_cpu_with_penalties",
+           "tests/cuda_emulation/test_verify_cuda.py"),
+    Mutant("verify-path-short", VERIFY, "block_row_penalty_view(target, b, sh, drafts_before(v, b, position))",
+           "block_row_penalty_view(target, b, sh, drafts_before(v, b, position > 0 ? position - 1 : 0))", "fibers",
+           AGREEMENT, "agrees_with_cpu_with_penalties", "tests/cuda_emulation/test_verify_cuda.py"),
     # One thread leaves a block reduction early: the block's barriers no longer match.
     Mutant("uneven-barrier", BLOCK, "  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);",
            "  if (threadIdx.x == 7) return v;\n  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);", "fibers",

@@ -1,11 +1,12 @@
 """verify_draft's CUDA kernel against the CPU implementation, bit for bit, in the CUDA emulation:
 every path of the sampler per row, drafts accepted in long runs, rejected and forbidden, rows
-and positions of a padded buffer, on GPUs of 1 and 132 SMs."""
+and positions of a padded buffer, penalties along the drafts, on GPUs of 1 and 132 SMs."""
 
 import pytest
 import torch
 
 from cuda_emulation.cases import SANITIZED
+from op_cases import verify_penalty_case
 from reference import random_bitmask, unpack_bitmask
 
 
@@ -69,3 +70,36 @@ def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, drafts
     # The case exercised long accepted runs, rejections and empty positions.
     assert expected.num_accepted.max() >= 2 and (expected.num_accepted < counts).any()
     assert (expected.tokens == -1).any()
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,drafts_count,vocab", [(12, 4, 45), (6, 3, 5000)] if SANITIZED
+                         else [(12, 4, 45), (24, 6, 5000), (3, 8, 32000)])
+def test_cuda_kernel_agrees_with_cpu_with_penalties(emulation, lp_cpu, sms, dtype, rows, drafts_count, vocab):
+    """penalties= (position j counts the drafts before it): every penalty kind, biases (whose ids
+    and the drafts share the kernel's bias filter), a state row map, repeated drafts, both draft
+    modes and penalty orders, greedy, unfiltered and filtered rows."""
+    g = torch.Generator().manual_seed(1600 + rows * vocab + sms)
+    target, drafts, counts, prompt_mask, output_counts, kwargs = verify_penalty_case(
+        g, rows, drafts_count, vocab, dtype, (True, True, True, True), True, True)
+    q = torch.softmax(target[:, :-1].float() + torch.randn(rows, drafts_count, vocab, generator=g), -1)
+    params = dict(temperature=torch.rand(rows, generator=g) + 0.4, top_k=torch.zeros(rows, dtype=torch.int64),
+                  top_p=torch.ones(rows), min_p=torch.zeros(rows))
+    for r in range(rows):
+        for name, value in CUDA_PATHS[r % len(CUDA_PATHS)].items():
+            params[name][r] = value
+    deepest = 0
+    for draft_probs, order in [(q, "vllm"), (None, "bias_last"), (None, "vllm")]:
+        penalties = lp_cpu.Penalties(prompt_mask, output_counts, **kwargs | dict(penalty_order=order))
+        call = dict(draft_probs=draft_probs, seed=5, offset=9, **params)
+        expected = lp_cpu.verify_draft(target, drafts, counts, penalties=penalties, **call)
+        before = emulation.launches()
+        with emulation.gpu(sms) as lp:
+            got = lp.verify_draft(target, drafts, counts, penalties=lp.Penalties(*penalties), **call)
+        assert emulation.launches() == before + 1  # one launch for the batch
+        assert torch.equal(got.tokens, expected.tokens), (got.tokens != expected.tokens).nonzero().tolist()
+        assert torch.equal(got.num_accepted, expected.num_accepted)
+        deepest = max(deepest, int(expected.num_accepted.max()))
+    assert deepest >= 2  # positions with drafts before them

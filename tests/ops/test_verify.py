@@ -301,9 +301,18 @@ def test_out_opcheck_and_compile(lp_cpu):
     out = (torch.full((rows, 3), 7), torch.full((rows,), 7))
     returned = lp_cpu.verify_draft(target, drafts, draft_probs=q, seed=2, bitmask=bitmask, out=out)
     assert returned.tokens is out[0] and returned.num_accepted is out[1]
+    no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None)
     args = (target, drafts, torch.tensor([2, 1, 0, 2]), q, torch.rand(rows) + 0.5, 1.0, None, 5, None, 0.9,
-            None, 0.0, "top_k_first", torch.arange(rows), 0, None, 3, bitmask, torch.empty(rows, 3, dtype=torch.int64),
-            torch.empty(rows, dtype=torch.int64))
+            None, 0.0, "top_k_first", torch.arange(rows), 0, None, 3, bitmask, *no_penalties,
+            torch.empty(rows, 3, dtype=torch.int64), torch.empty(rows, dtype=torch.int64))
+    torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args)
+    # With penalties: the state, per-row values, biases and a row map.
+    counts = torch.randint(0, 3, (rows + 1, V), generator=g, dtype=torch.int32)
+    prompt = random_bitmask(rows + 1, V, g, "mixed")
+    penalties = (prompt, counts, torch.rand(rows) + 0.5, 0.0, None, 0.3, None, 0.1,
+                 torch.randint(-1, V, (rows, 2), generator=g), torch.randn(rows, 2, generator=g), "bias_last",
+                 torch.tensor([3, 0, 2, 1]))
+    args = args[:18] + penalties + args[30:]
     torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args)
 
     @torch.compile(fullgraph=True, backend="aot_eager")

@@ -103,6 +103,8 @@ def fused(op: str = "sample", **kwargs) -> Callable:
         penalties = lp.Penalties(**fields)
         if op == "token_logprobs":
             return lp.token_logprobs(t.logits, t.ids, penalties=penalties)
+        if op == "verify_draft":
+            return lp.verify_draft(t.target, t.drafts, penalties=penalties)
         return getattr(lp, op)(t.logits, penalties=penalties)
     return call
 
@@ -400,6 +402,24 @@ def _penalty_cases() -> list[Case]:
         ("fused-logit_bias_ids-alone", "logit_bias_values", fused(logit_bias_ids=lambda t: t.bias_ids)),
         ("fused-logit_bias_values-nan", "logit_bias_values", fused(
             "token_logprobs", **bias | dict(logit_bias_values=lambda t: t.bias_values + torch.tensor([[0.0, nan]] * B)))),
+        # verify_draft's penalties: the sampler's validation, against a position's [B, V]
+        ("verify-penalties-prompt_mask-too-narrow", "prompt_mask",
+         fused("verify_draft", prompt_mask=lambda t: t.prompt_mask[:, :1])),
+        ("verify-penalties-output_counts-wrong-width", "output_counts",
+         fused("verify_draft", output_counts=lambda t: t.counts[:, 1:])),
+        ("verify-penalties-output_counts-rows-unmapped", "output_counts", fused("verify_draft", rows=None)),
+        ("verify-penalties-rows-wrong-length", "rows", fused("verify_draft", rows=[0, 1])),
+        ("verify-penalties-rows-past-state", "rows", fused("verify_draft", rows=[0, 1, 2, B + 2])),
+        ("verify-penalties-presence_penalty-rows-wrong-length", "presence_penalty",
+         fused("verify_draft", presence_penalty=lambda t: t.row_f32[:3])),
+        ("verify-penalties-logit_bias_ids-wrong-rows", "logit_bias_ids",
+         fused("verify_draft", logit_bias_ids=lambda t: t.bias_ids[:3], logit_bias_values=lambda t: t.bias_values[:3])),
+        ("verify-penalties-logit_bias_values-wrong-shape", "logit_bias_values", fused(
+            "verify_draft", **bias | dict(logit_bias_values=lambda t: t.bias_values[:, :1]))),
+        ("verify-penalties-output_counts-meta-device", "output_counts",
+         fused("verify_draft", output_counts=lambda t: t.counts.to("meta"))),
+        ("verify-penalties-not-a-tuple", "penalties", lambda lp, t: lp.verify_draft(
+            t.target, t.drafts, penalties=(t.prompt_mask, t.counts))),
         # update_output_counts_
         ("counts-output_counts-int64", "output_counts", count_update(output_counts=lambda t: t.counts.long())),
         ("counts-output_counts-1d", "output_counts", count_update(output_counts=lambda t: t.counts[0])),

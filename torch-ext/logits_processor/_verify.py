@@ -9,6 +9,7 @@ import torch
 from ._args import Param, call, sampler_arguments
 from ._fakes import register_fakes
 from ._ops import ops
+from ._penalties import FUSED_PENALTY_ARGUMENTS, Penalties, fused_penalty_arguments
 
 
 class VerifiedDraft(NamedTuple):
@@ -38,13 +39,14 @@ def verify_draft(
     *,
     bitmask: Optional[torch.Tensor] = None,
     filter_apply_order: str = "joint",
+    penalties: Optional[Penalties] = None,
     out: Optional[VerifiedDraft] = None,
 ) -> VerifiedDraft:
     """Speculative-decoding verification: the longest accepted prefix of each row's drafts, then
     a correction or bonus token, distributed exactly as tokens drawn one by one from the target.
 
-    With p_j the distribution `sample` draws from at position j (bitmask, temperature, then
-    top-k ∩ top-p ∩ min-p) and q_j the draft's, for j = 0 .. n_b - 1: accept draft d_j with
+    With p_j the distribution `sample` draws from at position j (penalties, bitmask, temperature,
+    then top-k ∩ top-p ∩ min-p) and q_j the draft's, for j = 0 .. n_b - 1: accept draft d_j with
     probability min(1, p_j(d_j) / q_j(d_j)); on the first rejection emit a token drawn from
     max(0, p_j - q_j) (normalised) and stop; if all n_b are accepted, emit a bonus token drawn
     from p_n. With draft_probs None this is: draw t_j from p_j, accept iff t_j = d_j, else emit
@@ -57,9 +59,14 @@ def verify_draft(
     keyed by (seed, row, offset) or per-row seeds, on counters of its own: replayable, disjoint
     from `sample`'s draws. The CPU and CUDA implementations return the same tokens; with `out`
     given and every parameter a number or a device tensor, the CUDA op is one launch that
-    neither synchronises nor allocates (graph-capturable). There is no ``penalties=``: apply
-    penalties to target_logits first (`apply_penalties_` on each position's ``[B, V]`` slice,
-    with the counts that position would see).
+    neither synchronises nor allocates (graph-capturable).
+
+    With ``penalties=``, position j of row b is penalised as an engine's state would be after
+    accepting d_0 .. d_{j-1}: the state's counts plus one per occurrence of a token among those
+    drafts (such a token is also seen by the repetition penalty); the result equals
+    `apply_penalties_` on each position's ``[B, V]`` slice with those counts, then verify_draft
+    without penalties, token for token. The state is only read: count the emitted tokens with
+    `update_output_counts_` afterwards.
 
     Args:
         target_logits (torch.Tensor): ``[B, S + 1, V]``, float32/float16/bfloat16; position j
@@ -81,6 +88,9 @@ def verify_draft(
             mask (XGrammar's layout; the matcher advanced over the drafts, then rolled back);
             default every token allowed.
         filter_apply_order (str): as in `sample`; default ``"joint"``.
+        penalties (Penalties, optional): as in `sample` (state rows, penalty values and logit
+            biases per row b, the same at every position), with each position's drafts before it
+            counted as above; default none.
         out (VerifiedDraft, optional): preallocated tensors of the shapes below; default new tensors.
 
     Returns:
@@ -89,6 +99,7 @@ def verify_draft(
     """
     arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                   offset=offset)
+    penalty_arguments = fused_penalty_arguments(penalties)  # checked before `out` is unpacked
     if out is None:
         shape = target_logits.shape if target_logits.dim() == 3 else (0, 1)
         out = VerifiedDraft(
@@ -97,8 +108,8 @@ def verify_draft(
         )
     call(ops, "verify_draft", *out, target_logits=target_logits, draft_token_ids=draft_token_ids,
          num_draft_tokens=num_draft_tokens, draft_probs=draft_probs, **arguments,
-         filter_apply_order=filter_apply_order, bitmask=bitmask)
+         filter_apply_order=filter_apply_order, bitmask=bitmask, **penalty_arguments)
     return VerifiedDraft(*out)
 
 
-register_fakes("verify_draft")
+register_fakes("verify_draft", checked_last=FUSED_PENALTY_ARGUMENTS)
