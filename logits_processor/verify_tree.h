@@ -20,13 +20,23 @@
 // - no draft probabilities, greedy rows, leaves and the depth bound: t = sample's draw from p_i
 //   at node i's noise (greedy: the argmax), keyed as verify_draft keys position i
 //   (position_params with the node index as the position; hence N <= kMaxVerifyPositions).
-// - draft probabilities, a row with temperature > 0 and node i with exactly one child c:
-//   verify_draft's rule at position i with draft d_c (accept iff U_i < p_i(d_c) / q_i(d_c),
-//   else the residual draw over max(0, p_i - q_i)). A tree of one chain (node j's child j + 1)
-//   is therefore verify_draft token for token, in both modes.
-// - draft probabilities, temperature > 0, node i with two or more children: not supported (the
-//   recursive residuals of sampled siblings are not implemented): host trees are rejected by
-//   the binding; a device tree emits -1 there and stops the row.
+// - draft probabilities (a row with temperature > 0, a node with children c_1 .. c_m, drafts
+//   x_j drawn i.i.d. from q = q_i): recursive rejection sampling. r_0 = p_i; for j = 1 .. m,
+//   accept c_j iff U_j < r_{j-1}(x_j) / q(x_j) (as verify.h's draft_accepted, in logs); on a
+//   rejection r_j = max(0, r_{j-1} - q) / Z_j (x_j's residual is 0 in exact arithmetic and is
+//   excluded), Z_j its sum. If all m are rejected, emit the Gumbel-max draw over
+//   max(0, r_{m-1} - q) without x_1 .. x_m at node i's noise (verify.h's ResidualDraw with
+//   r_{m-1} as the log-probabilities). U_j is word 0 of counter (kAcceptanceGroup + j - 1,
+//   stream, offset): c_1's is verify_draft's acceptance word, so a node with one child is
+//   verify_draft's rule at position i, and a tree of one chain (node j's child j + 1) is
+//   verify_draft token for token, in both modes; siblings' groups (< 2^30 + 256) are reached
+//   by no token group (< 2^29) and no top cell (top bit set).
+//   Each r_j is kept as log-probabilities lr_j(v) (residual_logprob): lr_0 the sampler's;
+//   Z_j = sum_v e^{w(v)}, w = residual_log_weight(lr_{j-1}(v), q(v)), is a fixed-point integer
+//   sum of FineMass digits (sampling.h), exact and order-free, so the CPU (which keeps lr in an
+//   array) and the CUDA kernel (which recomputes lr_j(v) from lr_0(v) through the j normalisers,
+//   one pass over V per rejection) compute the same floats. An empty residual (Z_j = 0: r_{j-1} = q
+//   up to rounding) keeps r_{j-1} without x_j.
 //
 // Why the deterministic walk is exact (the sequential rule of issue 25: try c_1, c_2, ... with
 // tokens x_1, x_2, ...; accept c_j with probability r(x_j) / sum(r), r = p_i without the
@@ -51,8 +61,6 @@
 #include "verify.h"
 
 namespace logits_processor {
-
-constexpr int64_t kBranching = -2;  // node_child's answer for a node with several children
 
 struct TreeParams {
   // The nodes as verify_draft's positions: target (filters, seed, offset; node 0's logits and
@@ -90,18 +98,54 @@ LP_HOST_DEVICE int64_t matching_child(const TreeParams& t, int64_t row, int64_t 
   return -1;
 }
 
-// Node's only child, -1 for a leaf, kBranching for two or more.
-LP_HOST_DEVICE int64_t node_child(const TreeParams& t, int64_t row, int64_t node) {
-  const int64_t c = first_child(t, row, node);
-  return c >= 0 && next_sibling(t, row, c) >= 0 ? kBranching : c;
+// Whether node `node` at column `column` decides by the sampled-draft rule (else: sample's draw).
+LP_HOST_DEVICE bool sampled_node(const TreeParams& t, int64_t row, int64_t node, int64_t column) {
+  return t.chain.draft_probs && column + 1 < t.width && !row_params(t.chain.target, row).greedy &&
+         first_child(t, row, node) >= 0;
 }
 
-// How node `node` at column `column` draws its token: -1 for sample's draw, kBranching for
-// "unsupported: emit -1", else the child whose draft verify_draft's rule verifies.
-LP_HOST_DEVICE int64_t verified_child(const TreeParams& t, int64_t row, int64_t node, int64_t column) {
-  if (!t.chain.draft_probs || column + 1 >= t.width) return -1;
-  if (row_params(t.chain.target, row).greedy) return -1;
-  return node_child(t, row, node);
+// The child after `c` in the sibling walk that started at `node`'s first child (`steps` links
+// taken so far), or -1: at most N children.
+LP_HOST_DEVICE int64_t walk_sibling(const TreeParams& t, int64_t row, int64_t c, int64_t steps) {
+  return steps + 1 < t.nodes ? next_sibling(t, row, c) : -1;
+}
+
+// The acceptance of a node's child of sibling rank `rank` (0 for the first child: verify.h's
+// draft_accepted, bit for bit), with r's log-probability `logprob` (-inf outside its support)
+// and draft probability q.
+LP_HOST_DEVICE bool child_accepted(const RowParams& r, float logprob, float q, int64_t rank) {
+  if (!(logprob > kNegInf)) return false;
+  if (!(q > 0.0f)) return true;
+  const uint32_t group = kAcceptanceGroup + static_cast<uint32_t>(rank);
+  const Philox4 counter = {{group, r.stream, r.offset_lo, r.offset_hi}};
+  const uint32_t k = philox4x32_10(counter, r.key0, r.key1).v[0];
+  const float log_u = lp_log(cell_midpoint(k, 2.3283064365386963e-10f));  // 2^-32
+  const float log_q = lp_log(q < kMinNormal ? kMinNormal : (q < kMaxFinite ? q : kMaxFinite));
+  return log_u < lp_add(logprob, -log_q);
+}
+
+// A residual's term as FineMass digits: e^w for a log-weight w <= 0 (-inf: none).
+LP_HOST_DEVICE FineMass residual_mass(float w) {
+  if (!(w > kNegInf)) return {0, 0};
+  return fine_mass(w < 0.0f ? w : 0.0f, 0.0f);
+}
+
+constexpr double kEmptyResidual = 1.0;  // a log-normaliser no residual has (Z <= 1: ln Z <= 0)
+
+// ln Z_j from the summed digits, or kEmptyResidual for Z_j = 0.
+LP_HOST_DEVICE double residual_log_normaliser(FineMass sum) {
+  return sum.high == 0 && sum.low == 0 ? kEmptyResidual : log_normaliser(sum);
+}
+
+// lr_j(v) from lr_{j-1}(v) (a token not yet rejected), q(v) and ln Z_j: the normalised
+// residual, at most 0; -inf where the residual is 0; lr_{j-1}(v) for an empty residual.
+LP_HOST_DEVICE float residual_logprob(float previous, float q, double log_z) {
+  if (log_z == kEmptyResidual) return previous;
+  const float w = residual_log_weight(previous, q);
+  if (!(w > kNegInf)) return kNegInf;
+  const double lr = lp_dadd(static_cast<double>(w), -log_z);
+  return lr < 0.0 ? lp_double_to_float(lr > -static_cast<double>(kMaxFinite) ? lr : -static_cast<double>(kMaxFinite))
+                  : 0.0f;
 }
 
 LP_HOST_DEVICE int64_t* tree_tokens(const TreeParams& t, int64_t row) { return t.tokens + row * t.width; }

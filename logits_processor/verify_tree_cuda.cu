@@ -1,7 +1,7 @@
 // CUDA verify_tree (verify_tree.h): verify_tree_kernel, a block per row (grid-stride), walks its
-// tree; each node's token is verify_draft's position_token (verify_cuda.cuh: the sampler's
-// RowSampler, and at a verified child verify.h's rule), so the CPU (verify_tree_cpu.cpp) emits
-// the same tokens. A translation unit of its own: sampling_cuda.cu's compile is long enough.
+// tree; each node's token is sample's draw (verify_cuda.cuh's position_token, the sampler's
+// RowSampler) or the sampled-draft rule over the same RowSampler's cut, so the CPU
+// (verify_tree_cpu.cpp) emits the same tokens. A translation unit of its own: sampling_cuda.cu's compile is long enough.
 #include "block_primitives.cuh"
 #include "cuda_utils.cuh"
 #include "verify_cuda.cuh"
@@ -10,13 +10,76 @@
 namespace logits_processor {
 namespace {
 
+// The sampled-draft rule's state for the node being verified: the rejected drafts and the
+// residuals' log-normalisers so far (verify_tree.h), written by thread 0 between barriers.
+struct TreeShared {
+  int64_t rejected[kMaxVerifyPositions];
+  double log_z[kMaxVerifyPositions];
+};
+
+// lr_n(i) from lr_0(i) (verify_tree.h): the CPU's in-place updates, recomputed per token.
+__device__ float residual_after(const TreeShared& ts, int64_t n, int64_t i, float lr, float q) {
+  for (int64_t j = 0; j < n && lr > kNegInf; ++j) lr = ts.rejected[j] == i ? kNegInf : residual_logprob(lr, q, ts.log_z[j]);
+  return lr;
+}
+
+// The sampled-draft rule at node `node` (verify_tree.h): the accepted child's token, or the
+// correction drawn from the last residual.
+template <Dtype D>
+__device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, TreeShared& ts, SharedState& sh) {
+  const VerifyParams& v = t.chain;
+  const SamplingParams target = position_target(v, node);
+  RowSampler<D> row{target, position_params(v, b, node), logits_row(target, b), row_bitmask(target, b),
+                    RowPenaltyView{}, 0.0f, kNoKey, sh.staged_words};
+  if (!row.cut(sh)) return -1;
+  int64_t c = first_child(t, b, node);
+  const KeptPass k = kept_pass(row, row.kept_score(draft_token(v, b, c)));
+  const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
+  int64_t last = -1;  // the last rejected draft
+  int64_t rank = 0;
+  for (;; ++rank) {
+    const int64_t draft = last = draft_token(v, b, c);
+    const float s = row.kept_score(draft);
+    const float q = s > kNegInf ? draft_prob(v, b, node, draft) : 0.0f;
+    const float lr = s > kNegInf ? residual_after(ts, rank, draft, token_logprob(s, row.s_max, log_z), q) : kNegInf;
+    if (child_accepted(row.r, lr, lr > kNegInf ? q : 0.0f, rank)) return draft;
+    c = walk_sibling(t, b, c, rank);
+    if (c < 0) break;
+    // Rejected, and a sibling follows: Z of max(0, r - q) over the tokens not rejected.
+    if (threadIdx.x == 0) ts.rejected[rank] = draft;
+    __syncthreads();
+    uint64_t high = 0, low = 0;
+    row.for_each_candidate([&](int64_t i, float si) {
+      if (score_key(si) < row.threshold || i == draft) return;
+      const float qi = draft_prob(v, b, node, i);
+      const float lri = residual_after(ts, rank, i, token_logprob(si, row.s_max, log_z), qi);
+      const FineMass m = residual_mass(lri > kNegInf ? residual_log_weight(lri, qi) : kNegInf);
+      high += m.high, low += m.low;
+    });
+    const double log_zr = residual_log_normaliser({block_sum(high, sh), block_sum(low, sh)});
+    if (threadIdx.x == 0) ts.log_z[rank] = log_zr;
+    __syncthreads();
+  }
+  // All rejected: ResidualDraw over the last residual, the rejected drafts excluded.
+  ResidualDraw draw;
+  NoiseWords noise;
+  row.for_each_candidate([&](int64_t i, float si) {
+    if (score_key(si) < row.threshold || i == last) return;
+    const float qi = draft_prob(v, b, node, i);
+    const float lri = residual_after(ts, rank, i, token_logprob(si, row.s_max, log_z), qi);
+    if (lri > kNegInf) draw.offer(i, lri, token_gumbel(row.r, i, noise(row.r, i)), qi);
+  });
+  draw.residual = block_max(draw.residual, sh);
+  draw.target = block_max(draw.target, sh);
+  return draw.token();
+}
+
 // Node `node`'s token at column `column` (verify_tree.h); called by the whole block, the same
 // for every thread (the tree's links are read by each thread alike).
 template <Dtype D>
-__device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int64_t column, SharedState& sh) {
-  const int64_t child = verified_child(t, b, node, column);
-  if (child == kBranching) return -1;
-  if (child >= 0) return position_token<D>(t.chain, b, node, draft_token(t.chain, b, child), sh);
+__device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int64_t column, TreeShared& ts,
+                              SharedState& sh) {
+  if (sampled_node(t, b, node, column)) return sampled_token<D>(t, b, node, ts, sh);
   VerifyParams drawn = t.chain;  // no draft probabilities: position_token returns sample's draw
   drawn.draft_probs = nullptr;
   return position_token<D>(drawn, b, node, -1, sh);
@@ -25,6 +88,7 @@ __device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int6
 template <Dtype D>
 __global__ void __launch_bounds__(kThreads) verify_tree_kernel(TreeParams t) {
   __shared__ SharedState sh;
+  __shared__ TreeShared ts;
   for (int64_t b = blockIdx.x; b < t.chain.target.rows; b += gridDim.x) {
     int64_t* tokens = tree_tokens(t, b);
     int64_t* node_ids = tree_node_ids(t, b);
@@ -32,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) verify_tree_kernel(TreeParams t) {
     int64_t node = 0;
     int64_t column = 0;
     for (;; ++column) {
-      const int64_t token = node_token<D>(t, b, node, column, sh);
+      const int64_t token = node_token<D>(t, b, node, column, ts, sh);
       __syncthreads();  // the -1 padding is written before the token (other threads' columns)
       if (threadIdx.x == 0) tokens[column] = token, node_ids[column] = node;
       if (token < 0 || column + 1 >= t.width) break;

@@ -49,10 +49,8 @@ int64_t at(const Tensor& t, int64_t row, int64_t node) {
 }
 
 // A host tree: every link in [-1, N), each node reached at most once from the root (no cycles,
-// no shared nodes; the root never), the reached nodes' drafts in [0, V); with sampled drafts,
-// no node with two children.
-void check_host_tree(const Tensor& drafts, const Tensor& next_token, const Tensor& next_sibling, int64_t vocab,
-                     bool sampled) {
+// no shared nodes; the root never), the reached nodes' drafts in [0, V).
+void check_host_tree(const Tensor& drafts, const Tensor& next_token, const Tensor& next_sibling, int64_t vocab) {
   const int64_t rows = drafts.size(0), nodes = drafts.size(1);
   std::vector<char> seen(nodes);
   std::vector<int64_t> stack;
@@ -71,8 +69,7 @@ void check_host_tree(const Tensor& drafts, const Tensor& next_token, const Tenso
     while (!stack.empty()) {
       const int64_t node = stack.back();
       stack.pop_back();
-      int64_t children = 0;
-      for (int64_t c = at(next_token, b, node); c >= 0; c = at(next_sibling, b, c), ++children) {
+      for (int64_t c = at(next_token, b, node); c >= 0; c = at(next_sibling, b, c)) {
         CHECK_ARG(!seen[c], "next_token/next_sibling must form a tree: node ", c, " of row ", b,
                   " is reached twice (a cycle or a shared node)");
         seen[c] = 1;
@@ -81,8 +78,6 @@ void check_host_tree(const Tensor& drafts, const Tensor& next_token, const Tenso
                   " at row ", b, ", node ", c);
         stack.push_back(c);
       }
-      CHECK_ARG(!sampled || children <= 1, "draft_probs: sampled drafts with siblings are not supported yet (node ",
-                node, " of row ", b, " has ", children, " children); give draft_probs=None or a chain");
     }
   }
 }
@@ -125,7 +120,7 @@ void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, con
   // Host trees are checked here; device trees are not read on the host (no sync): the kernel
   // stays bounded on any links (verify_tree.h).
   if (next_token.is_cpu() && next_sibling.is_cpu() && draft_token_ids.is_cpu())
-    check_host_tree(draft_token_ids, next_token, next_sibling, vocab, draft_probs.has_value());
+    check_host_tree(draft_token_ids, next_token, next_sibling, vocab);
 
   lp::TreeParams t{};
   lp::VerifyParams& v = t.chain;

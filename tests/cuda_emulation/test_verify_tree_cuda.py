@@ -1,6 +1,6 @@
 """verify_tree's CUDA kernel against the CPU implementation, bit for bit, in the CUDA emulation:
 every path of the sampler per row, branching trees with accepted paths, repeated and forbidden
-children, empty nodes, chains with sampled drafts, rows and nodes of a padded buffer, on GPUs of
+children, empty nodes, both draft modes, rows and nodes of a padded buffer, on GPUs of
 1 and 132 SMs."""
 
 import pytest
@@ -74,7 +74,7 @@ def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, nodes,
     buffer[..., 3 : vocab + 3] = target
     target = buffer[..., 3 : vocab + 3]
     seeds = dict(seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
-    modes = [(None, "joint"), (None, "top_k_first")] + ([(q, "joint"), (q, "top_k_first")] if branching == 1 else [])
+    modes = [(None, "joint"), (q, "joint"), (q, "top_k_first")]
     accepted = []
     for draft_probs, order in modes:
         for rng in (seeds, dict(seed=5, offset=9)):

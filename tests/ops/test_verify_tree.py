@@ -44,10 +44,13 @@ def children_of(parents, node):
     return [i for i, parent in enumerate(parents) if parent == node]
 
 
-def tree_case(g, rows, parents=PARENTS, bitmask=False, **params):
+def tree_case(g, rows, parents=PARENTS, bitmask=False, sampled=False, **params):
     """Rows of one request with per-row draft tokens (repeats among siblings included): node c's
     logits (and mask) are a function of its own token and depth, as a model's after that path
-    would be for the first two levels. Returns the op's inputs and the reference p_0, p_1[a]."""
+    would be for the first two levels. Deterministic drafts come from one proposal
+    distribution; `sampled`: node i's children are drawn i.i.d. from q_i (a function of node
+    i's depth and token). Returns the op's inputs and the reference p_0, p_1[a] (and with
+    `sampled`, the draft probabilities [rows, N, V])."""
     nodes = len(parents)
     level = depths(parents)
     root_logits = torch.randn(V, generator=g) * 1.5
@@ -55,6 +58,16 @@ def tree_case(g, rows, parents=PARENTS, bitmask=False, **params):
     q = torch.softmax(torch.randn(V, generator=g) * 1.5, 0)  # the drafter's proposals
     drafts = torch.multinomial(q, rows * nodes, replacement=True, generator=g).view(rows, nodes)
     drafts[:, 0] = 0
+    draft_probs = None
+    if sampled:  # node i's q: depth d after token t, row d V + t of a table; the root's row 0
+        q_table = torch.softmax(torch.randn((max(level) + 1) * V, V, generator=g, dtype=torch.float64) * 1.5, 1)
+        draft_probs = torch.empty(rows, nodes, V, dtype=torch.float64)
+        for i in range(nodes):  # (parents precede their children)
+            draft_probs[:, i] = q_table[0] if i == 0 else q_table[level[i] * V + drafts[:, i]]
+            if i > 0:
+                drafts[:, i] = torch.multinomial(draft_probs[:, parents[i]], 1, generator=g)[:, 0]
+                draft_probs[:, i] = q_table[level[i] * V + drafts[:, i]]
+        draft_probs = draft_probs.float()
     target = torch.empty(rows, nodes, V)
     target[:, 0] = root_logits
     for i in range(1, nodes):
@@ -70,6 +83,8 @@ def tree_case(g, rows, parents=PARENTS, bitmask=False, **params):
     p0 = sampling_reference(root_logits[None], bitmask=None if table is None else table[:1], **params)[0]
     p1 = sampling_reference(tables[1], bitmask=None if table is None else table[V:2 * V], **params)
     next_token, next_sibling = tree_links(parents, rows)
+    if sampled:
+        return target, drafts, next_token, next_sibling, masks, (p0, p1), draft_probs
     return target, drafts, next_token, next_sibling, masks, (p0, p1)
 
 
@@ -184,6 +199,50 @@ def test_exactness_check_can_fail(lp_cpu):
     assert joint_p_value(first, second, p0, p1) < 1e-6
 
 
+def rejection_rate(p, q, m):
+    """P(all m i.i.d. drafts from q rejected) under recursive rejection sampling, in float64: step
+    j rejects with probability 1 - sum_v min(r_{j-1}, q), r_j = norm(max(0, r_{j-1} - q)), which
+    does not depend on the rejected token."""
+    r, rejected = p.clone(), 1.0
+    for _ in range(m):
+        rejected *= 1.0 - float(torch.minimum(r, q).sum())
+        residual = (r - q).clamp(min=0)
+        if residual.sum() <= 0:
+            break
+        r = residual / residual.sum()
+    return rejected
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sampled_drafts_exactness(lp_cpu, case):
+    """Sampled drafts (each node's children i.i.d. from its q_i) with siblings: the first two
+    emitted tokens have the target's joint distribution, and the root's four children are all
+    rejected at recursive rejection sampling's closed-form rate."""
+    g = torch.Generator().manual_seed(2600 + list(CASES).index(case))
+    params = {k: v for k, v in CASES[case].items() if k != "bitmask"}
+    target, drafts, next_token, next_sibling, masks, (p0, p1), q = tree_case(
+        g, ROWS, bitmask="bitmask" in CASES[case], sampled=True, **params)
+    out = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, draft_probs=q, seed=9, offset=1,
+                             bitmask=masks, **params)
+    first, second = first_two(out.tokens, out.num_accepted, p1, g)
+    assert joint_p_value(first, second, p0, p1) > 1e-6
+    rate = 1.0 - rejection_rate(p0, q[0, 0].double(), len(children_of(PARENTS, 0)))
+    assert abs((out.num_accepted >= 1).double().mean() - rate) < 5 * (0.25 / ROWS) ** 0.5
+    assert out.num_accepted.max() == max(depths(PARENTS))
+    parents = torch.tensor(PARENTS)
+    for k in range(1, out.tokens.shape[1]):
+        rows = out.num_accepted >= k
+        nodes = out.node_ids[rows, k]
+        assert torch.equal(parents[nodes], out.node_ids[rows, k - 1])
+        assert torch.equal(drafts[rows].gather(1, nodes[:, None])[:, 0], out.tokens[rows, k - 1])
+    # The check fails when the draft probabilities are not those the drafts came from.
+    wrong = torch.softmax(torch.randn(q.shape, generator=g), -1)
+    out = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, draft_probs=wrong, seed=9, offset=1,
+                             bitmask=masks, **params)
+    first, second = first_two(out.tokens, out.num_accepted, p1, g)
+    assert joint_p_value(first, second, p0, p1) < 1e-6
+
+
 def argmax_path(target, drafts, parents, bitmask=None):
     """Greedy verification by its definition: follow the first child equal to the allowed
     argmax (lowest index), then emit the argmax."""
@@ -225,13 +284,12 @@ def test_greedy_is_the_argmax_path(lp_cpu, dtype):
     next_token, next_sibling = tree_links(PARENTS, rows)
     expected = argmax_path(target, drafts, PARENTS, bitmask)
     q = torch.rand(rows, nodes, V, generator=g)
-    for draft_probs in (None,):  # (sampled drafts with siblings are not supported)
+    for draft_probs in (None, q):  # greedy rows ignore the draft probabilities
         got = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, draft_probs=draft_probs, temperature=0.0,
                                  bitmask=bitmask)
         assert torch.equal(got.tokens, expected[0]) and torch.equal(got.node_ids, expected[1])
         assert torch.equal(got.num_accepted, expected[2])
     assert expected[2].max() == max(depths(PARENTS)) and expected[2].min() == 0
-    del q
 
 
 def chain_links(rows, drafts_count):
@@ -369,7 +427,7 @@ def bad_cases():
         "target-too-many-nodes": ("target_logits", with_(target_logits=torch.zeros(1, 257, 2))),
         "target-float64": ("target_logits", with_(target_logits=t["target_logits"].double())),
         "draft_probs-narrow": ("draft_probs", with_(draft_probs=torch.rand(rows, nodes, V - 1))),
-        "draft_probs-siblings": ("draft_probs", with_(draft_probs=torch.rand(rows, nodes, V))),
+        "draft_probs-float16": ("draft_probs", with_(draft_probs=torch.rand(rows, nodes, V).half())),
         "bitmask-nodes": ("bitmask", with_(bitmask=torch.zeros(rows, nodes - 1, 1, dtype=torch.int32))),
         "bitmask-int64": ("bitmask", with_(bitmask=torch.zeros(rows, nodes, 1, dtype=torch.int64))),
         "top_p-above-1": ("top_p", with_(top_p=1.5)),

@@ -82,10 +82,11 @@ def verify_tree(
     A child the node's bitmask forbids (or the filters remove) is never accepted; a node with
     nothing allowed emits -1 and stops the row.
 
-    With ``draft_probs`` (sampled drafts, q_i the distribution node i's children were drawn
-    from) each node with one child applies `verify_draft`'s rule: accept with probability
-    min(1, p_i(d) / q_i(d)), else a draw from max(0, p_i - q_i). Sampled drafts with siblings
-    are not supported yet: host trees raise; a device tree's node with two children emits -1.
+    With ``draft_probs`` (sampled drafts: node i's children drawn i.i.d. from q_i), recursive
+    rejection sampling: r = p_i; for each child c in sibling order, accept it with probability
+    min(1, r(c) / q_i(c)), else r <- max(0, r - q_i) normalised; if all are rejected, emit a draw
+    from max(0, r - q_i) (the rejected tokens excluded). A node with one child is `verify_draft`'s
+    rule. Residual differences below 1.2e-38 count as 0.
     A tree of one chain gives `verify_draft`'s tokens exactly, and a lone root its draw without
     drafts (node i's randomness is `verify_draft`'s position i: distributed as `sample`'s draw,
     on streams of its own). The exact rules, their proof and their
