@@ -1,10 +1,12 @@
 // CUDA verify_tree (verify_tree.h): verify_tree_kernel, a block per row (grid-stride), walks its
-// tree; each node's token is sample's draw (verify_cuda.cuh's position_token, the sampler's
-// RowSampler) or the sampled-draft rule over the same RowSampler's cut, so the CPU
-// (verify_tree_cpu.cpp) emits the same tokens. A translation unit of its own: sampling_cuda.cu's compile is long enough.
+// tree; each node's token is sample's draw (the sampler's RowSampler, row_sampler.cuh) or the
+// sampled-draft rule over the same RowSampler's cut and Z (kept_pass, logprobs_cuda.cuh), so
+// the CPU (verify_tree_cpu.cpp) emits the same tokens. A translation unit of its own:
+// sampling_cuda.cu's compile is long enough.
 #include "block_primitives.cuh"
 #include "cuda_utils.cuh"
-#include "verify_cuda.cuh"
+#include "logprobs_cuda.cuh"
+#include "row_sampler.cuh"
 #include "verify_tree.h"
 
 namespace logits_processor {
@@ -26,11 +28,9 @@ __device__ float residual_after(const TreeShared& ts, int64_t n, int64_t i, floa
 // The sampled-draft rule at node `node` (verify_tree.h): the accepted child's token, or the
 // correction drawn from the last residual.
 template <Dtype D>
-__device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, TreeShared& ts, SharedState& sh) {
+__device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, RowSampler<D>& row, TreeShared& ts,
+                                 SharedState& sh) {
   const VerifyParams& v = t.chain;
-  const SamplingParams target = position_target(v, node);
-  RowSampler<D> row{target, position_params(v, b, node), logits_row(target, b), row_bitmask(target, b),
-                    RowPenaltyView{}, 0.0f, kNoKey, sh.staged_words};
   if (!row.cut(sh)) return -1;
   int64_t c = first_child(t, b, node);
   const KeptPass k = kept_pass(row, row.kept_score(draft_token(v, b, c)));
@@ -75,14 +75,16 @@ __device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, T
 }
 
 // Node `node`'s token at column `column` (verify_tree.h); called by the whole block, the same
-// for every thread (the tree's links are read by each thread alike).
+// for every thread (the tree's links are read by each thread alike). One RowSampler for both
+// rules: a second one would take its own stack.
 template <Dtype D>
 __device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int64_t column, TreeShared& ts,
                               SharedState& sh) {
-  if (sampled_node(t, b, node, column)) return sampled_token<D>(t, b, node, ts, sh);
-  VerifyParams drawn = t.chain;  // no draft probabilities: position_token returns sample's draw
-  drawn.draft_probs = nullptr;
-  return position_token<D>(drawn, b, node, -1, sh);
+  const SamplingParams target = position_target(t.chain, node);
+  RowSampler<D> row{target, position_params(t.chain, b, node), logits_row(target, b), row_bitmask(target, b),
+                    RowPenaltyView{}, 0.0f, kNoKey, sh.staged_words};  // (no penalties)
+  if (sampled_node(t, b, node, column)) return sampled_token<D>(t, b, node, row, ts, sh);
+  return row.sample(sh);
 }
 
 template <Dtype D>

@@ -454,3 +454,27 @@ def test_bad_out(lp_cpu, which):
     out[which] = out[which].float() if which != "node_ids" else torch.zeros(2, 2, dtype=torch.int64)
     with pytest.raises((RuntimeError, ValueError), match=which):
         lp_cpu.verify_tree(**kwargs, out=tuple(out.values()))
+
+
+def test_out_opcheck_and_compile(lp_cpu):
+    """With `out`, the op's schema, fake and aliasing pass opcheck and it compiles in one graph."""
+    g = torch.Generator().manual_seed(2570)
+    rows, nodes = 4, len(PARENTS)
+    target, drafts, next_token, next_sibling, masks, _, q = tree_case(g, rows, bitmask=True, sampled=True)
+    width = max(depths(PARENTS)) + 1
+    new_out = lambda: (torch.empty(rows, width, dtype=torch.int64), torch.empty(rows, width, dtype=torch.int64),  # noqa: E731
+                       torch.empty(rows, dtype=torch.int64))
+    args = (target, drafts, next_token, next_sibling, q, torch.rand(rows) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0,
+            "top_k_first", torch.arange(rows), 0, None, 3, masks, *new_out())
+    torch.library.opcheck(lp_cpu._ops.ops.verify_tree, args)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step(x, d, nt, ns, p, m, offset, out):
+        return lp_cpu.verify_tree(x * 1.0, d, nt, ns, draft_probs=p, temperature=0.7, top_k=20, seed=3, offset=offset,
+                                  bitmask=m, out=out)
+
+    offset = torch.full((rows,), 5, dtype=torch.int64)
+    compiled = step(target, drafts, next_token, next_sibling, q, masks, offset, new_out())
+    eager = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, draft_probs=q, temperature=0.7, top_k=20,
+                               seed=3, offset=5, bitmask=masks)
+    assert all(torch.equal(a, b) for a, b in zip(compiled, eager))
