@@ -111,22 +111,26 @@ def test_cuda_out_narrower_than_the_tree(emulation, lp_cpu):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("vocab", [45, 1001])
 def test_cuda_sampled_siblings_rejected_in_turn(emulation, lp_cpu, dtype, vocab):
-    """Sampled drafts unrelated to the target: children rejected one after another (the
-    residual's normalisers of several rejections, later siblings accepted, all rejected)."""
+    """Sampled drafts, children rejected one after another: drafters unrelated to the target
+    (all siblings rejected) and close to it (later siblings accepted with probability in (0, 1),
+    which reads the normalisers of the residuals before them)."""
     g = torch.Generator().manual_seed(vocab + 3)
     rows, nodes = 12 if SANITIZED else 48, 9
     target = (torch.randn(rows, nodes, vocab, generator=g) * 2).to(dtype)
-    q = torch.softmax(torch.randn(rows, nodes, vocab, generator=g) * 2, -1)
     next_token, next_sibling, parents = random_tree(g, rows, nodes, 4)
-    drafts = torch.multinomial(q.gather(1, parents.clamp(min=0)[..., None].expand(-1, -1, vocab)).view(-1, vocab), 1,
-                               generator=g).view(rows, nodes)
-    kwargs = dict(draft_probs=q, temperature=0.9, top_p=0.95, seed=21, offset=4)
-    expected = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, **kwargs)
-    with emulation.gpu(8) as lp:
-        got = lp.verify_tree(target, drafts, next_token, next_sibling, **kwargs)
-    assert all(torch.equal(a, b) for a, b in zip(got, expected))
-    # The root's fate: a later sibling accepted, or all (two or more) rejected.
     children = [[c for c in range(nodes) if parents[b, c] == 0] for b in range(rows)]
-    later = sum(int(expected.num_accepted[b] > 0 and expected.node_ids[b, 1] != children[b][0]) for b in range(rows))
-    all_rejected = sum(int(expected.num_accepted[b] == 0 and len(children[b]) >= 2) for b in range(rows))
+    later = all_rejected = 0
+    for q in (torch.softmax(torch.randn(rows, nodes, vocab, generator=g) * 2, -1),
+              torch.softmax(target.float() + 0.5 * torch.randn(rows, nodes, vocab, generator=g), -1)):
+        rows_q = q.gather(1, parents.clamp(min=0)[..., None].expand(-1, -1, vocab)).view(-1, vocab)
+        drafts = torch.multinomial(rows_q, 1, generator=g).view(rows, nodes)  # node c drawn from its parent's q
+        kwargs = dict(draft_probs=q, temperature=0.9, top_p=0.95, seed=21, offset=4)
+        expected = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, **kwargs)
+        with emulation.gpu(8) as lp:
+            got = lp.verify_tree(target, drafts, next_token, next_sibling, **kwargs)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+        # The root's fate: a later sibling accepted, or all (two or more) rejected.
+        accepted = expected.num_accepted
+        later += sum(int(accepted[b] > 0 and expected.node_ids[b, 1] != children[b][0]) for b in range(rows))
+        all_rejected += sum(int(accepted[b] == 0 and len(children[b]) >= 2) for b in range(rows))
     assert later > 0 and all_rejected > 0
