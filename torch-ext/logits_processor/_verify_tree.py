@@ -97,8 +97,7 @@ def verify_tree(
     and the kernel stays bounded whatever their links. Without `out`, D (the tree's maximum
     depth) is computed from the tree, on the host (a device tree is copied there: a
     synchronisation). With `out` given, D + 1 is ``out.tokens.shape[1]`` and the CUDA op is one
-    launch that neither synchronises nor allocates: graph-capturable after one eager call (its
-    kernel's first launch grows the device's stack limit).
+    launch that neither synchronises nor allocates (graph-capturable, as `verify_draft`).
 
     Args:
         target_logits (torch.Tensor): ``[B, N, V]``, float32/float16/bfloat16, 1 <= N <= 256;
