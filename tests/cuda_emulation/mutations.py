@@ -129,7 +129,8 @@ MUTANTS = [
            "residual_mass(lri > kNegInf ? residual_log_weight(lri, 0.5f * qi) : kNegInf)", "fibers", AGREEMENT,
            "sampled_siblings", "tests/cuda_emulation/test_verify_tree_cuda.py"),
     Mutant("tree-residual-noise", TREE, "token_gumbel(row.r, i, noise(row.r, i))",
-           "token_gumbel(row.r, i, noise(row.r, i + 1))", "fibers", AGREEMENT, "sampled_siblings", "tests/cuda_emulation/test_verify_tree_cuda.py"),
+           "token_gumbel(row.r, i, noise(row.r, i + 1))", "fibers", AGREEMENT, "sampled_siblings",
+           "tests/cuda_emulation/test_verify_tree_cuda.py"),
 ]
 
 
