@@ -69,6 +69,19 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "Tensor(a!) tokens, "
           "Tensor(b!) num_accepted"
           ") -> ()");
+  ops.def("verify_tree("
+          "Tensor target_logits, "
+          "Tensor draft_token_ids, "
+          "Tensor next_token, "
+          "Tensor next_sibling, "
+          "Tensor? draft_probs, "
+          LP_FILTER_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          LP_DRAW_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          "Tensor? bitmask, "
+          "Tensor(a!) tokens, "
+          "Tensor(b!) node_ids, "
+          "Tensor(c!) num_accepted"
+          ") -> ()");
   ops.def("token_logprobs("
           "Tensor logits, "
           "Tensor token_ids, "
@@ -129,6 +142,7 @@ void impl_ops(Library& ops) {
   ops.impl("support_logprobs", TORCH_BOX(&support_logprobs));
   ops.impl("support_logprobs_backward", TORCH_BOX(&support_logprobs_backward));
   ops.impl("verify_draft", TORCH_BOX(&verify_draft));
+  ops.impl("verify_tree", TORCH_BOX(&verify_tree));
   ops.impl("apply_penalties_", TORCH_BOX(&apply_penalties_));
   ops.impl("update_output_counts_", TORCH_BOX(&update_output_counts_));
   ops.impl("penalty_state_from_tokens", TORCH_BOX(&penalty_state_from_tokens));

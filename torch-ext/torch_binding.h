@@ -2,7 +2,7 @@
 
 // What registration (torch_binding.cpp) needs: one function per op, and the argument groups
 // that several ops take. Each op family's file (bitmask_ops.cpp, penalty_ops.cpp,
-// sampling_ops.cpp, verify_ops.cpp) validates its arguments and runs the CPU or CUDA kernel.
+// sampling_ops.cpp, verify_ops.cpp, verify_tree_ops.cpp) validates its arguments and runs the CPU or CUDA kernel.
 //
 // Only torch's stable ABI is used (torch/csrc/stable/*, torch/headeronly/*, and the C shim
 // they wrap), at the 2.10 feature level: the build passes -DTORCH_TARGET_VERSION for 2.10, so
@@ -126,5 +126,12 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
                   const std::optional<Tensor>& draft_probs, LP_FILTER_ARGUMENTS(LP_PARAMETER)
                   LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
                   LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const Tensor& tokens, const Tensor& num_accepted);
+
+// verify_tree_ops.cpp
+void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, const Tensor& next_token,
+                 const Tensor& next_sibling, const std::optional<Tensor>& draft_probs,
+                 LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
+                 const std::optional<Tensor>& bitmask, const Tensor& tokens, const Tensor& node_ids,
+                 const Tensor& num_accepted);
 
 HIDDEN_NAMESPACE_END(binding)

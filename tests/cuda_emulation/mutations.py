@@ -35,6 +35,7 @@ SPLIT = "logits_processor/split_rows.cuh"
 SUPPORT = "logits_processor/support_logprobs_cuda.cu"
 LOGPROBS = "logits_processor/logprobs_cuda.cuh"
 VERIFY = "logits_processor/verify_cuda.cuh"
+TREE = "logits_processor/verify_tree_cuda.cu"
 AGREEMENT = "AssertionError"
 
 
@@ -131,6 +132,15 @@ MUTANTS = [
     Mutant("uneven-barrier", BLOCK, "  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);",
            "  if (threadIdx.x == 7) return v;\n  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);", "fibers",
            "__syncthreads()"),
+    # verify_tree's sampled drafts: the normaliser of a rejection's residual summed with half
+    # the draft probabilities, and the draw after all siblings' rejection reading the next
+    # token's noise.
+    Mutant("tree-residual-normaliser", TREE, "residual_mass(lri > kNegInf ? residual_log_weight(lri, qi) : kNegInf)",
+           "residual_mass(lri > kNegInf ? residual_log_weight(lri, 0.5f * qi) : kNegInf)", "fibers", AGREEMENT,
+           "sampled_siblings", "tests/cuda_emulation/test_verify_tree_cuda.py"),
+    Mutant("tree-residual-noise", TREE, "token_gumbel(row.r, i, noise(row.r, i))",
+           "token_gumbel(row.r, i, noise(row.r, i + 1))", "fibers", AGREEMENT, "sampled_siblings",
+           "tests/cuda_emulation/test_verify_tree_cuda.py"),
 ]
 
 

@@ -2,7 +2,8 @@
 
 Modules, each importing only from those above it: _ops (generated), _args (arguments as the
 ops take them) and _fakes (the ops' fake implementations), then _bitmask, _penalties,
-_replay (token_logprobs' replay over a support), _sampling and _verify, one per op family.
+_replay (token_logprobs' replay over a support), _sampling, _verify and _verify_tree, one per op
+family.
 """
 
 from ._bitmask import (
@@ -17,11 +18,13 @@ from ._bitmask import (
 from ._penalties import Penalties, PenaltyState, apply_penalties_, penalty_state_from_tokens, update_output_counts_
 from ._sampling import KeptSet, SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
 from ._verify import VerifiedDraft, verify_draft
+from ._verify_tree import VerifiedTree, verify_tree
 
 __all__ = [
     "KeptSet",
     "SampleWithLogprobs",
     "VerifiedDraft",
+    "VerifiedTree",
     "allocate_token_bitmask",
     "apply_packed_bitmask",
     "apply_penalties_",
@@ -37,5 +40,6 @@ __all__ = [
     "sample_with_logprobs",
     "token_logprobs",
     "verify_draft",
+    "verify_tree",
     "update_output_counts_",
 ]

@@ -1,0 +1,97 @@
+// CPU verify_tree: rows in parallel, each walking its tree with sample's row sampler
+// (sampling_cpu.cpp); the decisions are verify_tree.h's (and verify.h's, which it builds on).
+#include <algorithm>
+#include <vector>
+
+#include "verify_tree.h"
+
+namespace logits_processor {
+namespace {
+
+// A thread's scratch: the node's residual log-probabilities lr_j, by token.
+struct TreeScratch {
+  explicit TreeScratch(int64_t vocab) : sampler(vocab), residual(vocab) {}
+  CpuRowSampler sampler;
+  std::vector<float> residual;
+};
+
+// The sampled-draft rule at node `node` (verify_tree.h): the accepted child's token, or the
+// correction drawn from the last residual.
+int64_t sampled_token(const TreeParams& t, int64_t row, int64_t node, const SamplingParams& target,
+                      const RowParams& r, TreeScratch& scratch) {
+  const VerifyParams& v = t.chain;
+  const int64_t vocab = v.target.vocab;
+  ProcessedDistribution d;
+  if (!scratch.sampler.distribution(target, row, r, d)) return -1;
+  float* lr = scratch.residual.data();
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float s = d.scores[i];
+    lr[i] = s > kNegInf && s >= d.floor ? token_logprob(s, d.s_max, d.log_z) : kNegInf;
+  }
+  int64_t c = first_child(t, row, node);
+  int64_t last = -1;  // the last rejected draft
+  for (int64_t rank = 0;; ++rank) {
+    const int64_t draft = last = draft_token(v, row, c);
+    const bool in_support = draft >= 0 && draft < vocab && lr[draft] > kNegInf;
+    const float logprob = in_support ? lr[draft] : kNegInf;
+    if (child_accepted(r, logprob, in_support ? draft_prob(v, row, node, draft) : 0.0f, rank)) return draft;
+    c = walk_sibling(t, row, c, rank);
+    if (c < 0) break;
+    // Rejected, and a sibling follows: r <- max(0, r - q) / Z over the tokens not rejected.
+    if (in_support) lr[draft] = kNegInf;
+    FineMass z{0, 0};
+    for (int64_t i = 0; i < vocab; ++i) {
+      const FineMass m = residual_mass(lr[i] > kNegInf ? residual_log_weight(lr[i], draft_prob(v, row, node, i)) : kNegInf);
+      z.high += m.high, z.low += m.low;
+    }
+    const double log_z = residual_log_normaliser(z);
+    for (int64_t i = 0; i < vocab; ++i)
+      if (lr[i] > kNegInf) lr[i] = residual_logprob(lr[i], draft_prob(v, row, node, i), log_z);
+  }
+  // All rejected: ResidualDraw over the last residual, the rejected drafts excluded.
+  ResidualDraw draw;
+  Philox4 bits{};
+  int64_t group = -1;  // the group `bits` holds: drawn only for groups with a candidate
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (!(lr[i] > kNegInf) || i == last) continue;
+    if (i >> 2 != group) group = i >> 2, bits = noise_bits(r, group);
+    draw.offer(i, lr[i], token_gumbel(r, i, bits.v[i & 3]), draft_prob(v, row, node, i));
+  }
+  return draw.token();
+}
+
+// Node `node`'s token at column `column` (verify_tree.h).
+int64_t node_token(const TreeParams& t, int64_t row, int64_t node, int64_t column, TreeScratch& scratch) {
+  const SamplingParams target = position_target(t.chain, node);
+  const RowParams r = position_params(t.chain, row, node);
+  if (sampled_node(t, row, node, column)) return sampled_token(t, row, node, target, r, scratch);
+  return scratch.sampler.sample(target, row, r);
+}
+
+// Row `row`'s walk: returns the number of accepted nodes, the tokens and nodes written.
+int64_t verify_tree_row(const TreeParams& t, int64_t row, TreeScratch& scratch) {
+  int64_t* tokens = tree_tokens(t, row);
+  int64_t* node_ids = tree_node_ids(t, row);
+  std::fill(tokens, tokens + t.width, int64_t{-1});
+  std::fill(node_ids, node_ids + t.width, int64_t{-1});
+  int64_t node = 0;
+  for (int64_t column = 0;; ++column) {
+    const int64_t token = node_token(t, row, node, column, scratch);
+    tokens[column] = token;
+    node_ids[column] = node;
+    if (token < 0 || column + 1 >= t.width) return column;
+    node = matching_child(t, row, node, token);
+    if (node < 0) return column;
+  }
+}
+
+}  // namespace
+
+void verify_tree_cpu(const TreeParams& params, const ParallelFor& parallel_for) {
+  parallel_for(0, params.chain.target.rows, 1, [&](int64_t begin, int64_t end) {
+    TreeScratch scratch(params.chain.target.vocab);
+    for (int64_t row = begin; row < end; ++row) params.num_accepted[row] = verify_tree_row(params, row, scratch);
+  });
+}
+
+}  // namespace logits_processor

@@ -1,0 +1,124 @@
+// CUDA verify_tree (verify_tree.h): verify_tree_kernel, a block per row (grid-stride), walks its
+// tree; each node's token is sample's draw (the sampler's RowSampler, row_sampler.cuh) or the
+// sampled-draft rule over the same RowSampler's cut and Z (kept_pass, logprobs_cuda.cuh), so
+// the CPU (verify_tree_cpu.cpp) emits the same tokens. A translation unit of its own:
+// sampling_cuda.cu's compile is long enough.
+#include "block_primitives.cuh"
+#include "cuda_utils.cuh"
+#include "logprobs_cuda.cuh"
+#include "row_sampler.cuh"
+#include "verify_tree.h"
+
+namespace logits_processor {
+namespace {
+
+// The sampled-draft rule's state for the node being verified: the rejected drafts and the
+// residuals' log-normalisers so far (verify_tree.h), written by thread 0 between barriers.
+struct TreeShared {
+  int64_t rejected[kMaxVerifyPositions];
+  double log_z[kMaxVerifyPositions];
+};
+
+// lr_n(i) from lr_0(i) (verify_tree.h): the CPU's in-place updates, recomputed per token.
+__device__ float residual_after(const TreeShared& ts, int64_t n, int64_t i, float lr, float q) {
+  for (int64_t j = 0; j < n && lr > kNegInf; ++j) lr = ts.rejected[j] == i ? kNegInf : residual_logprob(lr, q, ts.log_z[j]);
+  return lr;
+}
+
+// The sampled-draft rule at node `node` (verify_tree.h): the accepted child's token, or the
+// correction drawn from the last residual.
+template <Dtype D>
+__device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, RowSampler<D>& row, TreeShared& ts,
+                                 SharedState& sh) {
+  const VerifyParams& v = t.chain;
+  if (!row.cut(sh)) return -1;
+  int64_t c = first_child(t, b, node);
+  const KeptPass k = kept_pass(row, row.kept_score(draft_token(v, b, c)));
+  const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
+  int64_t last = -1;  // the last rejected draft
+  int64_t rank = 0;
+  for (;; ++rank) {
+    const int64_t draft = last = draft_token(v, b, c);
+    const float s = row.kept_score(draft);
+    const float q = s > kNegInf ? draft_prob(v, b, node, draft) : 0.0f;
+    const float lr = s > kNegInf ? residual_after(ts, rank, draft, token_logprob(s, row.s_max, log_z), q) : kNegInf;
+    if (child_accepted(row.r, lr, lr > kNegInf ? q : 0.0f, rank)) return draft;
+    c = walk_sibling(t, b, c, rank);
+    if (c < 0) break;
+    // Rejected, and a sibling follows: Z of max(0, r - q) over the tokens not rejected.
+    if (threadIdx.x == 0) ts.rejected[rank] = draft;
+    __syncthreads();
+    uint64_t high = 0, low = 0;
+    row.for_each_candidate([&](int64_t i, float si) {
+      if (score_key(si) < row.threshold || i == draft) return;
+      const float qi = draft_prob(v, b, node, i);
+      const float lri = residual_after(ts, rank, i, token_logprob(si, row.s_max, log_z), qi);
+      const FineMass m = residual_mass(lri > kNegInf ? residual_log_weight(lri, qi) : kNegInf);
+      high += m.high, low += m.low;
+    });
+    const double log_zr = residual_log_normaliser({block_sum(high, sh), block_sum(low, sh)});
+    if (threadIdx.x == 0) ts.log_z[rank] = log_zr;
+    __syncthreads();
+  }
+  // All rejected: ResidualDraw over the last residual, the rejected drafts excluded.
+  ResidualDraw draw;
+  NoiseWords noise;
+  row.for_each_candidate([&](int64_t i, float si) {
+    if (score_key(si) < row.threshold || i == last) return;
+    const float qi = draft_prob(v, b, node, i);
+    const float lri = residual_after(ts, rank, i, token_logprob(si, row.s_max, log_z), qi);
+    if (lri > kNegInf) draw.offer(i, lri, token_gumbel(row.r, i, noise(row.r, i)), qi);
+  });
+  draw.residual = block_max(draw.residual, sh);
+  draw.target = block_max(draw.target, sh);
+  return draw.token();
+}
+
+// Node `node`'s token at column `column` (verify_tree.h); called by the whole block, the same
+// for every thread (the tree's links are read by each thread alike). One RowSampler for both
+// rules: a second one would take its own stack.
+template <Dtype D>
+__device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int64_t column, TreeShared& ts,
+                              SharedState& sh) {
+  const SamplingParams target = position_target(t.chain, node);
+  RowSampler<D> row{target, position_params(t.chain, b, node), logits_row(target, b), row_bitmask(target, b),
+                    RowPenaltyView{}, 0.0f, kNoKey, sh.staged_words};  // (no penalties)
+  if (sampled_node(t, b, node, column)) return sampled_token<D>(t, b, node, row, ts, sh);
+  return row.sample(sh);
+}
+
+template <Dtype D>
+__global__ void __launch_bounds__(kThreads) verify_tree_kernel(TreeParams t) {
+  __shared__ SharedState sh;
+  __shared__ TreeShared ts;
+  for (int64_t b = blockIdx.x; b < t.chain.target.rows; b += gridDim.x) {
+    int64_t* tokens = tree_tokens(t, b);
+    int64_t* node_ids = tree_node_ids(t, b);
+    for (int64_t j = threadIdx.x; j < t.width; j += kThreads) tokens[j] = -1, node_ids[j] = -1;
+    int64_t node = 0;
+    int64_t column = 0;
+    for (;; ++column) {
+      const int64_t token = node_token<D>(t, b, node, column, ts, sh);
+      __syncthreads();  // the -1 padding is written before the token (other threads' columns)
+      if (threadIdx.x == 0) tokens[column] = token, node_ids[column] = node;
+      if (token < 0 || column + 1 >= t.width) break;
+      node = matching_child(t, b, node, token);
+      if (node < 0) break;
+    }
+    if (threadIdx.x == 0) t.num_accepted[b] = column;
+  }
+}
+
+}  // namespace
+
+void verify_tree_cuda(const TreeParams& params, cudaStream_t stream) {
+  if (params.chain.target.rows == 0) return;
+  const int64_t limit = resident_block_limit(8);
+  const int64_t rows = params.chain.target.rows;
+  const unsigned int blocks = static_cast<unsigned int>(rows < limit ? rows : limit);
+  dispatch_dtype(params.chain.target.dtype, [&]<Dtype D>() {
+    launch_kernel("verify_tree", verify_tree_kernel<D>, blocks, kThreads, stream, params);
+  });
+}
+
+}  // namespace logits_processor

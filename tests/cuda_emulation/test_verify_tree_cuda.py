@@ -1,0 +1,136 @@
+"""verify_tree's CUDA kernel against the CPU implementation, bit for bit, in the CUDA emulation:
+every path of the sampler per row, branching trees with accepted paths, repeated and forbidden
+children, empty nodes, both draft modes, rows and nodes of a padded buffer, on GPUs of
+1 and 132 SMs."""
+
+import pytest
+import torch
+
+from cuda_emulation.cases import SANITIZED
+from reference import random_bitmask, unpack_bitmask
+
+# Row r: temperature / filters of path r % 5.
+CUDA_PATHS = [dict(temperature=0.0), dict(), dict(top_k=7), dict(top_p=0.8, min_p=0.05),
+              dict(temperature=0.6, top_k=40, top_p=0.9)]
+
+
+def random_tree(g, rows, nodes, branching):
+    """Per-row random trees over `nodes` nodes: node i's parent drawn among the earlier nodes
+    that have fewer than `branching` children (branching 1: chains)."""
+    next_token = torch.full((rows, nodes), -1)
+    next_sibling = torch.full((rows, nodes), -1)
+    parents = torch.full((rows, nodes), -1)
+    for b in range(rows):
+        count, last = [0] * nodes, [-1] * nodes
+        for i in range(1, nodes):
+            open_ = [p for p in range(max(0, i - 4), i) if count[p] < branching] or [i - 1]
+            p = open_[int(torch.randint(0, len(open_), (1,), generator=g))]
+            if last[p] < 0:
+                next_token[b, p] = i
+            else:
+                next_sibling[b, last[p]] = i
+            count[p] += 1
+            last[p] = i
+            parents[b, i] = p
+    return next_token, next_sibling, parents
+
+
+def cuda_case(g, rows, nodes, vocab, dtype, branching):
+    target = torch.randn(rows, nodes, vocab, generator=g) * 3
+    target[2::7, 2] = float("nan")  # node 2 of some rows: nothing allowed
+    target[::5, :, ::3] = float("nan")
+    bitmask = random_bitmask(rows * nodes, vocab, g, "words").view(rows, nodes, -1)
+    bitmask[:, :, 0] |= 0xF  # tokens 0-3 allowed everywhere
+    bitmask[4::9, -1] = 0  # the last node of some rows allows nothing
+    allowed = torch.where(unpack_bitmask(bitmask.view(-1, bitmask.shape[-1]), vocab).view(target.shape),
+                          torch.nan_to_num(target, nan=float("-inf")), float("-inf"))
+    next_token, next_sibling, parents = random_tree(g, rows, nodes, branching)
+    # A child's token: mostly its parent's argmax (long accepted paths), some random.
+    best = allowed.argmax(-1)
+    drafts = best.gather(1, parents.clamp(min=0))
+    random = torch.randint(0, vocab, drafts.shape, generator=g)
+    drafts = torch.where(torch.rand(drafts.shape, generator=g) < 0.3, random, drafts)
+    drafts[:, 0] = 0
+    q = torch.softmax(target.nan_to_num(0.0) + torch.randn(rows, nodes, vocab, generator=g), -1)
+    params = dict(temperature=torch.rand(rows, generator=g) + 0.4, top_k=torch.zeros(rows, dtype=torch.int64),
+                  top_p=torch.ones(rows), min_p=torch.zeros(rows))
+    for r in range(rows):
+        for name, value in CUDA_PATHS[r % len(CUDA_PATHS)].items():
+            params[name][r] = value
+    return target.to(dtype), drafts, next_token, next_sibling, q, bitmask, params
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,nodes,vocab,branching",
+                         [(10, 6, 45, 4), (10, 5, 45, 1)] if SANITIZED else
+                         [(10, 6, 45, 4), (10, 5, 45, 1), (40, 12, 1001, 3), (40, 9, 1001, 1), (3, 33, 32000, 4)])
+def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, nodes, vocab, branching):
+    g = torch.Generator().manual_seed(rows * vocab + sms + nodes)
+    target, drafts, next_token, next_sibling, q, bitmask, params = cuda_case(g, rows, nodes, vocab, dtype, branching)
+    # Rows and nodes of a padded buffer: strides the kernels must follow.
+    buffer = torch.zeros(rows, nodes, vocab + 5, dtype=dtype)
+    buffer[..., 3 : vocab + 3] = target
+    target = buffer[..., 3 : vocab + 3]
+    seeds = dict(seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
+    modes = [(None, "joint"), (q, "joint"), (q, "top_k_first")]
+    accepted = []
+    for draft_probs, order in modes:
+        for rng in (seeds, dict(seed=5, offset=9)):
+            kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, **rng, filter_apply_order=order)
+            expected = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, **kwargs)
+            before = emulation.launches()
+            with emulation.gpu(sms) as lp:
+                got = lp.verify_tree(target, drafts, next_token, next_sibling, **kwargs)
+            assert emulation.launches() == before + 1  # one launch for the batch
+            assert torch.equal(got.tokens, expected.tokens), (got.tokens != expected.tokens).nonzero().tolist()
+            assert torch.equal(got.node_ids, expected.node_ids)
+            assert torch.equal(got.num_accepted, expected.num_accepted)
+            accepted.append(expected.num_accepted)
+    # The case exercised accepted paths (of depth 2 and more; at V = 32000 the 3 rows' draws
+    # rarely hit the argmax), early stops and empty nodes.
+    accepted = torch.cat(accepted)
+    assert accepted.max() >= (2 if rows >= 10 else 1) and (accepted == 0).any()
+
+
+@pytest.mark.emulation
+def test_cuda_out_narrower_than_the_tree(emulation, lp_cpu):
+    """With `out` narrower than the tree, both stop at its width (the depth bound's draw)."""
+    g = torch.Generator().manual_seed(77)
+    target, drafts, next_token, next_sibling, _, bitmask, params = cuda_case(g, 10, 8, 45, torch.float32, 1)
+    outs = [tuple(torch.full(s, 7, dtype=torch.int64) for s in ((10, 3), (10, 3), (10,))) for _ in range(2)]
+    expected = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, bitmask=bitmask, **params, out=outs[0])
+    with emulation.gpu(8) as lp:
+        got = lp.verify_tree(target, drafts, next_token, next_sibling, bitmask=bitmask, **params, out=outs[1])
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert expected.num_accepted.max() == 2
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("vocab", [45, 1001])
+def test_cuda_sampled_siblings_rejected_in_turn(emulation, lp_cpu, dtype, vocab):
+    """Sampled drafts, children rejected one after another: drafters unrelated to the target
+    (all siblings rejected) and close to it (later siblings accepted with probability in (0, 1),
+    which reads the normalisers of the residuals before them)."""
+    g = torch.Generator().manual_seed(vocab + 3)
+    rows, nodes = 12 if SANITIZED else 48, 9
+    target = (torch.randn(rows, nodes, vocab, generator=g) * 2).to(dtype)
+    next_token, next_sibling, parents = random_tree(g, rows, nodes, 4)
+    children = [[c for c in range(nodes) if parents[b, c] == 0] for b in range(rows)]
+    later = all_rejected = 0
+    for q in (torch.softmax(torch.randn(rows, nodes, vocab, generator=g) * 2, -1),
+              torch.softmax(target.float() + 0.5 * torch.randn(rows, nodes, vocab, generator=g), -1)):
+        rows_q = q.gather(1, parents.clamp(min=0)[..., None].expand(-1, -1, vocab)).view(-1, vocab)
+        drafts = torch.multinomial(rows_q, 1, generator=g).view(rows, nodes)  # node c drawn from its parent's q
+        kwargs = dict(draft_probs=q, temperature=0.9, top_p=0.95, seed=21, offset=4)
+        expected = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, **kwargs)
+        with emulation.gpu(8) as lp:
+            got = lp.verify_tree(target, drafts, next_token, next_sibling, **kwargs)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+        # The root's fate: a later sibling accepted, or all (two or more) rejected.
+        accepted = expected.num_accepted
+        later += sum(int(accepted[b] > 0 and expected.node_ids[b, 1] != children[b][0]) for b in range(rows))
+        all_rejected += sum(int(accepted[b] == 0 and len(children[b]) >= 2) for b in range(rows))
+    assert later > 0 and all_rejected > 0

@@ -1,0 +1,143 @@
+"""Tree speculative decoding: verify a draft tree against the target's filtered, masked distributions."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from ._args import Param, call, sampler_arguments
+from ._fakes import register_fakes
+from ._ops import ops
+
+
+class VerifiedTree(NamedTuple):
+    """What `verify_tree` returns.
+
+    Attributes:
+        tokens (torch.Tensor): int64 ``[B, D + 1]``: row b's accepted draft tokens, then one more
+            token, in ``tokens[b, :num_accepted[b] + 1]``; -1 after them.
+        node_ids (torch.Tensor): int64 ``[B, D + 1]``: ``node_ids[b, :num_accepted[b] + 1]`` are
+            the root (0) and then the accepted nodes, in path order (``tokens[b, k]`` was drawn
+            from node ``node_ids[b, k]``'s logits): the KV-cache entries to keep; -1 after them.
+        num_accepted (torch.Tensor): int64 ``[B]``, the number of accepted draft nodes of each row.
+    """
+
+    tokens: torch.Tensor
+    node_ids: torch.Tensor
+    num_accepted: torch.Tensor
+
+
+def tree_depth(next_token: torch.Tensor, next_sibling: torch.Tensor) -> int:
+    """The largest depth of a node reachable from the root over the batch (0 for a lone root).
+
+    Vectorised over [B, N], at most N rounds; on a malformed tree (links out of range, cycles)
+    it stays bounded (at most N - 1) and the op then rejects the tree."""
+    rows, nodes = next_token.shape
+    depth = torch.full((rows, nodes + 1), -1, dtype=torch.int64)  # column N: a sink for bad links
+    depth[:, 0] = 0
+    first = torch.where((next_token >= 0) & (next_token < nodes), next_token, nodes)
+    sibling = torch.where((next_sibling >= 0) & (next_sibling < nodes), next_sibling, nodes)
+    for _ in range(nodes):
+        known = depth[:, :nodes]
+        child = torch.where(known >= 0, known + 1, -1).clamp(max=nodes - 1)
+        updated = depth.scatter_reduce(1, first, child, "amax").scatter_reduce(1, sibling, known, "amax")
+        updated[:, 0] = 0
+        if torch.equal(updated, depth):
+            break
+        depth = updated
+    return int(depth[:, :nodes].max()) if rows else 0
+
+
+def verify_tree(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    next_token: torch.Tensor,
+    next_sibling: torch.Tensor,
+    draft_probs: Optional[torch.Tensor] = None,
+    temperature: Param = 1.0,
+    top_k: Param = 0,
+    top_p: Param = 1.0,
+    min_p: Param = 0.0,
+    seed: Param = 0,
+    offset: Param = 0,
+    *,
+    bitmask: Optional[torch.Tensor] = None,
+    filter_apply_order: str = "joint",
+    out: Optional[VerifiedTree] = None,
+) -> VerifiedTree:
+    """Tree speculative-decoding verification (EAGLE-style draft trees): the accepted path of each
+    row's tree, then a correction or bonus token, distributed exactly as tokens drawn one by one
+    from the target.
+
+    The tree is XGrammar's and SGLang's layout: per row, N nodes, node 0 the root (the last
+    accepted token; its draft token is ignored); ``next_token[b, i]`` is node i's first child or
+    -1, ``next_sibling[b, i]`` its next sibling or -1. With p_i the distribution `sample` draws
+    from at node i (bitmask, temperature, then top-k ∩ top-p ∩ min-p): from the root, draw
+    t ~ p_i; if a child of i has draft token t, descend into the first such child (sibling
+    order); else emit t and stop; at a leaf (or at depth D) t is the bonus token. This is the
+    sequential rule (try the children in order, accept c_j with probability r(c_j) / sum(r), r
+    being p_i without the rejected siblings; else emit a draw from r) in one draw per node.
+    Greedy rows (temperature <= 0) follow the child equal to the argmax, then emit the argmax.
+    A child the node's bitmask forbids (or the filters remove) is never accepted; a node with
+    nothing allowed emits -1 and stops the row.
+
+    With ``draft_probs`` (sampled drafts: node i's children drawn i.i.d. from q_i), recursive
+    rejection sampling: r = p_i; for each child c in sibling order, accept it with probability
+    min(1, r(c) / q_i(c)), else r <- max(0, r - q_i) normalised; if all are rejected, emit a draw
+    from max(0, r - q_i) (the rejected tokens excluded). A node with one child is `verify_draft`'s
+    rule. Residual differences below 1.2e-38 count as 0.
+    A tree of one chain gives `verify_draft`'s tokens exactly, and a lone root its draw without
+    drafts (node i's randomness is `verify_draft`'s position i: distributed as `sample`'s draw,
+    on streams of its own). The exact rules, their proof and their
+    random streams: logits_processor/verify_tree.h.
+
+    Host trees are checked (links in [-1, N), every node reached at most once, the root's
+    sibling -1, reached nodes' draft tokens in [0, V)); device trees are not read on the host,
+    and the kernel stays bounded whatever their links. Without `out`, D (the tree's maximum
+    depth) is computed from the tree, on the host (a device tree is copied there: a
+    synchronisation). With `out` given, D + 1 is ``out.tokens.shape[1]`` and the CUDA op is one
+    launch that neither synchronises nor allocates (graph-capturable, as `verify_draft`).
+
+    Args:
+        target_logits (torch.Tensor): ``[B, N, V]``, float32/float16/bfloat16, 1 <= N <= 256;
+            row i scores the token after node i's path.
+        draft_token_ids (torch.Tensor): int64 ``[B, N]``, node i's draft token (node 0's ignored).
+        next_token (torch.Tensor): int64 ``[B, N]``, node i's first child or -1.
+        next_sibling (torch.Tensor): int64 ``[B, N]``, node i's next sibling or -1.
+        draft_probs (torch.Tensor, optional): float32 ``[B, N, V]``, row i the draft distribution
+            q_i node i's children were drawn from; default None (deterministic drafts: EAGLE's
+            top-k children, n-gram branches).
+        temperature (float or torch.Tensor): as in `sample`; default 1.0.
+        top_k (int or torch.Tensor): as in `sample`; default 0.
+        top_p (float or torch.Tensor): as in `sample`; default 1.0.
+        min_p (float or torch.Tensor): as in `sample`; default 0.0.
+        seed (int or torch.Tensor): as in `sample`; default 0.
+        offset (int or torch.Tensor): as in `sample`; default 0.
+        bitmask (torch.Tensor, optional): int32 ``[B, N, ceil(V / 32)]``, node i's grammar mask
+            (what XGrammar's ``GrammarMatcher.traverse_draft_tree`` fills); default all allowed.
+        filter_apply_order (str): as in `sample`; default ``"joint"``.
+        out (VerifiedTree, optional): preallocated tensors (tokens and node_ids ``[B, D + 1]``,
+            num_accepted ``[B]``); default new tensors.
+
+    Returns:
+        VerifiedTree: ``(tokens [B, D + 1], node_ids [B, D + 1], num_accepted [B])``, int64.
+    """
+    arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                  offset=offset)
+    if out is None:
+        rows = target_logits.shape[0] if target_logits.dim() == 3 else 0
+        width = 1
+        if next_token.dim() == 2 and next_sibling.shape == next_token.shape and next_token.device.type != "meta":
+            width = tree_depth(next_token.cpu(), next_sibling.cpu()) + 1
+        device = target_logits.device
+        out = VerifiedTree(torch.empty(rows, width, dtype=torch.int64, device=device),
+                           torch.empty(rows, width, dtype=torch.int64, device=device),
+                           torch.empty(rows, dtype=torch.int64, device=device))
+    call(ops, "verify_tree", *out, target_logits=target_logits, draft_token_ids=draft_token_ids,
+         next_token=next_token, next_sibling=next_sibling, draft_probs=draft_probs, **arguments,
+         filter_apply_order=filter_apply_order, bitmask=bitmask)
+    return VerifiedTree(*out)
+
+
+register_fakes("verify_tree")

@@ -1,0 +1,167 @@
+// verify_tree: speculative decoding's verification of a draft tree (logits_processor/verify_tree.h).
+
+#include <torch/csrc/stable/ops.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../logits_processor/verify_tree.h"
+#include "checks.h"
+#include "dispatch.h"
+#include "sampling_ops.h"
+#include "torch_binding.h"
+
+HIDDEN_NAMESPACE_BEGIN(binding)
+
+namespace lp = logits_processor;
+
+static void run_verify_tree(const lp::TreeParams& t, const Tensor& target_logits);
+
+namespace {
+
+// A [batch, nodes] int64 input on target_logits' device.
+void check_node_tensor(const Tensor& t, const char* name, const Tensor& target) {
+  CHECK_ARG(t.scalar_type() == ScalarType::Long, name, " must be int64, got ", t.scalar_type());
+  CHECK_ARG(t.device() == target.device(), name, " must be on target_logits' device (",
+            device_name(target.device()), "), got ", device_name(t.device()));
+  CHECK_ARG(t.dim() == 2 && t.size(0) == target.size(0) && t.size(1) == target.size(1), name,
+            " must have shape [", target.size(0), ", ", target.size(1),
+            "] (one entry per node of target_logits), got ", shape_name(t.sizes()));
+}
+
+// A [batch, nodes, width] input: dtype, device, shape and a contiguous last dimension.
+void check_node_rows(const Tensor& t, const char* name, ScalarType dtype, const char* dtype_name,
+                     const Tensor& target, int64_t width) {
+  CHECK_ARG(t.scalar_type() == dtype, name, " must be ", dtype_name, ", got ", t.scalar_type());
+  CHECK_ARG(t.device() == target.device(), name, " must be on target_logits' device (",
+            device_name(target.device()), "), got ", device_name(t.device()));
+  CHECK_ARG(t.dim() == 3 && t.size(0) == target.size(0) && t.size(1) == target.size(1) &&
+                (width < 0 || t.size(2) == width),
+            name, " must have shape [", target.size(0), ", ", target.size(1), ", ",
+            width < 0 ? std::string("words") : std::to_string(width), "], got ", shape_name(t.sizes()));
+  CHECK_ARG(t.size(2) <= 1 || t.stride(2) == 1, name,
+            " must be contiguous in its last dimension, got stride ", t.stride(2));
+}
+
+int64_t at(const Tensor& t, int64_t row, int64_t node) {
+  return t.const_data_ptr<int64_t>()[row * t.stride(0) + node * t.stride(1)];
+}
+
+// A host tree: every link in [-1, N), each node reached at most once from the root (no cycles,
+// no shared nodes; the root never), the reached nodes' drafts in [0, V).
+void check_host_tree(const Tensor& drafts, const Tensor& next_token, const Tensor& next_sibling, int64_t vocab) {
+  const int64_t rows = drafts.size(0), nodes = drafts.size(1);
+  std::vector<char> seen(nodes);
+  std::vector<int64_t> stack;
+  for (int64_t b = 0; b < rows; ++b) {
+    for (int64_t i = 0; i < nodes; ++i) {
+      const int64_t c = at(next_token, b, i), s = at(next_sibling, b, i);
+      CHECK_ARG(c >= -1 && c < nodes, "next_token must lie in [-1, ", nodes, "), got ", c, " at row ", b, ", node ", i);
+      CHECK_ARG(s >= -1 && s < nodes, "next_sibling must lie in [-1, ", nodes, "), got ", s, " at row ", b,
+                ", node ", i);
+    }
+    CHECK_ARG(at(next_sibling, b, 0) == -1, "next_sibling of the root (node 0) must be -1, got ",
+              at(next_sibling, b, 0), " at row ", b);
+    std::fill(seen.begin(), seen.end(), 0);
+    seen[0] = 1;
+    stack.assign(1, 0);
+    while (!stack.empty()) {
+      const int64_t node = stack.back();
+      stack.pop_back();
+      for (int64_t c = at(next_token, b, node); c >= 0; c = at(next_sibling, b, c)) {
+        CHECK_ARG(!seen[c], "next_token/next_sibling must form a tree: node ", c, " of row ", b,
+                  " is reached twice (a cycle or a shared node)");
+        seen[c] = 1;
+        const int64_t id = at(drafts, b, c);
+        CHECK_ARG(id >= 0 && id < vocab, "draft_token_ids must lie in [0, ", vocab, ") (the vocabulary), got ", id,
+                  " at row ", b, ", node ", c);
+        stack.push_back(c);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, const Tensor& next_token,
+                 const Tensor& next_sibling, const std::optional<Tensor>& draft_probs,
+                 LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
+                 const std::optional<Tensor>& bitmask, const Tensor& tokens, const Tensor& node_ids,
+                 const Tensor& num_accepted) {
+  check_logits_dtype(target_logits, "target_logits");
+  check_device_supported(target_logits, "target_logits");
+  CHECK_ARG(target_logits.dim() == 3 && target_logits.size(1) >= 1 &&
+                target_logits.size(1) <= lp::kMaxVerifyPositions,
+            "target_logits must be 3-D [batch, nodes, vocab] with 1 to ", lp::kMaxVerifyPositions,
+            " nodes, got shape ", shape_name(target_logits.sizes()));
+  CHECK_ARG(target_logits.size(0) <= lp::kMaxVerifyRows, "target_logits: at most ", lp::kMaxVerifyRows,
+            " rows, got ", target_logits.size(0));
+  CHECK_ARG(target_logits.size(2) <= 1 || target_logits.stride(2) == 1,
+            "target_logits must be contiguous in its last dimension, got stride ", target_logits.stride(2));
+  const int64_t nodes = target_logits.size(1);
+  const Tensor root = torch::stable::select(target_logits, 1, 0);
+  SamplingCall call = sampling_call(root, {LP_FILTER_ARGUMENTS(LP_FORWARD)}, {LP_DRAW_ARGUMENTS(LP_FORWARD)},
+                                    std::nullopt);
+  const int64_t vocab = call.params.vocab;
+
+  check_node_tensor(draft_token_ids, "draft_token_ids", target_logits);
+  check_node_tensor(next_token, "next_token", target_logits);
+  check_node_tensor(next_sibling, "next_sibling", target_logits);
+  if (draft_probs.has_value())
+    check_node_rows(*draft_probs, "draft_probs", ScalarType::Float, "float32", target_logits, vocab);
+  if (bitmask.has_value()) check_node_rows(*bitmask, "bitmask", ScalarType::Int, "int32", target_logits, -1);
+  CHECK_ARG(tokens.dim() == 2 && tokens.size(1) >= 1, "tokens must be 2-D [batch, depth + 1], got shape ",
+            shape_name(tokens.sizes()));
+  const int64_t width = tokens.size(1);
+  check_output(tokens, root, "tokens", ScalarType::Long, width);
+  check_output(node_ids, root, "node_ids", ScalarType::Long, width);
+  check_output(num_accepted, root, "num_accepted", ScalarType::Long);
+  // Host trees are checked here; device trees are not read on the host (no sync): the kernel
+  // stays bounded on any links (verify_tree.h).
+  if (next_token.is_cpu() && next_sibling.is_cpu() && draft_token_ids.is_cpu())
+    check_host_tree(draft_token_ids, next_token, next_sibling, vocab);
+
+  lp::TreeParams t{};
+  lp::VerifyParams& v = t.chain;
+  v.target = call.params;
+  v.positions = nodes + 1;  // (no node is verify_draft's bonus position)
+  v.logits_position_stride = target_logits.stride(1);
+  if (bitmask.has_value()) {
+    v.target.bitmask = bitmask->const_data_ptr<int32_t>();
+    v.target.bitmask_row_stride = bitmask->stride(0);
+    v.target.bitmask_width = bitmask->size(2);
+    v.bitmask_position_stride = bitmask->stride(1);
+  }
+  v.draft_tokens = draft_token_ids.const_data_ptr<int64_t>();
+  v.draft_row_stride = draft_token_ids.stride(0);
+  v.draft_position_stride = draft_token_ids.stride(1);
+  if (draft_probs.has_value()) {
+    v.draft_probs = draft_probs->const_data_ptr<float>();
+    v.draft_probs_row_stride = draft_probs->stride(0);
+    v.draft_probs_position_stride = draft_probs->stride(1);
+  }
+  t.nodes = nodes;
+  t.next_token = next_token.const_data_ptr<int64_t>();
+  t.next_token_row_stride = next_token.stride(0);
+  t.next_token_node_stride = next_token.stride(1);
+  t.next_sibling = next_sibling.const_data_ptr<int64_t>();
+  t.next_sibling_row_stride = next_sibling.stride(0);
+  t.next_sibling_node_stride = next_sibling.stride(1);
+  t.width = width;
+  t.tokens = tokens.mutable_data_ptr<int64_t>();
+  t.node_ids = node_ids.mutable_data_ptr<int64_t>();
+  t.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
+  run_verify_tree(t, target_logits);
+}
+
+// --- the CPU or CUDA kernel ------------------------------------------------------------------
+
+static void run_verify_tree(const lp::TreeParams& t, const Tensor& target_logits) {
+  if (!uses_cuda_kernels(target_logits)) return lp::verify_tree_cpu(t, run_parallel_for);
+#if defined(CUDA_KERNEL)
+  lp::verify_tree_cuda(t, CudaLaunchContext(target_logits).stream());
+#endif
+}
+
+HIDDEN_NAMESPACE_END(binding)
