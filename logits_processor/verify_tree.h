@@ -52,6 +52,9 @@
 // is distributed as sampling the target token by token (p_c is the target's distribution after
 // c's path). Greedy rows are the same with the argmax as the draw.
 //
+// Penalties: node i at column d counts its path's draft tokens, which are the row's accepted
+// tokens tokens[0 .. d) (path_before), on top of the state, as verify_draft's drafts_before.
+//
 // Device trees are not read on the host: the kernels stay bounded on malformed ones. A link
 // outside [0, N) reads as -1; a sibling walk stops after N steps; the depth stops at the
 // width. So every row makes at most width * (N + 1) link reads and width node draws, whatever
@@ -149,6 +152,11 @@ LP_HOST_DEVICE float residual_logprob(float previous, float q, double log_z) {
 }
 
 LP_HOST_DEVICE int64_t* tree_tokens(const TreeParams& t, int64_t row) { return t.tokens + row * t.width; }
+
+// The penalty path of the node at `column`: the row's tokens before it, its accepted path.
+LP_HOST_DEVICE PenaltyPath path_before(const TreeParams& t, int64_t row, int64_t column) {
+  return {tree_tokens(t, row), 1, column};
+}
 LP_HOST_DEVICE int64_t* tree_node_ids(const TreeParams& t, int64_t row) { return t.node_ids + row * t.width; }
 
 void verify_tree_cpu(const TreeParams& params, const ParallelFor& parallel_for);

@@ -18,11 +18,11 @@ struct TreeScratch {
 // The sampled-draft rule at node `node` (verify_tree.h): the accepted child's token, or the
 // correction drawn from the last residual.
 int64_t sampled_token(const TreeParams& t, int64_t row, int64_t node, const SamplingParams& target,
-                      const RowParams& r, TreeScratch& scratch) {
+                      const RowParams& r, const PenaltyPath& path, TreeScratch& scratch) {
   const VerifyParams& v = t.chain;
   const int64_t vocab = v.target.vocab;
   ProcessedDistribution d;
-  if (!scratch.sampler.distribution(target, row, r, d)) return -1;
+  if (!scratch.sampler.distribution(target, row, r, d, path)) return -1;
   float* lr = scratch.residual.data();
   for (int64_t i = 0; i < vocab; ++i) {
     const float s = d.scores[i];
@@ -64,8 +64,9 @@ int64_t sampled_token(const TreeParams& t, int64_t row, int64_t node, const Samp
 int64_t node_token(const TreeParams& t, int64_t row, int64_t node, int64_t column, TreeScratch& scratch) {
   const SamplingParams target = position_target(t.chain, node);
   const RowParams r = position_params(t.chain, row, node);
-  if (sampled_node(t, row, node, column)) return sampled_token(t, row, node, target, r, scratch);
-  return scratch.sampler.sample(target, row, r);
+  const PenaltyPath path = path_before(t, row, column);
+  if (sampled_node(t, row, node, column)) return sampled_token(t, row, node, target, r, path, scratch);
+  return scratch.sampler.sample(target, row, r, path);
 }
 
 // Row `row`'s walk: returns the number of accepted nodes, the tokens and nodes written.

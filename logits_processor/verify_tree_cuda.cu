@@ -81,8 +81,10 @@ template <Dtype D>
 __device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int64_t column, TreeShared& ts,
                               SharedState& sh) {
   const SamplingParams target = position_target(t.chain, node);
+  // (block_row_penalty_view's barrier orders thread 0's tokens before their reads as the path.)
   RowSampler<D> row{target, position_params(t.chain, b, node), logits_row(target, b), row_bitmask(target, b),
-                    RowPenaltyView{}, 0.0f, kNoKey, sh.staged_words};  // (no penalties)
+                    block_row_penalty_view(target, b, sh, path_before(t, b, column)), 0.0f, kNoKey,
+                    sh.staged_words};
   if (sampled_node(t, b, node, column)) return sampled_token<D>(t, b, node, row, ts, sh);
   return row.sample(sh);
 }

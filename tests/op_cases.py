@@ -367,3 +367,31 @@ def verify_penalty_case(g: torch.Generator, rows: int, drafts_count: int, vocab:
     num_draft_tokens = torch.randint(0, drafts_count + 1, (rows,), generator=g)
     num_draft_tokens[: rows // 2] = drafts_count
     return target, drafts, num_draft_tokens, prompt_mask, counts, kwargs
+
+
+# --- verify_tree with penalties ----------------------------------------------------------------
+
+def tree_penalty_case(g: torch.Generator, rows: int, parents: list[int], vocab: int, combination, per_row: bool,
+                      mapped: bool, dtype=torch.float32, sampled: bool = False):
+    """verify_tree's inputs with penalties, repeats along paths: (target [B, N, V], drafts,
+    draft probabilities or None, prompt_mask, output_counts, penalty kwargs) for the tree given
+    by `parents`; each row's draft tokens from a pool of 3, the target's logits raised at each
+    node's children's tokens (so rows accept deep paths, where the path's counts decide)."""
+    nodes = len(parents)
+    state_rows = rows + 3 if mapped else rows
+    prompt_mask, counts = random_state(state_rows, vocab, g)
+    counts[2:, ::97] = 0
+    kwargs = random_penalties(rows, combination, per_row, g)
+    if combination[3]:
+        kwargs.update(random_bias(rows, vocab, g))
+    if mapped:
+        kwargs["rows"] = torch.randperm(state_rows, generator=g)[:rows]
+    pool = torch.randint(0, vocab, (rows, 3), generator=g)
+    drafts = pool.gather(1, torch.randint(0, 3, (rows, nodes), generator=g))
+    target = torch.randn(rows, nodes, vocab, generator=g) * 3
+    lift = 3 * (2 * math.log(vocab)) ** 0.5 + 4
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            target[torch.arange(rows), parent, drafts[:, i]] += lift
+    q = torch.softmax(torch.randn(rows, nodes, vocab, generator=g), -1) if sampled else None
+    return target.to(dtype), drafts, q, prompt_mask, counts, kwargs

@@ -78,6 +78,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           LP_FILTER_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           LP_DRAW_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "Tensor? bitmask, "
+          LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "Tensor(a!) tokens, "
           "Tensor(b!) node_ids, "
           "Tensor(c!) num_accepted"

@@ -59,7 +59,7 @@
   X("Tensor?", const std::optional<Tensor>&, logit_bias_values) \
   X("str", const std::string&, penalty_order)
 
-// The sampler ops' (and verify_draft's) fused penalties: apply_penalties_'s arguments, the
+// The sampler ops' (and verify_draft's and verify_tree's) fused penalties: apply_penalties_'s arguments, the
 // state optional (without it, no penalties) and the rows named penalty_rows.
 #define LP_SAMPLER_PENALTY_ARGUMENTS(X)                     \
   X("Tensor?", const std::optional<Tensor>&, prompt_mask)   \
@@ -131,7 +131,7 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
 void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, const Tensor& next_token,
                  const Tensor& next_sibling, const std::optional<Tensor>& draft_probs,
                  LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
-                 const std::optional<Tensor>& bitmask, const Tensor& tokens, const Tensor& node_ids,
-                 const Tensor& num_accepted);
+                 const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const Tensor& tokens,
+                 const Tensor& node_ids, const Tensor& num_accepted);
 
 HIDDEN_NAMESPACE_END(binding)

@@ -87,8 +87,8 @@ void check_host_tree(const Tensor& drafts, const Tensor& next_token, const Tenso
 void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, const Tensor& next_token,
                  const Tensor& next_sibling, const std::optional<Tensor>& draft_probs,
                  LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
-                 const std::optional<Tensor>& bitmask, const Tensor& tokens, const Tensor& node_ids,
-                 const Tensor& num_accepted) {
+                 const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const Tensor& tokens,
+                 const Tensor& node_ids, const Tensor& num_accepted) {
   check_logits_dtype(target_logits, "target_logits");
   check_device_supported(target_logits, "target_logits");
   CHECK_ARG(target_logits.dim() == 3 && target_logits.size(1) >= 1 &&
@@ -103,6 +103,9 @@ void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, con
   const Tensor root = torch::stable::select(target_logits, 1, 0);
   SamplingCall call = sampling_call(root, {LP_FILTER_ARGUMENTS(LP_FORWARD)}, {LP_DRAW_ARGUMENTS(LP_FORWARD)},
                                     std::nullopt);
+  // Every node of row b reads the same state row, penalty values and biases; node i also
+  // counts its path's draft tokens (verify_tree.h's path_before).
+  add_penalties(call, root, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
   const int64_t vocab = call.params.vocab;
 
   check_node_tensor(draft_token_ids, "draft_token_ids", target_logits);

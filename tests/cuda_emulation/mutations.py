@@ -141,6 +141,10 @@ MUTANTS = [
     Mutant("tree-residual-noise", TREE, "token_gumbel(row.r, i, noise(row.r, i))",
            "token_gumbel(row.r, i, noise(row.r, i + 1))", "fibers", AGREEMENT, "sampled_siblings",
            "tests/cuda_emulation/test_verify_tree_cuda.py"),
+    # A node's penalties count its path without its own token (the path one node short).
+    Mutant("tree-path-short", TREE, "block_row_penalty_view(target, b, sh, path_before(t, b, column))",
+           "block_row_penalty_view(target, b, sh, path_before(t, b, column > 0 ? column - 1 : 0))", "fibers",
+           AGREEMENT, "with_penalties", "tests/cuda_emulation/test_verify_tree_cuda.py"),
 ]
 
 

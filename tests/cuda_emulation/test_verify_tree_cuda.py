@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cuda_emulation.cases import SANITIZED
+from op_cases import tree_penalty_case
 from reference import random_bitmask, unpack_bitmask
 
 # Row r: temperature / filters of path r % 5.
@@ -134,3 +135,49 @@ def test_cuda_sampled_siblings_rejected_in_turn(emulation, lp_cpu, dtype, vocab)
         later += sum(int(accepted[b] > 0 and expected.node_ids[b, 1] != children[b][0]) for b in range(rows))
         all_rejected += sum(int(accepted[b] == 0 and len(children[b]) >= 2) for b in range(rows))
     assert later > 0 and all_rejected > 0
+
+
+# A tree of three levels with siblings (node 0 the root): its paths repeat tokens.
+PENALTY_PARENTS = [-1, 0, 0, 0, 1, 1, 2, 4, 4, 7]
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,vocab", [(12, 45)] if SANITIZED else [(12, 45), (9, 5000)])
+def test_cuda_kernel_agrees_with_cpu_with_penalties(emulation, lp_cpu, sms, dtype, rows, vocab):
+    """penalties= (node i counts its path's draft tokens, read from the row's own output as the
+    walk writes it): every penalty kind, biases (which share the kernel's filter with the path),
+    a state row map, both draft modes and penalty orders, greedy, unfiltered and filtered rows."""
+    g = torch.Generator().manual_seed(2800 + rows * vocab + sms)
+    target, drafts, q, prompt_mask, counts, kwargs = tree_penalty_case(
+        g, rows, PENALTY_PARENTS, vocab, (True, True, True, True), True, True, dtype, sampled=True)
+    parents = torch.tensor(PENALTY_PARENTS)
+    next_token = torch.full((len(PENALTY_PARENTS),), -1)
+    next_sibling = torch.full((len(PENALTY_PARENTS),), -1)
+    for i in range(1, len(PENALTY_PARENTS)):
+        siblings = (parents[:i] == parents[i]).nonzero()
+        if len(siblings):
+            next_sibling[siblings[-1]] = i
+        else:
+            next_token[parents[i]] = i
+    links = (next_token.expand(rows, -1).clone(), next_sibling.expand(rows, -1).clone())
+    params = dict(temperature=torch.rand(rows, generator=g) + 0.4, top_k=torch.zeros(rows, dtype=torch.int64),
+                  top_p=torch.ones(rows), min_p=torch.zeros(rows))
+    for r in range(rows):
+        for name, value in CUDA_PATHS[r % len(CUDA_PATHS)].items():
+            params[name][r] = value
+    deepest = 0
+    for draft_probs, order in [(q, "vllm"), (None, "bias_last"), (None, "vllm")]:
+        penalties = lp_cpu.Penalties(prompt_mask, counts, **kwargs | dict(penalty_order=order))
+        call = dict(draft_probs=draft_probs, seed=5, offset=9, **params)
+        expected = lp_cpu.verify_tree(target, drafts, *links, penalties=penalties, **call)
+        before = emulation.launches()
+        with emulation.gpu(sms) as lp:
+            got = lp.verify_tree(target, drafts, *links, penalties=lp.Penalties(*penalties), **call)
+        assert emulation.launches() == before + 1  # one launch for the batch
+        assert torch.equal(got.tokens, expected.tokens), (got.tokens != expected.tokens).nonzero().tolist()
+        assert torch.equal(got.node_ids, expected.node_ids)
+        assert torch.equal(got.num_accepted, expected.num_accepted)
+        deepest = max(deepest, int(expected.num_accepted.max()))
+    assert deepest >= 2  # nodes with a path before them

@@ -465,8 +465,17 @@ def test_out_opcheck_and_compile(lp_cpu):
     new_out = lambda: (torch.empty(rows, width, dtype=torch.int64), torch.empty(rows, width, dtype=torch.int64),  # noqa: E731
                        torch.empty(rows, dtype=torch.int64))
     args = (target, drafts, next_token, next_sibling, q, torch.rand(rows) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0,
-            "top_k_first", torch.arange(rows), 0, None, 3, masks, *new_out())
+            "top_k_first", torch.arange(rows), 0, None, 3, masks,
+            None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None, *new_out())  # (no penalties)
     torch.library.opcheck(lp_cpu._ops.ops.verify_tree, args)
+    # With penalties: the state, per-row values, biases and a row map.
+    g = torch.Generator().manual_seed(2571)
+    prompt = torch.randint(-2**31, 2**31 - 1, (rows + 1, (V + 31) // 32), dtype=torch.int32, generator=g)
+    counts = torch.randint(0, 3, (rows + 1, V), dtype=torch.int32, generator=g)
+    penalties = (prompt, counts, torch.rand(rows) + 0.5, 0.0, None, 0.3, None, 0.1,
+                 torch.randint(-1, V, (rows, 2), generator=g), torch.randn(rows, 2), "bias_last",
+                 torch.randperm(rows + 1, generator=g)[:rows])
+    torch.library.opcheck(lp_cpu._ops.ops.verify_tree, args[:19] + penalties + args[31:])
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def step(x, d, nt, ns, p, m, offset, out):

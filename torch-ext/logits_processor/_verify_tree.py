@@ -9,6 +9,7 @@ import torch
 from ._args import Param, call, sampler_arguments
 from ._fakes import register_fakes
 from ._ops import ops
+from ._penalties import FUSED_PENALTY_ARGUMENTS, Penalties, fused_penalty_arguments
 
 
 class VerifiedTree(NamedTuple):
@@ -64,6 +65,7 @@ def verify_tree(
     *,
     bitmask: Optional[torch.Tensor] = None,
     filter_apply_order: str = "joint",
+    penalties: Optional[Penalties] = None,
     out: Optional[VerifiedTree] = None,
 ) -> VerifiedTree:
     """Tree speculative-decoding verification (EAGLE-style draft trees): the accepted path of each
@@ -73,7 +75,7 @@ def verify_tree(
     The tree is XGrammar's and SGLang's layout: per row, N nodes, node 0 the root (the last
     accepted token; its draft token is ignored); ``next_token[b, i]`` is node i's first child or
     -1, ``next_sibling[b, i]`` its next sibling or -1. With p_i the distribution `sample` draws
-    from at node i (bitmask, temperature, then top-k ∩ top-p ∩ min-p): from the root, draw
+    from at node i (penalties, bitmask, temperature, then top-k ∩ top-p ∩ min-p): from the root, draw
     t ~ p_i; if a child of i has draft token t, descend into the first such child (sibling
     order); else emit t and stop; at a leaf (or at depth D) t is the bonus token. This is the
     sequential rule (try the children in order, accept c_j with probability r(c_j) / sum(r), r
@@ -99,6 +101,13 @@ def verify_tree(
     synchronisation). With `out` given, D + 1 is ``out.tokens.shape[1]`` and the CUDA op is one
     launch that neither synchronises nor allocates (graph-capturable, as `verify_draft`).
 
+    With ``penalties=``, node i of row b is penalised as an engine's state would be after
+    accepting node i's path: the state's counts plus one per occurrence of a token among the
+    draft tokens of the nodes from the root's child down to node i (such a token is also seen
+    by the repetition penalty); the result equals `apply_penalties_` on each node's ``[B, V]``
+    slice with those counts, then verify_tree without penalties, token for token. The state is
+    only read: count the emitted tokens with `update_output_counts_` afterwards.
+
     Args:
         target_logits (torch.Tensor): ``[B, N, V]``, float32/float16/bfloat16, 1 <= N <= 256;
             row i scores the token after node i's path.
@@ -117,6 +126,9 @@ def verify_tree(
         bitmask (torch.Tensor, optional): int32 ``[B, N, ceil(V / 32)]``, node i's grammar mask
             (what XGrammar's ``GrammarMatcher.traverse_draft_tree`` fills); default all allowed.
         filter_apply_order (str): as in `sample`; default ``"joint"``.
+        penalties (Penalties, optional): as in `sample` (state rows, penalty values and logit
+            biases per row b, the same at every node), with each node's path counted as above;
+            default none.
         out (VerifiedTree, optional): preallocated tensors (tokens and node_ids ``[B, D + 1]``,
             num_accepted ``[B]``); default new tensors.
 
@@ -125,6 +137,7 @@ def verify_tree(
     """
     arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                   offset=offset)
+    penalty_arguments = fused_penalty_arguments(penalties)  # checked before `out` is unpacked
     if out is None:
         rows = target_logits.shape[0] if target_logits.dim() == 3 else 0
         width = 1
@@ -136,8 +149,8 @@ def verify_tree(
                            torch.empty(rows, dtype=torch.int64, device=device))
     call(ops, "verify_tree", *out, target_logits=target_logits, draft_token_ids=draft_token_ids,
          next_token=next_token, next_sibling=next_sibling, draft_probs=draft_probs, **arguments,
-         filter_apply_order=filter_apply_order, bitmask=bitmask)
+         filter_apply_order=filter_apply_order, bitmask=bitmask, **penalty_arguments)
     return VerifiedTree(*out)
 
 
-register_fakes("verify_tree")
+register_fakes("verify_tree", checked_last=FUSED_PENALTY_ARGUMENTS)
