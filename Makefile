@@ -30,6 +30,7 @@ demo: $(STAMP)
 bench: build emulation-build
 	$(PY) benchmarks/bench.py
 	$(PY) benchmarks/bench_replay.py
+	$(PY) benchmarks/bench_tree.py
 
 clean:
 	rm -rf build build-asan build-emulation build-ci build-matrix

@@ -256,3 +256,53 @@ def verify_draft_reference(
     tokens = torch.where(columns < num_accepted[:, None], padded, -1)
     tokens.scatter_(1, num_accepted[:, None], last.gather(1, num_accepted[:, None]))
     return tokens, num_accepted
+
+
+def verify_tree_reference(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    next_token: torch.Tensor,
+    next_sibling: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    *,
+    generator: Optional[torch.Generator] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tree verification of deterministic drafts as engines write it in torch (SGLang's
+    target-only tree sampler): the filtered, renormalised target probabilities of every node,
+    then a walk from the root, batched over rows: at each node its children in sibling order,
+    child c accepted with probability r(c) / sum(r), r the node's probabilities with the
+    rejected siblings zeroed; all rejected: a token drawn from r; at a leaf the bonus from its
+    probabilities. Number parameters; (tokens [B, D + 1] with -1 after the emitted ones,
+    num_accepted [B])."""
+    batch, nodes, vocab = target_logits.shape
+    kept = kept_probs(target_logits.reshape(batch * nodes, vocab), temperature, top_k, top_p, min_p)
+    probs = (kept / kept.sum(-1, keepdim=True)).view(batch, nodes, vocab)
+    rows = torch.arange(batch, device=target_logits.device)
+    node = torch.zeros(batch, dtype=torch.int64, device=target_logits.device)
+    walking = torch.ones(batch, dtype=torch.bool, device=target_logits.device)
+    emitted, num_accepted = [], torch.zeros(batch, dtype=torch.int64, device=target_logits.device)
+    while bool(walking.any()):
+        residual = probs[rows, node].clone()
+        child = torch.where(walking, next_token[rows, node], -1)
+        chosen = torch.full_like(child, -1)
+        while bool((child >= 0).any()):
+            trying = child >= 0
+            token = draft_token_ids[rows, child.clamp(min=0)]
+            p = residual.gather(1, token[:, None]).squeeze(1) / residual.sum(1).clamp_min(1e-30)
+            coin = torch.rand(batch, device=target_logits.device, generator=generator)
+            accept = trying & (coin < p)
+            chosen = torch.where(accept, child, chosen)
+            reject = trying & ~accept
+            residual[rows[reject], token[reject]] = 0.0
+            child = torch.where(reject, next_sibling[rows, child.clamp(min=0)], -1)
+        drawn = torch.multinomial(residual.clamp_min(0) + 1e-30 * (residual.sum(1, keepdim=True) == 0), 1,
+                                  generator=generator).squeeze(1)
+        stops = walking & (chosen < 0)
+        emitted.append(torch.where(walking, torch.where(stops, drawn, draft_token_ids[rows, chosen.clamp(min=0)]), -1))
+        num_accepted += (walking & ~stops).to(torch.int64)
+        node = torch.where(walking & ~stops, chosen, node)
+        walking = walking & ~stops
+    return torch.stack(emitted, 1), num_accepted

@@ -20,6 +20,7 @@ import _offline  # noqa: E402
 import cuda_graph_decode  # noqa: E402
 import demo  # noqa: E402
 import speculative_demo  # noqa: E402
+import tree_speculative_demo  # noqa: E402
 import transformers_logits_processor  # noqa: E402
 
 # The longest output any grammar of the demo allows ("order" with three items) is about 130
@@ -134,3 +135,36 @@ def test_speculative_example_outputs_follow_their_grammars(lp, offline_pair, dev
         assert 0 <= stats.accepted <= stats.proposed <= 4 * stats.steps
         proposed += stats.proposed
     assert proposed > 0  # the n-gram draft did propose, so verification ran with drafts
+
+
+def test_tree_example_scores_each_node_as_its_path_alone(offline_pair):
+    """The tree example's one forward pass (tree attention) gives each node the logits of its
+    path scored alone, on a tree with branches."""
+    tokenizer, model = offline_pair
+    history = tokenizer("a b c a b d a b e a b").input_ids
+    tree = tree_speculative_demo.ngram_tree(history, 3, 3)
+    assert any(s >= 0 for s in tree.next_sibling)  # (it branches)
+    logits = tree_speculative_demo.tree_logits(model, history, tree)
+    for node in range(len(tree.tokens)):
+        path = [tree.tokens[n] for n in tree.path(node)]
+        with torch.no_grad():
+            alone = model(torch.tensor([history + path])).logits[0, -1].float()
+        torch.testing.assert_close(logits[node], alone, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_tree_speculative_example_outputs_follow_their_grammars(lp, offline_pair, device):
+    """n-gram draft trees verified under XGrammar's per-node masks: valid outputs, as with the
+    chain, and each step accepts at most the tree's depth."""
+    tokenizer, model = offline_pair
+    model = model.to(device)
+    info = _offline.tokenizer_info(tokenizer, _offline.model_vocab_size(model))
+    proposed = 0
+    for request in [r for r in demo.REQUESTS if r.name in ("order", "date", "ticket")]:
+        for branches in (3, 1):
+            text, finished, stats = tree_speculative_demo.generate(lp, model, tokenizer, info, request, 4, branches,
+                                                                   MAX_TOKENS)
+            assert finished and request.check(text) is None, (request.name, branches, text)
+            assert 0 <= stats.accepted <= stats.proposed <= 4 * stats.steps
+            proposed += stats.proposed
+    assert proposed > 0
