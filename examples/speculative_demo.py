@@ -81,14 +81,25 @@ def generate(lp, model, tokenizer, info, request: demo.Request, drafts_per_step:
         stats.steps += 1
         stats.proposed += len(drafts)
         stats.accepted += accepted
-        for token in emitted:
-            if not matcher.accept_token(token):
-                raise RuntimeError(f"{request.name}: the grammar refused emitted token {token}")
-            output.append(token)
-            if matcher.is_terminated():
-                break
+        accept_emitted(matcher, request, emitted, output)
+    return finished_text(tokenizer, info, output), matcher.is_terminated(), stats
+
+
+def accept_emitted(matcher: xgr.GrammarMatcher, request: demo.Request, emitted: list[int], output: list[int]) -> None:
+    """The matcher advanced by a step's emitted tokens (until it terminates), each appended to
+    the output; a token the grammar refuses is an error: verification never emits one."""
+    for token in emitted:
+        if not matcher.accept_token(token):
+            raise RuntimeError(f"{request.name}: the grammar refused emitted token {token}")
+        output.append(token)
+        if matcher.is_terminated():
+            break
+
+
+def finished_text(tokenizer, info, output: list[int]) -> str:
+    """The output without stop tokens, decoded."""
     stop_ids = set(info.stop_token_ids)
-    return tokenizer.decode([t for t in output if t not in stop_ids]), matcher.is_terminated(), stats
+    return tokenizer.decode([t for t in output if t not in stop_ids])
 
 
 def main(argv=None) -> int:

@@ -136,14 +136,8 @@ def generate(lp, model, tokenizer, info, request: demo.Request, depth: int, bran
         stats.steps += 1
         stats.proposed += max((tree.depth(n) for n in range(len(tree.tokens))), default=0)
         stats.accepted += accepted
-        for token in emitted:
-            if not matcher.accept_token(token):
-                raise RuntimeError(f"{request.name}: the grammar refused emitted token {token}")
-            output.append(token)
-            if matcher.is_terminated():
-                break
-    stop_ids = set(info.stop_token_ids)
-    return tokenizer.decode([t for t in output if t not in stop_ids]), matcher.is_terminated(), stats
+        speculative_demo.accept_emitted(matcher, request, emitted, output)
+    return speculative_demo.finished_text(tokenizer, info, output), matcher.is_terminated(), stats
 
 
 def main(argv=None) -> int:

@@ -34,6 +34,21 @@ TOP_K_FIRST_PATHS = {
 }
 
 
+# The speculative kernels' rows (verify_draft, verify_tree): row r on path r % 5.
+VERIFY_PATHS = [dict(temperature=0.0), dict(), dict(top_k=7), dict(top_p=0.8, min_p=0.05),
+                dict(temperature=0.6, top_k=40, top_p=0.9)]
+
+
+def verify_row_params(rows: int, g: torch.Generator) -> dict:
+    """Per-row temperature and filters of the speculative kernels' tests, row r on VERIFY_PATHS[r % 5]."""
+    params = dict(temperature=torch.rand(rows, generator=g) + 0.4, top_k=torch.zeros(rows, dtype=torch.int64),
+                  top_p=torch.ones(rows), min_p=torch.zeros(rows))
+    for r in range(rows):
+        for name, value in VERIFY_PATHS[r % len(VERIFY_PATHS)].items():
+            params[name][r] = value
+    return params
+
+
 def row_params(rows: int, g: torch.Generator) -> dict:
     """Per-row parameters, row r on path r % 7 with its own temperature, seed and offset."""
     temperature = torch.rand(rows, generator=g) + 0.3

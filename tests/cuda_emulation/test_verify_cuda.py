@@ -5,18 +5,14 @@ and positions of a padded buffer, penalties along the drafts, on GPUs of 1 and 1
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED
+from cuda_emulation.cases import SANITIZED, verify_row_params
 from op_cases import verify_penalty_case
 from reference import random_bitmask, unpack_bitmask
 
 
-# Row r: temperature / filters of path r % 5, drafts mostly the target's argmax (long
-# accepted runs), some random, some forbidden by the bitmask.
-CUDA_PATHS = [dict(temperature=0.0), dict(), dict(top_k=7), dict(top_p=0.8, min_p=0.05),
-              dict(temperature=0.6, top_k=40, top_p=0.9)]
-
-
 def cuda_case(g, rows, drafts_count, vocab, dtype):
+    """Rows on the verify paths (cases.py's verify_row_params), drafts mostly the target's argmax
+    (long accepted runs), some random, some forbidden by the bitmask."""
     target = torch.randn(rows, drafts_count + 1, vocab, generator=g) * 3
     target[2::7, 1] = float("nan")  # position 1 of some rows: nothing allowed
     target[::5, :, ::3] = float("nan")
@@ -29,11 +25,7 @@ def cuda_case(g, rows, drafts_count, vocab, dtype):
     random = torch.randint(0, vocab, drafts.shape, generator=g)
     drafts = torch.where(torch.rand(drafts.shape, generator=g) < 0.25, random, drafts)
     q = torch.softmax(target[:, :-1].nan_to_num(0.0) + torch.randn(rows, drafts_count, vocab, generator=g), -1)
-    params = dict(temperature=torch.rand(rows, generator=g) + 0.4, top_k=torch.zeros(rows, dtype=torch.int64),
-                  top_p=torch.ones(rows), min_p=torch.zeros(rows))
-    for r in range(rows):
-        for name, value in CUDA_PATHS[r % len(CUDA_PATHS)].items():
-            params[name][r] = value
+    params = verify_row_params(rows, g)
     counts = torch.randint(0, drafts_count + 1, (rows,), generator=g)
     counts[: rows // 2] = drafts_count
     return target.to(dtype), drafts, counts, q, bitmask, params
@@ -85,11 +77,7 @@ def test_cuda_kernel_agrees_with_cpu_with_penalties(emulation, lp_cpu, sms, dtyp
     target, drafts, counts, prompt_mask, output_counts, kwargs = verify_penalty_case(
         g, rows, drafts_count, vocab, dtype, (True, True, True, True), True, True)
     q = torch.softmax(target[:, :-1].float() + torch.randn(rows, drafts_count, vocab, generator=g), -1)
-    params = dict(temperature=torch.rand(rows, generator=g) + 0.4, top_k=torch.zeros(rows, dtype=torch.int64),
-                  top_p=torch.ones(rows), min_p=torch.zeros(rows))
-    for r in range(rows):
-        for name, value in CUDA_PATHS[r % len(CUDA_PATHS)].items():
-            params[name][r] = value
+    params = verify_row_params(rows, g)
     deepest = 0
     for draft_probs, order in [(q, "vllm"), (None, "bias_last"), (None, "vllm")]:
         penalties = lp_cpu.Penalties(prompt_mask, output_counts, **kwargs | dict(penalty_order=order))

@@ -6,13 +6,9 @@ children, empty nodes, both draft modes, rows and nodes of a padded buffer, on G
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED
+from cuda_emulation.cases import SANITIZED, verify_row_params
 from op_cases import tree_penalty_case
 from reference import random_bitmask, unpack_bitmask
-
-# Row r: temperature / filters of path r % 5.
-CUDA_PATHS = [dict(temperature=0.0), dict(), dict(top_k=7), dict(top_p=0.8, min_p=0.05),
-              dict(temperature=0.6, top_k=40, top_p=0.9)]
 
 
 def random_tree(g, rows, nodes, branching):
@@ -53,11 +49,7 @@ def cuda_case(g, rows, nodes, vocab, dtype, branching):
     drafts = torch.where(torch.rand(drafts.shape, generator=g) < 0.3, random, drafts)
     drafts[:, 0] = 0
     q = torch.softmax(target.nan_to_num(0.0) + torch.randn(rows, nodes, vocab, generator=g), -1)
-    params = dict(temperature=torch.rand(rows, generator=g) + 0.4, top_k=torch.zeros(rows, dtype=torch.int64),
-                  top_p=torch.ones(rows), min_p=torch.zeros(rows))
-    for r in range(rows):
-        for name, value in CUDA_PATHS[r % len(CUDA_PATHS)].items():
-            params[name][r] = value
+    params = verify_row_params(rows, g)
     return target.to(dtype), drafts, next_token, next_sibling, q, bitmask, params
 
 
@@ -162,11 +154,7 @@ def test_cuda_kernel_agrees_with_cpu_with_penalties(emulation, lp_cpu, sms, dtyp
         else:
             next_token[parents[i]] = i
     links = (next_token.expand(rows, -1).clone(), next_sibling.expand(rows, -1).clone())
-    params = dict(temperature=torch.rand(rows, generator=g) + 0.4, top_k=torch.zeros(rows, dtype=torch.int64),
-                  top_p=torch.ones(rows), min_p=torch.zeros(rows))
-    for r in range(rows):
-        for name, value in CUDA_PATHS[r % len(CUDA_PATHS)].items():
-            params[name][r] = value
+    params = verify_row_params(rows, g)
     deepest = 0
     for draft_probs, order in [(q, "vllm"), (None, "bias_last"), (None, "vllm")]:
         penalties = lp_cpu.Penalties(prompt_mask, counts, **kwargs | dict(penalty_order=order))
