@@ -165,6 +165,7 @@ struct RowSampler {
   uint32_t threshold;  // the kept set's, once `cut` ran
   uint32_t* staged_words;  // the block's SharedState::staged_words
   float origin = 0.0f;     // the draw's: draw_origin(s_max) once s_max is known, else 0
+  float x_origin = 0.0f;   // the scores': score_origin (sampling.h), found by rebase
 
   // f(i, x) for each token i of this thread's share of [begin, end), x its candidate_logit,
   // by 16-byte loads (kVector<D> consecutive tokens each) where the row is aligned: rows need
@@ -213,7 +214,7 @@ struct RowSampler {
   template <typename F>
   __device__ void for_each_candidate(F&& f, int64_t begin = 0, int64_t end = -1) const {
     for_each_logit(begin, end < 0 ? p.vocab : end, [&](int64_t i, float x) {
-      if (x > kNegInf) f(i, score(x, r.temperature));
+      if (x > kNegInf) f(i, score(x, r.temperature, x_origin));
     });
   }
 
@@ -246,7 +247,7 @@ struct RowSampler {
     NoiseWords noise;
     for_each_logit(begin, end, [&](int64_t i, float x) {
       if (!(x > kNegInf)) return;
-      const float s = score(x, r.temperature);
+      const float s = score(x, r.temperature, x_origin);
       if (!drawn(i, score_key(s))) return;
       if (max_key) top = max(top, static_cast<uint64_t>(score_key(s)));
       best = max(best, pack_argmax(score_key(perturbed_score(s, origin, token_gumbel(r, i, noise(r, i)))), i));
@@ -278,6 +279,7 @@ struct RowSampler {
       if (!find_max || winner == kNoToken || !redraw_from_origin(row_max_score(static_cast<uint32_t>(max_key))))
         return unpack_or_none(winner);
       s_max = row_max_score(static_cast<uint32_t>(max_key));
+      rebase(sh);
       origin = draw_origin(s_max);
     }
   }
@@ -300,9 +302,13 @@ struct RowSampler {
   // shared memory, else t_k is selected first (select_top_k, 1 pass or more) and raises t_minp.
   __device__ bool cut(SharedState& sh, Draw* draw = nullptr) {
     const bool top_k = has_top_k();
-    const KeyCount first = count_keys(top_k ? KeyBins::kCounts : KeyBins::kNone, 0, p.vocab, sh);
-    if (first.candidates == 0) return false;
-    s_max = row_max_score(static_cast<uint32_t>(first.max_key));
+    KeyCount first;
+#pragma unroll 1
+    do {  // (pass 1 again, from the new scores, where rebase moves them)
+      first = count_keys(top_k ? KeyBins::kCounts : KeyBins::kNone, 0, p.vocab, sh);
+      if (first.candidates == 0) return false;
+      s_max = row_max_score(static_cast<uint32_t>(first.max_key));
+    } while (rebase(sh));
     origin = draw_origin(s_max);
     uint32_t lower = min_p_key(s_max, r.min_p);
     threshold = lower;
@@ -387,6 +393,21 @@ struct RowSampler {
                : radix_select<false>(candidate_keys(), k_cut.bin, k_cut.above, k, s_max, sh);
   }
 
+  // Where s_max saturates, the pass that finds x_max and, if x_max / T overflows, moves the
+  // scores to score_origin(x_max) (s_max then 0) and returns true; otherwise false. Rows whose
+  // scores have moved once never saturate again.
+  __device__ bool rebase(SharedState& sh) {
+    if (!saturated_score(s_max)) return false;
+    uint64_t top = kNoKey;
+    for_each_logit(0, p.vocab, [&](int64_t, float x) {
+      if (x > kNegInf) top = max(top, static_cast<uint64_t>(score_key(x)));
+    });
+    x_origin = score_origin(key_score(static_cast<uint32_t>(block_max(top, sh))), r.temperature);
+    if (x_origin == 0.0f) return false;
+    s_max = 0.0f;  // score(x_max, T, x_max)
+    return true;
+  }
+
   // Pass 1 over tokens [begin, end).
   __device__ KeyCount count_keys(KeyBins bins, int64_t begin, int64_t end, SharedState& sh) const {
     if (bins == KeyBins::kCounts) zero_bins(sh.wide.counts);
@@ -425,7 +446,7 @@ struct RowSampler {
     if (i < 0 || i >= p.vocab) return kNegInf;
     const float x = candidate_logit<D>(p, logits, bitmask, penalty, i);
     if (!(x > kNegInf)) return kNegInf;
-    const float s = score(x, r.temperature);
+    const float s = score(x, r.temperature, x_origin);
     return score_key(s) >= threshold ? s : kNegInf;
   }
 
@@ -437,6 +458,7 @@ struct RowSampler {
     if (!raw && !r.greedy) return;
     r.greedy = false;
     r.temperature = 1.0f;
+    x_origin = 0.0f;
     r.top_k = 0;
     r.top_p = 1.0f;
     r.min_p = 0.0f;

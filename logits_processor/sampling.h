@@ -5,7 +5,8 @@
 // With penalties (SamplingParams::penalties), x_i is the logit as apply_penalties_ would have
 // left it (penalties.h), computed as it is read.
 // For a row with scores s_i = x_i / T over the candidates (allowed by the bitmask, logit not
-// NaN and not -inf; +inf and overflow clamp to FLT_MAX):
+// NaN and not -inf; +inf and overflow clamp to FLT_MAX; taken from the row's largest logit
+// instead where x_max / T overflows: score_origin):
 //   t_k    = the k-th largest score                                 (top_k in (0, n))
 //   t_minp = s_max + ln(min_p)                                      (min_p > 0)
 //   t_p    = the largest score t with M(t) >= ceil(top_p * Z)       (top_p < 1)
@@ -180,12 +181,30 @@ LP_HOST_DEVICE float candidate_logit(const SamplingParams& p, const void* row, c
 
 constexpr float kMaxFinite = 3.402823466e38f;
 
-// A candidate's score x / T, finite: +inf logits count as the largest finite value, and a
-// quotient that overflows either way is clamped, so every candidate stays above -inf.
-LP_HOST_DEVICE float score(float x, float temperature) {
+// A candidate's score (x - x_o) / T, finite: +inf logits count as the largest finite value,
+// and a quotient that overflows either way is clamped, so every candidate stays above -inf.
+// x_o is the row's score_origin: 0 (then the score is x / T bit for bit) unless that would
+// overflow at the row's top.
+LP_HOST_DEVICE float score(float x, float temperature, float x_origin = 0.0f) {
   const float finite_x = x < kMaxFinite ? x : kMaxFinite;
-  const float s = finite_x / temperature;  // IEEE division on both devices
+  const float s = lp_add(finite_x, -x_origin) / temperature;  // IEEE division on both devices
   return s < kMaxFinite ? (s > -kMaxFinite ? s : -kMaxFinite) : kMaxFinite;
+}
+
+// Whether a row's s_max is a clamped quotient, behind which different logits may tie.
+LP_HOST_DEVICE bool saturated_score(float s_max) { return s_max >= kMaxFinite || s_max <= -kMaxFinite; }
+
+// The row's score origin x_o from its largest candidate logit x_max: x_max where x_max / T
+// overflows (a tiny temperature, or huge logits), else 0. Clamped, every logit whose x / T
+// overflows would tie at +-FLT_MAX, and the lowest index win, where the limit of
+// softmax(x / T) is the argmax; from x_max the top's scores are (x - x_max) / T, exact near
+// the top (Sterbenz), 0 at x_max, and any other logit at least 2^-25 |x_max| below it scores
+// below -2^100: the draw is then uniform over the logits equal to x_max, as the limit is.
+// Only rows whose s_max saturates (saturated_score) pay the pass that finds x_max.
+LP_HOST_DEVICE float score_origin(float x_max, float temperature) {
+  const float finite_x = x_max < kMaxFinite ? x_max : kMaxFinite;
+  const float q = finite_x / temperature;
+  return q <= kMaxFinite && q >= -kMaxFinite ? 0.0f : finite_x;
 }
 
 LP_HOST_DEVICE uint64_t token_mass(float s, float s_max) {

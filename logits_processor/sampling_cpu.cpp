@@ -139,21 +139,22 @@ int64_t count_above(const float* __restrict scores, int64_t vocab, float s) {
 }
 
 // A token's score from its logit x (greedy: x itself), -inf for a NaN or -inf logit.
-inline float row_score(float x, bool greedy, float temperature) {
-  const float s = greedy ? x : score(x, temperature);
+inline float row_score(float x, bool greedy, float temperature, float x_origin) {
+  const float s = greedy ? x : score(x, temperature, x_origin);
   return x > kNegInf ? s : kNegInf;  // NaN fails the compare
 }
 
 template <Dtype D>
-void score_logits(const void* logits, int64_t vocab, bool greedy, float temperature, float* __restrict scores) {
+void score_logits(const void* logits, int64_t vocab, bool greedy, float temperature, float x_origin,
+                  float* __restrict scores) {
 #pragma omp simd
-  for (int64_t i = 0; i < vocab; ++i) scores[i] = row_score(load_logit<D>(logits, i), greedy, temperature);
+  for (int64_t i = 0; i < vocab; ++i) scores[i] = row_score(load_logit<D>(logits, i), greedy, temperature, x_origin);
 }
 
 // In place, from the logits as apply_penalties_ stores them (penalize_span_cpu).
-void score_values(float* __restrict scores, int64_t vocab, bool greedy, float temperature) {
+void score_values(float* __restrict scores, int64_t vocab, bool greedy, float temperature, float x_origin) {
 #pragma omp simd
-  for (int64_t i = 0; i < vocab; ++i) scores[i] = row_score(scores[i], greedy, temperature);
+  for (int64_t i = 0; i < vocab; ++i) scores[i] = row_score(scores[i], greedy, temperature, x_origin);
 }
 
 // Which scores a row's buffer holds: the draw's (greedy: the logits themselves, for the
@@ -178,8 +179,7 @@ class RowSampler {
 
   // The token `sample` returns.
   int64_t sample() {
-    load_scores(r_.greedy ? Scores::Greedy : Scores::Sampling);
-    if (!scan()) return -1;
+    if (!load(r_.greedy ? Scores::Greedy : Scores::Sampling)) return -1;
     if (r_.greedy) return first_index_of(s_max_);
     cutoff_ = cutoff();
     return cutoff_.gathered ? gumbel_over_kept(cutoff_.threshold) : gumbel_over_row(cutoff_.threshold);
@@ -265,15 +265,27 @@ class RowSampler {
   // distribution's unless the row is greedy or the mode raw.
   bool distribution(bool drawn) {
     if (p_.logprobs.raw) {
-      load_scores(Scores::Raw);
       cutoff_ = {kNoKey, false};
-      return scan();
+      return load(Scores::Raw);
     }
     if (drawn && !r_.greedy) return true;
-    load_scores(r_.greedy ? Scores::Unit : Scores::Sampling);
-    if (!scan()) return false;
+    if (!load(r_.greedy ? Scores::Unit : Scores::Sampling)) return false;
     cutoff_ = r_.greedy ? Cutoff{kNoKey, false} : cutoff();
     return true;
+  }
+
+  // The scores for `mode`, s_max and the candidate count; false if there is no candidate.
+  // Where s_max saturates, the logits' maximum x_max is found (the scores at temperature 1)
+  // and, if x_max / T overflows, the scores taken again from score_origin (sampling.h).
+  bool load(Scores mode) {
+    load_scores(mode);
+    if (!scan()) return false;
+    if (mode != Scores::Sampling || !saturated_score(s_max_)) return true;
+    load_scores(Scores::Unit);
+    scan();
+    x_origin_ = score_origin(s_max_, r_.temperature);
+    load_scores(Scores::Sampling);
+    return scan();
   }
 
   // s_max and the candidate count of the loaded scores; false if there is no candidate.
@@ -343,14 +355,15 @@ class RowSampler {
     const void* logits = logits_row(p_, row_);
     const bool greedy = mode == Scores::Greedy;
     const float temperature = mode == Scores::Sampling ? r_.temperature : 1.0f;
+    const float x_origin = mode == Scores::Sampling ? x_origin_ : 0.0f;
     if (penalty_.enabled && mode != Scores::Raw) {
       for (int64_t begin = 0; begin < p_.vocab; begin += kPenaltySpan) {  // scored while in L1
         const int64_t end = std::min(begin + kPenaltySpan, p_.vocab);
         penalize_span_cpu<D>(penalty_, logits, begin, end, scores_ + begin, true);
-        score_values(scores_ + begin, end - begin, greedy, temperature);
+        score_values(scores_ + begin, end - begin, greedy, temperature, x_origin);
       }
     } else {
-      score_logits<D>(logits, p_.vocab, greedy, temperature, scores_);
+      score_logits<D>(logits, p_.vocab, greedy, temperature, x_origin, scores_);
     }
     const int32_t* bitmask = row_bitmask(p_, row_);
     if (!bitmask || mode == Scores::Raw) return;
@@ -507,6 +520,7 @@ class RowSampler {
   Scratch& scratch_;
   float* scores_;
   float s_max_ = 0.0f;
+  float x_origin_ = 0.0f;  // the Sampling scores' score_origin (load)
   int64_t candidates_ = 0;
   Cutoff cutoff_ = {kNoKey, false};
 };

@@ -57,13 +57,12 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Spli
 }
 
 // The second kernel of a split batch: the draw of its cut_over_chunks rows, and the second
-// draw of its unfiltered rows that need one (redraw_chunk).
+// draw of its unfiltered rows that need one (RowSampler::draw_chunk).
 template <Dtype D>
 __global__ void __launch_bounds__(kThreads) split_draw_kernel(SamplingParams p, Split split) {
   __shared__ SharedState sh;
   for_each_chunk<D>(p, split, sh, [&](RowSampler<D>& sampler, int64_t row, int64_t chunk, int64_t begin, int64_t end) {
-    if (cut_over_chunks(sampler)) sampler.draw_chunk(split, row, chunk, begin, end, sh);
-    else if (!sampler.r.greedy) redraw_chunk(sampler, split, row, chunk, begin, end, sh);
+    if (!sampler.r.greedy) sampler.draw_chunk(split, row, chunk, begin, end, sh);
   });
 }
 

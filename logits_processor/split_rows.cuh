@@ -4,7 +4,8 @@
 // counts and masses only: the token is the CPU's whatever the split.
 //   - greedy and unfiltered rows: one kernel; the last block takes the best chunk winner.
 //     An unfiltered row whose s_max lies 2^8 or more from 0 is drawn again from that origin
-//     (sampling.h's draw_origin) by the second kernel's blocks (redraw_chunk).
+//     (sampling.h's draw_origin) by the second kernel's blocks (redraw_chunk), or sampled
+//     whole there where s_max saturates (its scores may move: RowSampler::rebase).
 //   - filtered rows (cut_over_chunks): two kernels of 1 pass each. In the first (count_chunk)
 //     each block counts its chunk; the last one cuts the row (cut_from_chunks). In the
 //     second (draw_chunk) each block draws over its kept tokens that the cut decides and
@@ -172,8 +173,9 @@ __device__ void single_pass_chunk(const RowSampler<D>& sampler, const Split& spl
   const uint64_t best = partials_max(split.partials(row), split.splits, sh);
   if (!sampler.r.greedy && best != kNoToken) {
     const uint32_t row_key = static_cast<uint32_t>(partials_max(split.max_keys(row), split.splits, sh));
-    if (redraw_from_origin(row_max_score(row_key))) {
-      if (threadIdx.x == 0) state.max_key = row_key, state.cut = kRedrawn;
+    if (redraw_from_origin(row_max_score(row_key))) {  // (a saturated s_max: see cut_from_chunks)
+      if (threadIdx.x == 0)
+        state.max_key = row_key, state.cut = saturated_score(row_max_score(row_key)) ? kSampledWhole : kRedrawn;
       return;
     }
   }
@@ -242,7 +244,8 @@ __device__ void cut_from_chunks(const RowSampler<D>& sampler, const Split& split
   const uint64_t max_key = partials_max(split.partials(row), split.splits, sh);
   const uint64_t candidates = block_load(state.candidates, sh);
   const unsigned int listed = block_load(state.listed, sh);
-  if (listed > kBinListCapacity) {
+  // (A saturated s_max may move the scores (RowSampler::rebase): the row goes to one block.)
+  if (listed > kBinListCapacity || saturated_score(row_max_score(static_cast<uint32_t>(max_key)))) {
     if (threadIdx.x == 0) state.cut = kSampledWhole;
     return;
   }
@@ -445,15 +448,17 @@ __device__ bool draw_top_p_bracket(RowSampler<D>& sampler, const Split& split, i
   return true;
 }
 
-// Each chunk: the draw by the row's filters (above), or the row sampled whole by one block
-// (cut_from_chunks' kSampledWhole: the chunk-0 block; a top-p bracket that missed: the last
-// block).
+// Each chunk: an unfiltered row's second draw (redraw_chunk), a filtered row's draw by its
+// filters (above), or the row sampled whole by one block (kSampledWhole: the chunk-0 block;
+// a top-p bracket that missed: the last block).
 template <Dtype D>
 __device__ void RowSampler<D>::draw_chunk(const Split& split, int64_t row, int64_t chunk, int64_t begin, int64_t end,
                                           SharedState& sh) {
   const uint64_t cut = block_load(split.rows[row].cut, sh);
   bool whole = cut == kSampledWhole && chunk == 0;
-  if (cut != kSampledWhole) {
+  if (single_pass()) {
+    if (cut == kRedrawn) redraw_chunk(*this, split, row, chunk, begin, end, sh);
+  } else if (cut != kSampledWhole) {
     const uint32_t lower = static_cast<uint32_t>(cut);
     const int bin = static_cast<int>(cut >> 32) - 1;
     if (r.top_p >= 1.0f)

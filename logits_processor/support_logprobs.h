@@ -1,8 +1,9 @@
 // Log-probabilities over a given support (token_logprobs(..., support=)), for a trainer that
 // replays a rollout: the sampler's kept set is passed back instead of being recomputed from
 // the filters. For row r with temperature T (T <= 0 or NaN: 1, as a greedy row's processed
-// distribution), scores s_i = score(x_i, T) (sampling.h) over the support's candidates
-// (bit i set, logit neither NaN nor -inf), s_max their maximum:
+// distribution), scores s_i = score(x_i, T, x_o) (sampling.h) over the support's candidates
+// (bit i set, logit neither NaN nor -inf), s_max their maximum, x_o their score_origin (0
+// unless the support's largest logit over T overflows, as for the sampler's rows):
 //   logprob_t = token_logprob(s_t, s_max, ln Z)       (sampling.h: the same arithmetic)
 //   entropy   = ln Z + (sum_i e_i (s_max - s_i)) / Z,  e_i = e^(s_i - s_max), Z = sum_i e_i
 // Both sums are fixed-point integers (two 2^30 digits per term, as sampling.h's FineMass), so
@@ -37,7 +38,7 @@ struct SupportParams : LogitsView {
   int64_t support_row_stride;
   float* logprobs;           // [rows]
   float* entropy;            // [rows]
-  double* normaliser;        // [rows, 2]: s_max and ln Z (written forward, read backward)
+  double* normaliser;        // [rows, 3]: s_max, ln Z and x_o (written forward, read backward)
   // Backward only: the incoming gradients [rows] and the gradient of the logits (contiguous,
   // the logits' dtype).
   const float* grad_logprobs;
@@ -81,9 +82,15 @@ LP_HOST_DEVICE void for_each_supported(const SupportParams& p, int64_t row, int6
 
 // Token i's score, -inf when it is not a candidate (its bit is tested by the caller).
 template <Dtype D>
-LP_HOST_DEVICE float support_score(const void* logits_row, int64_t i, float temperature) {
+LP_HOST_DEVICE float support_score(const void* logits_row, int64_t i, float temperature, float x_origin = 0.0f) {
   const float x = load_logit<D>(logits_row, i);
-  return x > kNegInf ? score(x, temperature) : kNegInf;  // NaN fails the compare
+  return x > kNegInf ? score(x, temperature, x_origin) : kNegInf;  // NaN fails the compare
+}
+
+// Row `row`'s forward values, as the normaliser holds them.
+LP_HOST_DEVICE void store_normaliser(const SupportParams& p, int64_t row, float s_max, double log_z, float x_origin) {
+  double* n = p.normaliser + 3 * row;
+  n[0] = s_max, n[1] = log_z, n[2] = x_origin;
 }
 
 // e (s_max - s) in two 2^30 fixed-point digits: the entropy's order-free sum. The term is at
@@ -111,6 +118,7 @@ LP_HOST_DEVICE float support_entropy(double log_z, FineMass z, FineMass terms) {
 struct SupportGradient {
   float s_max;
   double log_z;
+  float x_origin;
   float entropy;
   float g_logprob;
   float g_entropy;
@@ -130,7 +138,8 @@ LP_HOST_DEVICE float support_gradient(const SupportGradient& g, int64_t i, float
 // The row's SupportGradient from the forward's outputs and the incoming gradients.
 LP_HOST_DEVICE SupportGradient support_gradient_row(const SupportParams& p, int64_t row) {
   const bool token_in_support = p.logprobs[row] > kNegInf;
-  return {static_cast<float>(p.normaliser[2 * row]), p.normaliser[2 * row + 1], p.entropy[row],
+  const double* n = p.normaliser + 3 * row;
+  return {static_cast<float>(n[0]), n[1], static_cast<float>(n[2]), p.entropy[row],
           token_in_support ? p.grad_logprobs[row] : 0.0f, p.grad_entropy[row], support_temperature(p, row),
           p.token_ids[row]};
 }

@@ -14,25 +14,32 @@ template <Dtype D>
 void forward_row(const SupportParams& p, int64_t row) {
   const void* logits = logits_row(p, row);
   const float temperature = support_temperature(p, row);
-  float s_max = kNegInf;
-  for_each_supported(p, row, 0, 1, [&](int64_t i) { s_max = std::max(s_max, support_score<D>(logits, i, temperature)); });
+  const auto support_max = [&](float t, float x_origin) {
+    float m = kNegInf;
+    for_each_supported(p, row, 0, 1, [&](int64_t i) { m = std::max(m, support_score<D>(logits, i, t, x_origin)); });
+    return m;
+  };
+  float s_max = support_max(temperature, 0.0f), x_origin = 0.0f;
+  if (saturated_score(s_max)) {  // (sampling.h's score_origin, from the largest logit)
+    x_origin = score_origin(support_max(1.0f, 0.0f), temperature);
+    if (x_origin != 0.0f) s_max = support_max(temperature, x_origin);
+  }
   p.logprobs[row] = kNegInf;
   p.entropy[row] = 0.0f;
-  p.normaliser[2 * row] = s_max;
-  p.normaliser[2 * row + 1] = 0.0;
+  store_normaliser(p, row, s_max, 0.0, x_origin);
   if (!(s_max > kNegInf)) return;
   FineMass z{0, 0}, terms{0, 0};
   const int64_t token = p.token_ids[row];
   float s_token = kNegInf;
   for_each_supported(p, row, 0, 1, [&](int64_t i) {
-    const float s = support_score<D>(logits, i, temperature);
+    const float s = support_score<D>(logits, i, temperature, x_origin);
     if (!(s > kNegInf)) return;
     const FineMass m = fine_mass(s, s_max), t = entropy_mass(s, s_max);
     z.high += m.high, z.low += m.low, terms.high += t.high, terms.low += t.low;
     if (i == token) s_token = s;
   });
   const double log_z = log_normaliser(z);
-  p.normaliser[2 * row + 1] = log_z;
+  store_normaliser(p, row, s_max, log_z, x_origin);
   p.entropy[row] = support_entropy(log_z, z, terms);
   if (s_token > kNegInf) p.logprobs[row] = token_logprob(s_token, s_max, log_z);
 }
@@ -46,7 +53,7 @@ void backward_row(const SupportParams& p, int64_t row) {
   if (!(g.s_max > kNegInf)) return;
   const void* logits = logits_row(p, row);
   for_each_supported(p, row, 0, 1, [&](int64_t i) {
-    const float s = support_score<D>(logits, i, g.temperature);
+    const float s = support_score<D>(logits, i, g.temperature, g.x_origin);
     if (s > kNegInf) grad[i] = logit_bits<D>(support_gradient(g, i, s));
   });
 }

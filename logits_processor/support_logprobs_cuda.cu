@@ -25,16 +25,25 @@ __global__ void __launch_bounds__(kThreads) support_logprobs_kernel(SupportParam
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const void* logits = logits_row(p, row);
     const float temperature = support_temperature(p, row);
-    uint32_t best = kNoKey;  // keys order as scores do; no candidate keeps kNoKey
-    for_each_supported(p, row, threadIdx.x, kThreads, [&](int64_t i) {
-      const float s = support_score<D>(logits, i, temperature);
-      if (s > kNegInf && score_key(s) > best) best = score_key(s);
-    });
-    best = static_cast<uint32_t>(block_max(best, sh));
+    // The largest key over the support (keys order as scores do; no candidate keeps kNoKey).
+    const auto support_max = [&](float t, float x_origin) {
+      uint32_t best = kNoKey;
+      for_each_supported(p, row, threadIdx.x, kThreads, [&](int64_t i) {
+        const float s = support_score<D>(logits, i, t, x_origin);
+        if (s > kNegInf && score_key(s) > best) best = score_key(s);
+      });
+      return static_cast<uint32_t>(block_max(best, sh));
+    };
+    uint32_t best = support_max(temperature, 0.0f);
+    float x_origin = 0.0f;
+    if (best != kNoKey && saturated_score(key_score(best))) {  // (sampling.h's score_origin; the same for every thread)
+      x_origin = score_origin(key_score(support_max(1.0f, 0.0f)), temperature);
+      if (x_origin != 0.0f) best = support_max(temperature, x_origin);
+    }
     if (best == kNoKey) {  // (the same for every thread)
       if (threadIdx.x == 0) {
         p.logprobs[row] = kNegInf, p.entropy[row] = 0.0f;
-        p.normaliser[2 * row] = kNegInf, p.normaliser[2 * row + 1] = 0.0;
+        store_normaliser(p, row, kNegInf, 0.0, 0.0f);
       }
       continue;
     }
@@ -43,7 +52,7 @@ __global__ void __launch_bounds__(kThreads) support_logprobs_kernel(SupportParam
     FineMass z{0, 0}, terms{0, 0};
     uint64_t token_key = kNoKey;
     for_each_supported(p, row, threadIdx.x, kThreads, [&](int64_t i) {
-      const float s = support_score<D>(logits, i, temperature);
+      const float s = support_score<D>(logits, i, temperature, x_origin);
       if (!(s > kNegInf)) return;
       const FineMass m = fine_mass(s, s_max), t = entropy_mass(s, s_max);
       z.high += m.high, z.low += m.low, terms.high += t.high, terms.low += t.low;
@@ -54,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) support_logprobs_kernel(SupportParam
     token_key = block_max(token_key, sh);
     if (threadIdx.x == 0) {
       const double log_z = log_normaliser(z);
-      p.normaliser[2 * row] = s_max, p.normaliser[2 * row + 1] = log_z;
+      store_normaliser(p, row, s_max, log_z, x_origin);
       p.entropy[row] = support_entropy(log_z, z, terms);
       p.logprobs[row] = token_key == kNoKey ? kNegInf
                                             : token_logprob(key_score(static_cast<uint32_t>(token_key)), s_max, log_z);
@@ -74,7 +83,7 @@ __global__ void __launch_bounds__(kThreads) support_logprobs_backward_kernel(Sup
     for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) {
       float value = 0.0f;
       if (any && token_allowed(words, i)) {
-        const float s = support_score<D>(logits, i, g.temperature);
+        const float s = support_score<D>(logits, i, g.temperature, g.x_origin);
         if (s > kNegInf) value = support_gradient(g, i, s);
       }
       grad[i] = logit_bits<D>(value);

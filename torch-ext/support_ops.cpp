@@ -96,7 +96,7 @@ void set_outputs(lp::SupportParams& p, const Tensor& logits, const Tensor& logpr
                  const Tensor& normaliser) {
   check_output(logprobs, logits, "logprobs", ScalarType::Float);
   check_output(entropy, logits, "entropy", ScalarType::Float);
-  check_output(normaliser, logits, "normaliser", ScalarType::Double, 2);
+  check_output(normaliser, logits, "normaliser", ScalarType::Double, 3);
   p.logprobs = logprobs.mutable_data_ptr<float>();
   p.entropy = entropy.mutable_data_ptr<float>();
   p.normaliser = normaliser.mutable_data_ptr<double>();

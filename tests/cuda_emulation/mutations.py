@@ -99,6 +99,14 @@ MUTANTS = [
            "tests/cuda_emulation/test_ties_cuda.py"),
     Mutant("split-redraw", SPLIT, "    if (redraw_from_origin(row_max_score(row_key))) {", "    if (false) {",
            "fibers", AGREEMENT, "ties_split", "tests/cuda_emulation/test_ties_cuda.py"),
+    # A saturated s_max's new origin taken from the clamped scores, not the logits (tiny
+    # temperatures: every overflowed logit then ties again); and split rows with a saturated
+    # s_max cut over their chunks from the clamped scores instead of going to one block.
+    Mutant("rebase-from-scores", ROW_SAMPLER, "top = max(top, static_cast<uint64_t>(score_key(x)));",
+           "top = max(top, static_cast<uint64_t>(score_key(score(x, r.temperature))));", "fibers", AGREEMENT,
+           "tiny_temperatures_agree", "tests/cuda_emulation/test_tiny_temperatures_cuda.py"),
+    Mutant("split-saturated", SPLIT, "listed > kBinListCapacity || saturated_score(", "listed > kBinListCapacity && saturated_score(",
+           "fibers", AGREEMENT, "tiny_temperatures_split", "tests/cuda_emulation/test_tiny_temperatures_cuda.py"),
     # A load past each row's end (a vector at its tail): past the allocation at the last row.
     Mutant("row-end", BLOCK, "e < scalars + vectors; e += kThreads", "e <= scalars + vectors; e += kThreads",
            "asan", "AddressSanitizer: heap-buffer-overflow"),

@@ -175,9 +175,9 @@ def test_replay_traffic(emulation):
         backward = emulation.traffic()
     token_ids = 256 * 8  # each thread's copy of the row's token id (a scalar temperature: none)
     assert forward[0] == rows * (2 * (4 * words + 2 * kept) + token_ids), forward
-    assert forward[1] == rows * (4 + 4 + 16), forward
+    assert forward[1] == rows * (4 + 4 + 24), forward
     assert backward[1] == rows * vocab * 2, backward
-    saved = 16 + 4 + 4 + 4 + 4 + 8  # normaliser, logprob, entropy, both incoming gradients, token id
+    saved = 24 + 4 + 4 + 4 + 4 + 8  # normaliser, logprob, entropy, both incoming gradients, token id
     assert backward[0] == rows * (4 * vocab + 2 * kept + 256 * saved), backward
 
 

@@ -24,11 +24,11 @@ register_fakes("support_logprobs_backward", anchor="logits")
 def replay_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: Optional[torch.Tensor],
                     temperature_value: float, support_bitmask: Optional[torch.Tensor],
                     support_ids: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logprobs float32 [N], entropy float32 [N], normaliser float64 [N, 2]: s_max, ln Z)."""
+    """(logprobs float32 [N], entropy float32 [N], normaliser float64 [N, 3]: s_max, ln Z, x_origin)."""
     rows = logits.shape[0] if logits.dim() > 0 else 0
     logprobs = torch.empty(rows, dtype=torch.float32, device=logits.device)
     entropy = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    normaliser = torch.empty(rows, 2, dtype=torch.float64, device=logits.device)
+    normaliser = torch.empty(rows, 3, dtype=torch.float64, device=logits.device)
     ops.support_logprobs(logits, token_ids, temperature, temperature_value, support_bitmask, support_ids,
                          logprobs, entropy, normaliser)
     return logprobs, entropy, normaliser
@@ -40,7 +40,7 @@ def _(logits, token_ids, temperature, temperature_value, support_bitmask, suppor
     check_devices(logits, support=support_ids)
     rows = logits.shape[0]
     return (logits.new_empty(rows, dtype=torch.float32), logits.new_empty(rows, dtype=torch.float32),
-            logits.new_empty(rows, 2, dtype=torch.float64))
+            logits.new_empty(rows, 3, dtype=torch.float64))
 
 
 @torch.library.custom_op(add_op_namespace_prefix("replay_logprobs_backward"), mutates_args=())
