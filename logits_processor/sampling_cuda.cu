@@ -121,6 +121,7 @@ void verify_cuda(const VerifyParams& params, cudaStream_t stream) {
   dispatch_dtype(params.target.dtype, [&]<Dtype D>() {
     launch_kernel("verify_draft", verify_kernel<D>, blocks, kThreads, stream, params);
   });
+  if (params.block && params.draft_probs) verify_block_cuda(params, blocks, stream);
 }
 
 }  // namespace logits_processor

@@ -48,6 +48,7 @@ struct VerifyParams {
   int64_t draft_row_stride, draft_position_stride;
   const int64_t* num_draft_tokens;  // [rows], or null: S each
   const float* draft_probs;  // [rows, S, V] contiguous in V, or null (point masses)
+  bool block;                // block verification (below), for rows with draft_probs and T > 0
   int64_t draft_probs_row_stride, draft_probs_position_stride;
   int64_t* tokens;        // [rows, S + 1] contiguous
   int64_t* num_accepted;  // [rows]
@@ -95,17 +96,25 @@ LP_HOST_DEVICE float draft_prob(const VerifyParams& v, int64_t row, int64_t posi
 
 constexpr float kMinNormal = 1.17549435e-38f;
 
+// The position's acceptance uniform U = (k + 1/2) 2^-32, k word 0 of counter
+// (kAcceptanceGroup, stream, offset).
+LP_HOST_DEVICE float acceptance_uniform(const RowParams& r) {
+  const Philox4 counter = {{kAcceptanceGroup, r.stream, r.offset_lo, r.offset_hi}};
+  return cell_midpoint(philox4x32_10(counter, r.key0, r.key1).v[0], 2.3283064365386963e-10f);  // 2^-32
+}
+
+// ln q for a positive draft probability, q clamped to the normal floats.
+LP_HOST_DEVICE float draft_log_prob(float q) {
+  return lp_log(q < kMinNormal ? kMinNormal : (q < kMaxFinite ? q : kMaxFinite));
+}
+
 // Whether a draft with log-probability `logprob` under p_j (-inf outside the support) and
 // draft probability q is accepted. q <= 0 or NaN (a proposal the draft gave no mass) makes
 // the ratio infinite: accepted if p_j allows it.
 LP_HOST_DEVICE bool draft_accepted(const RowParams& r, float logprob, float q) {
   if (!(logprob > kNegInf)) return false;
   if (!(q > 0.0f)) return true;
-  const Philox4 counter = {{kAcceptanceGroup, r.stream, r.offset_lo, r.offset_hi}};
-  const uint32_t k = philox4x32_10(counter, r.key0, r.key1).v[0];
-  const float log_u = lp_log(cell_midpoint(k, 2.3283064365386963e-10f));  // 2^-32
-  const float log_q = lp_log(q < kMinNormal ? kMinNormal : (q < kMaxFinite ? q : kMaxFinite));
-  return log_u < lp_add(logprob, -log_q);
+  return lp_log(acceptance_uniform(r)) < lp_add(logprob, -draft_log_prob(q));
 }
 
 // ln max(0, p - q) for a token of p_j's support with log-probability `logprob` and draft
@@ -116,6 +125,19 @@ LP_HOST_DEVICE float residual_log_weight(float logprob, float q) {
   if (!(q > 0.0f)) return logprob;
   const float r = lp_add(lp_exp_nonpositive(logprob), -q);
   return r >= kMinNormal ? lp_log(r) : kNegInf;
+}
+
+// A residual's term as FineMass digits: e^w for a log-weight w <= 0 (-inf: none).
+LP_HOST_DEVICE FineMass residual_mass(float w) {
+  if (!(w > kNegInf)) return {0, 0};
+  return fine_mass(w < 0.0f ? w : 0.0f, 0.0f);
+}
+
+constexpr double kEmptyResidual = 1.0;  // a log-normaliser no residual has (Z <= 1: ln Z <= 0)
+
+// ln Z_j from the summed digits, or kEmptyResidual for Z_j = 0.
+LP_HOST_DEVICE double residual_log_normaliser(FineMass sum) {
+  return sum.high == 0 && sum.low == 0 ? kEmptyResidual : log_normaliser(sum);
 }
 
 // The draw at a position whose draft was rejected: the Gumbel-max over the residual
@@ -141,6 +163,55 @@ struct ResidualDraw {
   }
 };
 
+// Block verification (VerifyParams::block, rows with draft probabilities and temperature > 0;
+// Sun et al., "Block Verification Accelerates Speculative Decoding", ICLR 2025, Algorithm 2):
+// the drafts are kept or dropped as a block, never fewer accepted in expectation than by the
+// position-by-position rule above, with the same law of the emitted tokens. With w_0 = 1 and
+// for i = 1 .. n (draft d_{i-1}):
+//   w_i = min(w_{i-1} p_{i-1}(d_{i-1}) / q_{i-1}(d_{i-1}), 1)               (block_weight)
+//   h_i = Z_i / (Z_i + 1 - w_i),  Z_i = sum_v max(0, w_i p_i(v) - q_i(v))     for i < n,
+//   h_n = w_n                                                               (block_extends)
+// tau = the largest i with U_i <= h_i (0 if none), U_i position i-1's acceptance uniform; the
+// row emits d_0 .. d_{tau-1}, then at tau = n the bonus (sample's draw from p_n), else the
+// Gumbel-max draw at position tau's noise over max(0, w_tau p_tau - q_tau), no token excluded
+// (ResidualDraw with log-probabilities ln p_tau + ln w_tau; if that residual is empty, the
+// draw from p_tau). Z_i is a fixed-point integer sum (residual_mass), exact and order-free.
+// A position j <= n with nothing allowed ends the block there (as the bonus position: h_j =
+// w_j; emitting -1 if chosen). w_i = 0 makes every later h 0: the walk stops.
+
+// ln w_i from ln w_{i-1} and the draft's log-probability and probability (a draft outside the
+// support: -inf; q <= 0 or NaN: the ratio is infinite, w_i = 1).
+LP_HOST_DEVICE float block_weight(float log_w, float logprob, float q) {
+  if (!(logprob > kNegInf) || !(log_w > kNegInf)) return kNegInf;
+  if (!(q > 0.0f)) return 0.0f;
+  const float w = lp_add(lp_add(log_w, logprob), -draft_log_prob(q));
+  return w < 0.0f ? w : 0.0f;
+}
+
+// Whether U_i <= h_i = Z_i / (Z_i + 1 - w_i), as U_i (Z_i + (1 - w_i)) <= Z_i in double
+// arithmetic (no division; Z_i = 0 with w_i = 1 gives h_i = 1). `z` holds Z_i's digits.
+LP_HOST_DEVICE bool block_extends(const RowParams& previous, float log_w, FineMass z) {
+  const double mass = lp_dmul(lp_dadd(static_cast<double>(z.high), lp_dmul(static_cast<double>(z.low), 9.313225746154785e-10)),
+                              9.313225746154785e-10);  // (2^-30 each: fine_mass's digits)
+  const double slack = lp_dadd(1.0, -static_cast<double>(lp_exp_nonpositive(log_w)));
+  return lp_dmul(static_cast<double>(acceptance_uniform(previous)), lp_dadd(mass, slack)) <= mass;
+}
+
+// h_n = w_n: whether U_n <= w_n (as draft_accepted compares, in logs).
+LP_HOST_DEVICE bool block_reaches_end(const RowParams& previous, float log_w) {
+  return log_w > kNegInf && lp_log(acceptance_uniform(previous)) < log_w;
+}
+
+// Whether row `row` is block-verified (greedy rows and point-mass drafts are not).
+LP_HOST_DEVICE bool block_verified(const VerifyParams& v, int64_t row) {
+  return v.block && v.draft_probs && !row_params(v.target, row).greedy;
+}
+
+// Token v's term of Z_i, and its log-weight in the final draw: ln max(0, w p(v) - q(v)).
+LP_HOST_DEVICE float block_residual_log_weight(float logprob, float log_w, float q) {
+  return residual_log_weight(lp_add(logprob, log_w), q);
+}
+
 // Row b's output row, [S + 1] contiguous.
 LP_HOST_DEVICE int64_t* row_tokens(const VerifyParams& v, int64_t row) { return v.tokens + row * v.positions; }
 
@@ -150,6 +221,8 @@ void verify_cpu(const VerifyParams& params, const ParallelFor& parallel_for);
 // One launch for the batch, a block per row walking its positions; no scratch memory and no
 // host synchronisation (verify_cuda.cuh).
 void verify_cuda(const VerifyParams& params, cudaStream_t stream);
+// The block-verified rows' kernel (verify_block_cuda.cu), launched by verify_cuda.
+void verify_block_cuda(const VerifyParams& params, unsigned int blocks, cudaStream_t stream);
 #endif
 
 }  // namespace logits_processor

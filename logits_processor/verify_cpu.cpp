@@ -22,6 +22,64 @@ int64_t residual_draw(const VerifyParams& v, int64_t row, int64_t position, cons
   return draw.token();
 }
 
+// Position j's log-probability of token i, -inf outside the support.
+float support_logprob(const ProcessedDistribution& d, int64_t i) {
+  const float s = d.scores[i];
+  return s > kNegInf && s >= d.floor ? token_logprob(s, d.s_max, d.log_z) : kNegInf;
+}
+
+// Block verification's row (verify.h): the drafts kept as a block, then the last token.
+int64_t block_verify_row(const VerifyParams& v, int64_t row, CpuRowSampler& sampler) {
+  int64_t* tokens = row_tokens(v, row);
+  std::fill(tokens, tokens + v.positions, int64_t{-1});
+  const int64_t drafts = row_draft_count(v, row);
+  const int64_t vocab = v.target.vocab;
+  float log_w = 0.0f, tau_log_w = 0.0f;  // ln w_j, and ln w_tau
+  int64_t tau = 0, end = drafts;  // end: the bonus position, or the first with nothing allowed
+  ProcessedDistribution d;
+  for (int64_t j = 0; j < drafts; ++j) {
+    if (!sampler.distribution(position_target(v, j), row, position_params(v, row, j), d, drafts_before(v, row, j))) {
+      end = j;
+      break;
+    }
+    if (j > 0) {  // h_j
+      FineMass z{0, 0};
+      for (int64_t i = 0; i < vocab; ++i) {
+        const FineMass m = residual_mass(block_residual_log_weight(support_logprob(d, i), log_w, draft_prob(v, row, j, i)));
+        z.high += m.high, z.low += m.low;
+      }
+      if (block_extends(position_params(v, row, j - 1), log_w, z)) tau = j, tau_log_w = log_w;
+    }
+    const int64_t draft = draft_token(v, row, j);
+    const bool in_range = draft >= 0 && draft < vocab;
+    log_w = block_weight(log_w, in_range ? support_logprob(d, draft) : kNegInf, in_range ? draft_prob(v, row, j, draft) : 0.0f);
+    if (!(log_w > kNegInf)) {  // every later h is 0
+      end = -1;
+      break;
+    }
+  }
+  if (end >= 1 && block_reaches_end(position_params(v, row, end - 1), log_w)) tau = end;
+  for (int64_t j = 0; j < tau; ++j) tokens[j] = draft_token(v, row, j);
+  const SamplingParams target = position_target(v, tau);
+  const RowParams r = position_params(v, row, tau);
+  if (tau == end) {  // the bonus, or -1 where nothing is allowed
+    tokens[tau] = tau == drafts ? sampler.sample(target, row, r, drafts_before(v, row, tau)) : -1;
+    return tau;
+  }
+  sampler.distribution(target, row, r, d, drafts_before(v, row, tau));  // (tau < end: allowed)
+  ResidualDraw draw;
+  Philox4 bits{};
+  int64_t group = -1;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float logprob = support_logprob(d, i);
+    if (!(logprob > kNegInf)) continue;
+    if (i >> 2 != group) group = i >> 2, bits = noise_bits(r, group);
+    draw.offer(i, lp_add(logprob, tau_log_w), token_gumbel(r, i, bits.v[i & 3]), draft_prob(v, row, tau, i));
+  }
+  tokens[tau] = draw.token();
+  return tau;
+}
+
 // Row `row`'s walk: returns the number of accepted drafts, the emitted tokens written.
 int64_t verify_row(const VerifyParams& v, int64_t row, CpuRowSampler& sampler) {
   int64_t* tokens = row_tokens(v, row);
@@ -57,7 +115,9 @@ int64_t verify_row(const VerifyParams& v, int64_t row, CpuRowSampler& sampler) {
 void verify_cpu(const VerifyParams& params, const ParallelFor& parallel_for) {
   parallel_for(0, params.target.rows, 1, [&](int64_t begin, int64_t end) {
     CpuRowSampler sampler(params.target.vocab);
-    for (int64_t row = begin; row < end; ++row) params.num_accepted[row] = verify_row(params, row, sampler);
+    for (int64_t row = begin; row < end; ++row)
+      params.num_accepted[row] = block_verified(params, row) ? block_verify_row(params, row, sampler)
+                                                             : verify_row(params, row, sampler);
   });
 }
 

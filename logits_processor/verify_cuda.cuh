@@ -1,7 +1,8 @@
 // CUDA verify_draft (verify.h): verify_kernel, a block per row, walks its positions, each
 // position's distribution taken by the sampler's RowSampler (row_sampler.cuh) and its Z by
 // kept_pass (logprobs_cuda.cuh), so the CPU (verify_cpu.cpp) emits the same tokens. Compiled
-// in sampling_cuda.cu's translation unit, which launches it (verify_cuda).
+// in sampling_cuda.cu's translation unit, which launches it (verify_cuda); block-verified rows
+// are block_verify_kernel's (verify_block_cuda.cu, which includes this file's helpers).
 #pragma once
 
 #include "block_primitives.cuh"
@@ -30,14 +31,30 @@ __device__ int64_t residual_draw(const VerifyParams& v, int64_t b, int64_t posit
   return draw.token();
 }
 
+// `row` cut (false: nothing allowed), and its distribution's ln Z into *log_z.
+template <Dtype D>
+__device__ bool cut_position(RowSampler<D>& row, double* log_z, SharedState& sh) {
+  if (!row.cut(sh)) return false;
+  const KeptPass k = kept_pass(row, kNegInf);
+  *log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
+  return true;
+}
+
+// Position `position`'s RowSampler over `target` (position_target's, which it references).
+template <Dtype D>
+__device__ RowSampler<D> position_sampler(const VerifyParams& v, const SamplingParams& target, int64_t b,
+                                          int64_t position, SharedState& sh) {
+  return RowSampler<D>{target, position_params(v, b, position), logits_row(target, b), row_bitmask(target, b),
+                       block_row_penalty_view(target, b, sh, drafts_before(v, b, position)), 0.0f, kNoKey,
+                       sh.staged_words};
+}
+
 // The token a position emits (the draft itself when accepted; -1 if nothing is allowed).
 template <Dtype D>
 __device__ int64_t position_token(const VerifyParams& v, int64_t b, int64_t position, int64_t draft,
                                   SharedState& sh) {
   const SamplingParams target = position_target(v, position);
-  RowSampler<D> row{target, position_params(v, b, position), logits_row(target, b), row_bitmask(target, b),
-                    block_row_penalty_view(target, b, sh, drafts_before(v, b, position)), 0.0f, kNoKey,
-                    sh.staged_words};
+  RowSampler<D> row = position_sampler<D>(v, target, b, position, sh);
   if (!v.draft_probs || row.r.greedy || position == row_draft_count(v, b)) return row.sample(sh);
   if (!row.cut(sh)) return -1;
   const float s_draft = row.kept_score(draft);
@@ -55,6 +72,7 @@ template <Dtype D>
 __global__ void __launch_bounds__(kThreads) verify_kernel(VerifyParams v) {
   __shared__ SharedState sh;
   for (int64_t b = blockIdx.x; b < v.target.rows; b += gridDim.x) {
+    if (block_verified(v, b)) continue;  // block_verify_kernel's (verify_block_cuda.cu)
     int64_t* tokens = row_tokens(v, b);
     for (int64_t j = threadIdx.x; j < v.positions; j += kThreads) tokens[j] = -1;
     const int64_t drafts = row_draft_count(v, b);

@@ -127,19 +127,6 @@ LP_HOST_DEVICE bool child_accepted(const RowParams& r, float logprob, float q, i
   return log_u < lp_add(logprob, -log_q);
 }
 
-// A residual's term as FineMass digits: e^w for a log-weight w <= 0 (-inf: none).
-LP_HOST_DEVICE FineMass residual_mass(float w) {
-  if (!(w > kNegInf)) return {0, 0};
-  return fine_mass(w < 0.0f ? w : 0.0f, 0.0f);
-}
-
-constexpr double kEmptyResidual = 1.0;  // a log-normaliser no residual has (Z <= 1: ln Z <= 0)
-
-// ln Z_j from the summed digits, or kEmptyResidual for Z_j = 0.
-LP_HOST_DEVICE double residual_log_normaliser(FineMass sum) {
-  return sum.high == 0 && sum.low == 0 ? kEmptyResidual : log_normaliser(sum);
-}
-
 // lr_j(v) from lr_{j-1}(v) (a token not yet rejected), q(v) and ln Z_j: the normalised
 // residual, at most 0; -inf where the residual is 0; lr_{j-1}(v) for an empty residual.
 LP_HOST_DEVICE float residual_logprob(float previous, float q, double log_z) {

@@ -66,6 +66,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           LP_DRAW_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "Tensor? bitmask, "
           LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          "bool block_verification, "
           "Tensor(a!) tokens, "
           "Tensor(b!) num_accepted"
           ") -> ()");

@@ -125,7 +125,8 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
                   const std::optional<Tensor>& num_draft_tokens,
                   const std::optional<Tensor>& draft_probs, LP_FILTER_ARGUMENTS(LP_PARAMETER)
                   LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
-                  LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const Tensor& tokens, const Tensor& num_accepted);
+                  LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) bool block_verification, const Tensor& tokens,
+                  const Tensor& num_accepted);
 
 // verify_tree_ops.cpp
 void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, const Tensor& next_token,

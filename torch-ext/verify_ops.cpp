@@ -40,7 +40,8 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
                   const std::optional<Tensor>& num_draft_tokens,
                   const std::optional<Tensor>& draft_probs, LP_FILTER_ARGUMENTS(LP_PARAMETER)
                   LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
-                  LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const Tensor& tokens, const Tensor& num_accepted) {
+                  LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) bool block_verification, const Tensor& tokens,
+                  const Tensor& num_accepted) {
   check_logits_dtype(target_logits, "target_logits");
   check_device_supported(target_logits, "target_logits");
   CHECK_ARG(target_logits.dim() == 3 && target_logits.size(1) >= 1 &&
@@ -76,6 +77,9 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
     draft_counts = row_parameter(*num_draft_tokens, position0, "num_draft_tokens", ScalarType::Long);
   if (draft_probs.has_value())
     check_position_tensor(*draft_probs, "draft_probs", ScalarType::Float, "float32", target_logits, drafts, vocab);
+  CHECK_ARG(!block_verification || draft_probs.has_value(),
+            "block_verification needs draft_probs (the drafts' distributions; point-mass drafts are verified "
+            "position by position)");
   if (bitmask.has_value())
     check_position_tensor(*bitmask, "bitmask", ScalarType::Int, "int32", target_logits, positions, -1);
   check_output(tokens, position0, "tokens", ScalarType::Long, positions);
@@ -116,6 +120,7 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
     v.draft_probs_row_stride = draft_probs->stride(0);
     v.draft_probs_position_stride = draft_probs->stride(1);
   }
+  v.block = block_verification;
   v.tokens = tokens.mutable_data_ptr<int64_t>();
   v.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
   run_verify(v, target_logits);

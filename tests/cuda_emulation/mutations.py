@@ -36,6 +36,7 @@ SUPPORT = "logits_processor/support_logprobs_cuda.cu"
 LOGPROBS = "logits_processor/logprobs_cuda.cuh"
 VERIFY = "logits_processor/verify_cuda.cuh"
 TREE = "logits_processor/verify_tree_cuda.cu"
+BLOCK_VERIFY = "logits_processor/verify_block_cuda.cu"
 AGREEMENT = "AssertionError"
 
 
@@ -149,6 +150,11 @@ MUTANTS = [
     Mutant("tree-residual-noise", TREE, "token_gumbel(row.r, i, noise(row.r, i))",
            "token_gumbel(row.r, i, noise(row.r, i + 1))", "fibers", AGREEMENT, "sampled_siblings",
            "tests/cuda_emulation/test_verify_tree_cuda.py"),
+    # Block verification's last draw forgets the block's weight w_tau (max(0, p - q) instead of
+    # max(0, w_tau p - q)).
+    Mutant("block-residual-weight", BLOCK_VERIFY, "if (block_extends(position_params(v, b, j - 1), log_w, z)) tau = j, tau_log_w = log_w;",
+           "if (block_extends(position_params(v, b, j - 1), log_w, z)) tau = j, tau_log_w = 0.0f;", "fibers",
+           AGREEMENT, "block_verification_agrees", "tests/cuda_emulation/test_verify_cuda.py"),
     # A node's penalties count its path without its own token (the path one node short).
     Mutant("tree-path-short", TREE, "block_row_penalty_view(target, b, sh, path_before(t, b, column))",
            "block_row_penalty_view(target, b, sh, path_before(t, b, column > 0 ? column - 1 : 0))", "fibers",

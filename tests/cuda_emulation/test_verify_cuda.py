@@ -1,6 +1,7 @@
 """verify_draft's CUDA kernel against the CPU implementation, bit for bit, in the CUDA emulation:
 every path of the sampler per row, drafts accepted in long runs, rejected and forbidden, rows
-and positions of a padded buffer, penalties along the drafts, on GPUs of 1 and 132 SMs."""
+and positions of a padded buffer, penalties along the drafts, block verification, on GPUs of 1
+and 132 SMs."""
 
 import pytest
 import torch
@@ -49,19 +50,27 @@ def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, drafts
                        lp_cpu.verify_draft(target, drafts, counts, bitmask=bitmask, **params).tokens)
     target = padded
     seeds = dict(seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
-    for draft_probs, order in [(q, "joint"), (None, "joint"), (q, "top_k_first")]:
+    blocks = []
+    for draft_probs, order, block in [(q, "joint", False), (None, "joint", False), (q, "top_k_first", False),
+                                      (q, "joint", True), (q, "top_k_first", True)]:
         for rng in (seeds, dict(seed=5, offset=9)):
-            kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, **rng, filter_apply_order=order)
+            kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, **rng, filter_apply_order=order,
+                          block_verification=block)
             expected = lp_cpu.verify_draft(target, drafts, counts, **kwargs)
             before = emulation.launches()
             with emulation.gpu(sms) as lp:
                 got = lp.verify_draft(target, drafts, counts, **kwargs)
-            assert emulation.launches() == before + 1  # one launch for the batch
+            # One launch for the batch; block verification's rows have a kernel of their own.
+            assert emulation.launches() == before + (2 if block else 1)
             assert torch.equal(got.tokens, expected.tokens), (got.tokens != expected.tokens).nonzero().tolist()
             assert torch.equal(got.num_accepted, expected.num_accepted)
-    # The case exercised long accepted runs, rejections and empty positions.
-    assert expected.num_accepted.max() >= 2 and (expected.num_accepted < counts).any()
-    assert (expected.tokens == -1).any()
+            if block:
+                blocks.append(expected)
+    # The case exercised long accepted runs, rejections and empty positions, with and
+    # without block verification.
+    for result in (expected, *blocks):
+        assert result.num_accepted.max() >= 2 and (result.num_accepted < counts).any()
+    assert (expected.tokens == -1).any() and any((b.tokens == -1).any() for b in blocks)
 
 
 @pytest.mark.emulation
@@ -79,15 +88,42 @@ def test_cuda_kernel_agrees_with_cpu_with_penalties(emulation, lp_cpu, sms, dtyp
     q = torch.softmax(target[:, :-1].float() + torch.randn(rows, drafts_count, vocab, generator=g), -1)
     params = verify_row_params(rows, g)
     deepest = 0
-    for draft_probs, order in [(q, "vllm"), (None, "bias_last"), (None, "vllm")]:
+    for draft_probs, order, block in [(q, "vllm", False), (None, "bias_last", False), (None, "vllm", False),
+                                      (q, "bias_last", True)]:
         penalties = lp_cpu.Penalties(prompt_mask, output_counts, **kwargs | dict(penalty_order=order))
-        call = dict(draft_probs=draft_probs, seed=5, offset=9, **params)
+        call = dict(draft_probs=draft_probs, seed=5, offset=9, **params, block_verification=block)
         expected = lp_cpu.verify_draft(target, drafts, counts, penalties=penalties, **call)
         before = emulation.launches()
         with emulation.gpu(sms) as lp:
             got = lp.verify_draft(target, drafts, counts, penalties=lp.Penalties(*penalties), **call)
-        assert emulation.launches() == before + 1  # one launch for the batch
+        assert emulation.launches() == before + (2 if block else 1)  # (block verification: its own kernel)
         assert torch.equal(got.tokens, expected.tokens), (got.tokens != expected.tokens).nonzero().tolist()
         assert torch.equal(got.num_accepted, expected.num_accepted)
         deepest = max(deepest, int(expected.num_accepted.max()))
     assert deepest >= 2  # positions with drafts before them
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
+@pytest.mark.parametrize("rows,drafts_count,vocab", [(24, 4, 45)] if SANITIZED else [(48, 5, 45), (16, 4, 3000)])
+def test_cuda_block_verification_agrees_with_cpu(emulation, lp_cpu, sms, rows, drafts_count, vocab):
+    """Block verification with drafts drawn from a drafter near the target, so that blocks end
+    inside the drafts (1 <= tau < n, where the last draw is over max(0, w_tau p - q)) as well
+    as at 0 and n; per-row filters, a bitmask per position."""
+    g = torch.Generator().manual_seed(3100 + rows * vocab + sms)
+    target = torch.randn(rows, drafts_count + 1, vocab, generator=g) * 2
+    q = torch.softmax(target[:, :-1] + torch.randn(rows, drafts_count, vocab, generator=g) * 0.7, -1)
+    drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).view(rows, drafts_count)
+    bitmask = random_bitmask(rows * (drafts_count + 1), vocab, g, "words").view(rows, drafts_count + 1, -1)
+    bitmask |= torch.where(torch.rand(rows, drafts_count + 1, 1, generator=g) < 0.8, -1, 0).int()  # most allow all
+    params = verify_row_params(rows, g)
+    params["temperature"] = params["temperature"].clamp(min=0.5)  # (block verification: rows with T > 0)
+    kwargs = dict(draft_probs=q, bitmask=bitmask, seed=torch.randint(0, 2**62, (rows,), generator=g), offset=3,
+                  block_verification=True, **params)
+    expected = lp_cpu.verify_draft(target, drafts, **kwargs)
+    with emulation.gpu(sms) as lp:
+        got = lp.verify_draft(target, drafts, **kwargs)
+    assert torch.equal(got.tokens, expected.tokens), (got.tokens != expected.tokens).nonzero().tolist()
+    assert torch.equal(got.num_accepted, expected.num_accepted)
+    inside = (expected.num_accepted >= 1) & (expected.num_accepted < drafts_count)
+    assert inside.sum() >= 3 and (expected.num_accepted == 0).any()

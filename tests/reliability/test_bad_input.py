@@ -304,6 +304,7 @@ def _verify_cases() -> list[Case]:
         ("verify-num_draft_tokens-negative", "num_draft_tokens", verify(num_draft_tokens=torch.full((B,), -1))),
         ("verify-num_draft_tokens-wrong-length", "num_draft_tokens", verify(num_draft_tokens=lambda t: t.ids2)),
         ("verify-num_draft_tokens-float", "num_draft_tokens", verify(num_draft_tokens=lambda t: t.row_f32)),
+        ("verify-block_verification-without-draft_probs", "block_verification", verify(block_verification=True)),
         ("verify-draft_probs-narrow", "draft_probs", verify(draft_probs=lambda t: t.draft_probs[..., :V - 1])),
         ("verify-draft_probs-one-position", "draft_probs", verify(draft_probs=lambda t: t.draft_probs[:, :1])),
         ("verify-draft_probs-float16", "draft_probs", verify(draft_probs=lambda t: t.draft_probs.half())),

@@ -40,6 +40,7 @@ def verify_draft(
     bitmask: Optional[torch.Tensor] = None,
     filter_apply_order: str = "joint",
     penalties: Optional[Penalties] = None,
+    block_verification: bool = False,
     out: Optional[VerifiedDraft] = None,
 ) -> VerifiedDraft:
     """Speculative-decoding verification: the longest accepted prefix of each row's drafts, then
@@ -68,6 +69,14 @@ def verify_draft(
     without penalties, token for token. The state is only read: count the emitted tokens with
     `update_output_counts_` afterwards.
 
+    With ``block_verification=True`` (draft_probs needed), block verification (Sun et al.,
+    "Block Verification Accelerates Speculative Decoding", ICLR 2025, Algorithm 2): with w_0 = 1,
+    w_i = min(w_{i-1} p_{i-1}(d_{i-1}) / q_{i-1}(d_{i-1}), 1), h_i = Z_i / (Z_i + 1 - w_i) with
+    Z_i = sum_v max(0, w_i p_i(v) - q_i(v)) for i < n and h_n = w_n, the row keeps its first tau
+    drafts, tau the largest i whose uniform is at most h_i (0 if none), then emits the bonus
+    (tau = n) or a token drawn from max(0, w_tau p_tau - q_tau). The exact rule:
+    logits_processor/verify.h.
+
     Args:
         target_logits (torch.Tensor): ``[B, S + 1, V]``, float32/float16/bfloat16; position j
             scores the token after j accepted drafts.
@@ -88,6 +97,9 @@ def verify_draft(
             mask (XGrammar's layout; the matcher advanced over the drafts, then rolled back);
             default every token allowed.
         filter_apply_order (str): as in `sample`; default ``"joint"``.
+        block_verification (bool): with draft_probs, verify the drafts as a block (Sun et al.,
+            ICLR 2025: the same law of the emitted tokens, never fewer accepted drafts in
+            expectation; below); default False. Greedy rows are verified position by position.
         penalties (Penalties, optional): as in `sample` (state rows, penalty values and logit
             biases per row b, the same at every position), with each position's drafts before it
             counted as above; default none.
@@ -108,7 +120,8 @@ def verify_draft(
         )
     call(ops, "verify_draft", *out, target_logits=target_logits, draft_token_ids=draft_token_ids,
          num_draft_tokens=num_draft_tokens, draft_probs=draft_probs, **arguments,
-         filter_apply_order=filter_apply_order, bitmask=bitmask, **penalty_arguments)
+         filter_apply_order=filter_apply_order, bitmask=bitmask, **penalty_arguments,
+         block_verification=bool(block_verification))
     return VerifiedDraft(*out)
 
 

@@ -1,0 +1,108 @@
+// CUDA block verification (verify.h's block_weight and the rest): block_verify_kernel, a block
+// per block-verified row (grid-stride), the CPU's block_verify_row (verify_cpu.cpp) over the
+// verify_draft helpers of verify_cuda.cuh. verify_cuda launches it after verify_kernel, which
+// skips these rows: a kernel and translation unit of its own, so that neither kernel's stack
+// holds both walks (together they needed 2 KiB on sm_80-sm_90).
+#include "cuda_utils.cuh"
+#include "verify_cuda.cuh"
+
+namespace logits_processor {
+namespace {
+
+// The draw at tau when the block stops short of the end: from the residual
+// max(0, w_tau p_tau - q_tau) over `row`'s kept set (cut, log_z its distribution's).
+template <Dtype D>
+__device__ int64_t block_residual_draw(const VerifyParams& v, int64_t b, int64_t tau, const RowSampler<D>& row,
+                                       double log_z, float tau_log_w, SharedState& sh) {
+  ResidualDraw draw;
+  NoiseWords noise;
+  row.for_each_candidate([&](int64_t i, float s) {
+    if (score_key(s) < row.threshold) return;
+    draw.offer(i, lp_add(token_logprob(s, row.s_max, log_z), tau_log_w), token_gumbel(row.r, i, noise(row.r, i)),
+               draft_prob(v, b, tau, i));
+  });
+  draw.residual = block_max(draw.residual, sh);
+  draw.target = block_max(draw.target, sh);
+  return draw.token();
+}
+
+// Block verification's row (verify.h), the CPU's block_verify_row: returns tau, the tokens
+// written (thread 0). One walk over positions 0, 1, ... until the block ends, then position
+// tau once more for its token, so the kernel holds one RowSampler, one cut and one pass of
+// each kind (the bonus is sample's draw: the cut's kept set from the cut's origin).
+template <Dtype D>
+__device__ int64_t block_verify_row(const VerifyParams& v, int64_t b, SharedState& sh) {
+  const int64_t drafts = row_draft_count(v, b);
+  float log_w = 0.0f, tau_log_w = 0.0f;  // ln w_j, and ln w_tau
+  int64_t tau = 0, end = drafts;  // end: the bonus position, the first with nothing allowed, or -1 (w = 0)
+  int64_t last = -1;
+  SamplingParams target;  // each position's (position_target), which the sampler references
+  bool emitting = drafts == 0;
+  for (int64_t j = 0;; ++j) {
+    const int64_t position = emitting ? tau : j;
+    target = position_target(v, position);
+    RowSampler<D> row = position_sampler<D>(v, target, b, position, sh);
+    double log_z;
+    const bool allowed = cut_position(row, &log_z, sh);
+    if (emitting) {
+      if (tau != end) last = block_residual_draw(v, b, tau, row, log_z, tau_log_w, sh);  // (allowed)
+      else if (tau == drafts && allowed) last = unpack_or_none(row.gumbel_argmax(at_least(row.threshold), sh, 0, row.p.vocab));
+      break;  // (tau == end < drafts: nothing allowed there, -1)
+    }
+    bool ends = !allowed;
+    if (!allowed) {
+      end = j;
+    } else {
+      if (j > 0) {  // h_j
+        uint64_t high = 0, low = 0;
+        row.for_each_candidate([&](int64_t i, float s) {
+          if (score_key(s) < row.threshold) return;
+          const FineMass m = residual_mass(
+              block_residual_log_weight(token_logprob(s, row.s_max, log_z), log_w, draft_prob(v, b, j, i)));
+          high += m.high, low += m.low;
+        });
+        const FineMass z{block_sum(high, sh), block_sum(low, sh)};
+        if (block_extends(position_params(v, b, j - 1), log_w, z)) tau = j, tau_log_w = log_w;
+      }
+      const int64_t draft = draft_token(v, b, j);
+      const float s_draft = row.kept_score(draft);
+      const float logprob = s_draft > kNegInf ? token_logprob(s_draft, row.s_max, log_z) : kNegInf;
+      log_w = block_weight(log_w, logprob, s_draft > kNegInf ? draft_prob(v, b, j, draft) : 0.0f);
+      if (!(log_w > kNegInf)) end = -1, ends = true;  // every later h is 0
+      else ends = j + 1 == drafts;
+    }
+    if (ends) {
+      if (end >= 1 && block_reaches_end(position_params(v, b, end - 1), log_w)) tau = end;
+      emitting = true;
+    }
+  }
+  int64_t* tokens = row_tokens(v, b);
+  if (threadIdx.x == 0) {
+    for (int64_t j = 0; j < tau; ++j) tokens[j] = draft_token(v, b, j);
+    tokens[tau] = last;
+  }
+  return tau;
+}
+
+template <Dtype D>
+__global__ void __launch_bounds__(kThreads) block_verify_kernel(VerifyParams v) {
+  __shared__ SharedState sh;
+  for (int64_t b = blockIdx.x; b < v.target.rows; b += gridDim.x) {
+    if (!block_verified(v, b)) continue;  // verify_kernel's
+    int64_t* tokens = row_tokens(v, b);
+    for (int64_t j = threadIdx.x; j < v.positions; j += kThreads) tokens[j] = -1;
+    __syncthreads();  // the -1 padding is written before the tokens (other threads' columns)
+    const int64_t tau = block_verify_row<D>(v, b, sh);
+    if (threadIdx.x == 0) v.num_accepted[b] = tau;
+  }
+}
+
+}  // namespace
+
+void verify_block_cuda(const VerifyParams& params, unsigned int blocks, cudaStream_t stream) {
+  dispatch_dtype(params.target.dtype, [&]<Dtype D>() {
+    launch_kernel("verify_draft(block_verification=True)", block_verify_kernel<D>, blocks, kThreads, stream, params);
+  });
+}
+
+}  // namespace logits_processor
