@@ -29,6 +29,9 @@ void run_parallel_for(int64_t begin, int64_t end, int64_t grain,
 // The CUDA emulation build (tests/cuda_emulation/) runs the CUDA kernels, emulated, on CPU
 // tensors: everything from validation to the launch is the ops' CUDA path.
 inline bool uses_cuda_kernels(const Tensor&) { return true; }
+// Whether the binding may read t on the host before a launch: its tensors are host memory,
+// unless a test has them treated as device memory (cuda_emulation::tensors_are_device_memory).
+inline bool host_readable(const Tensor& t) { return t.is_cpu() && !cuda_emulation::tensors_are_device_memory(); }
 
 struct CudaLaunchContext {
   explicit CudaLaunchContext(const Tensor&) {}
@@ -36,6 +39,8 @@ struct CudaLaunchContext {
 };
 #else
 inline bool uses_cuda_kernels(const Tensor& t) { return !t.is_cpu(); }
+// Whether the binding may read t on the host before a launch (device tensors never are: no sync).
+inline bool host_readable(const Tensor& t) { return t.is_cpu(); }
 
 #if defined(CUDA_KERNEL)
 // The tensor's GPU made current, and its current stream, for a launch.

@@ -84,7 +84,7 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
     check_position_tensor(*bitmask, "bitmask", ScalarType::Int, "int32", target_logits, positions, -1);
   check_output(tokens, position0, "tokens", ScalarType::Long, positions);
   check_output(num_accepted, position0, "num_accepted", ScalarType::Long);
-  if (draft_token_ids.is_cpu()) {
+  if (host_readable(draft_token_ids)) {
     // Host memory: the counts and drafts are checked here; device tensors are not read on
     // the host (no sync), and the kernel clamps the counts and rejects drafts outside [0, V).
     const int64_t* counts = draft_counts ? draft_counts->const_data_ptr<int64_t>() : nullptr;

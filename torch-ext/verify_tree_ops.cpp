@@ -122,7 +122,7 @@ void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, con
   check_output(num_accepted, root, "num_accepted", ScalarType::Long);
   // Host trees are checked here; device trees are not read on the host (no sync): the kernel
   // stays bounded on any links (verify_tree.h).
-  if (next_token.is_cpu() && next_sibling.is_cpu() && draft_token_ids.is_cpu())
+  if (host_readable(next_token) && host_readable(next_sibling) && host_readable(draft_token_ids))
     check_host_tree(draft_token_ids, next_token, next_sibling, vocab);
 
   lp::TreeParams t{};

@@ -136,6 +136,11 @@ namespace cuda_emulation {
 
 void syncthreads();
 
+// Whether the binding must treat its tensors as device memory, not read on the host (the tests'
+// lp_emulation_set_device_tensors): then what only the kernels guard against, such as a device
+// tree's links, reaches them as it would on a GPU.
+bool tensors_are_device_memory();
+
 // Stops the launch with this message (a CUDA contract broken by the kernel code).
 [[noreturn]] void contract_violation(const char* message);
 

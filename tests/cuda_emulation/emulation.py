@@ -62,6 +62,17 @@ class Emulation:
         finally:
             self.configure()
 
+    @contextmanager
+    def device_tensors(self):
+        """Inside the body the binding treats every tensor as device memory, which it does not
+        read on the host (dispatch.h's host_readable): inputs only the kernels guard against,
+        such as a device tree's links, reach them as they would on a GPU."""
+        self._lib.lp_emulation_set_device_tensors(1)
+        try:
+            yield
+        finally:
+            self._lib.lp_emulation_set_device_tensors(0)
+
     def launches(self) -> int:
         """Kernel launches so far (that ran: injected failures do not count)."""
         return self._lib.lp_emulation_launches()

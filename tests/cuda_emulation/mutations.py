@@ -37,6 +37,7 @@ LOGPROBS = "logits_processor/logprobs_cuda.cuh"
 VERIFY = "logits_processor/verify_cuda.cuh"
 TREE = "logits_processor/verify_tree_cuda.cu"
 BLOCK_VERIFY = "logits_processor/verify_block_cuda.cu"
+TREE_LINKS = "logits_processor/verify_tree.h"
 AGREEMENT = "AssertionError"
 
 
@@ -108,6 +109,11 @@ MUTANTS = [
            "tiny_temperatures_agree", "tests/cuda_emulation/test_tiny_temperatures_cuda.py"),
     Mutant("split-saturated", SPLIT, "listed > kBinListCapacity || saturated_score(", "listed > kBinListCapacity && saturated_score(",
            "fibers", AGREEMENT, "tiny_temperatures_split", "tests/cuda_emulation/test_tiny_temperatures_cuda.py"),
+    # A device tree's link N taken as a node (the bound off by one): the last row's walk reads
+    # past its tensors.
+    Mutant("tree-link-bound", TREE_LINKS, "value >= 0 && value < nodes ? value : -1;", "value >= 0 && value <= nodes ? value : -1;",
+           "asan", "AddressSanitizer: heap-buffer-overflow", "malformed_device_trees",
+           "tests/cuda_emulation/test_device_inputs_cuda.py"),
     # A load past each row's end (a vector at its tail): past the allocation at the last row.
     Mutant("row-end", BLOCK, "e < scalars + vectors; e += kThreads", "e <= scalars + vectors; e += kThreads",
            "asan", "AddressSanitizer: heap-buffer-overflow"),

@@ -53,6 +53,7 @@ struct Config {
   Schedule schedule = Schedule::kFibersForward;
   uint64_t seed = 0;
   cudaError_t fail_next_launch = cudaSuccess;
+  bool device_tensors = false;  // tensors_are_device_memory
 };
 
 Config config;
@@ -468,6 +469,11 @@ void run_grid(dim3 grid, dim3 block, void (*thread_main)(const void*), const voi
   leave(pool.sync_point);  // the last block's end: the outputs, before the host reads them
 }
 
+bool tensors_are_device_memory() {
+  std::lock_guard lock(launch_mutex);
+  return config.device_tensors;
+}
+
 }  // namespace cuda_emulation
 
 // --- the emulated device's runtime API ---------------------------------------------------------
@@ -545,6 +551,12 @@ void lp_emulation_set_device(int index, int major, int minor, int has_kernels) {
 void lp_emulation_fail_next_launch(int error) {
   std::lock_guard lock(cuda_emulation::launch_mutex);
   config.fail_next_launch = static_cast<cudaError_t>(error);
+}
+
+// Whether the binding treats its (host) tensors as device memory (tensors_are_device_memory).
+void lp_emulation_set_device_tensors(int on) {
+  std::lock_guard lock(cuda_emulation::launch_mutex);
+  config.device_tensors = on != 0;
 }
 
 uint64_t lp_emulation_launches() {
