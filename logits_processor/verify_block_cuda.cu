@@ -9,23 +9,6 @@
 namespace logits_processor {
 namespace {
 
-// The draw at tau when the block stops short of the end: from the residual
-// max(0, w_tau p_tau - q_tau) over `row`'s kept set (cut, log_z its distribution's).
-template <Dtype D>
-__device__ int64_t block_residual_draw(const VerifyParams& v, int64_t b, int64_t tau, const RowSampler<D>& row,
-                                       double log_z, float tau_log_w, SharedState& sh) {
-  ResidualDraw draw;
-  NoiseWords noise;
-  row.for_each_candidate([&](int64_t i, float s) {
-    if (score_key(s) < row.threshold) return;
-    draw.offer(i, lp_add(token_logprob(s, row.s_max, log_z), tau_log_w), token_gumbel(row.r, i, noise(row.r, i)),
-               draft_prob(v, b, tau, i));
-  });
-  draw.residual = block_max(draw.residual, sh);
-  draw.target = block_max(draw.target, sh);
-  return draw.token();
-}
-
 // Block verification's row (verify.h), the CPU's block_verify_row: returns tau, the tokens
 // written (thread 0). One walk over positions 0, 1, ... until the block ends, then position
 // tau once more for its token, so the kernel holds one RowSampler, one cut and one pass of
@@ -45,7 +28,7 @@ __device__ int64_t block_verify_row(const VerifyParams& v, int64_t b, SharedStat
     double log_z;
     const bool allowed = cut_position(row, &log_z, sh);
     if (emitting) {
-      if (tau != end) last = block_residual_draw(v, b, tau, row, log_z, tau_log_w, sh);  // (allowed)
+      if (tau != end) last = residual_draw(v, b, tau, row, log_z, -1, sh, tau_log_w);  // (allowed; no draft left out)
       else if (tau == drafts && allowed) last = unpack_or_none(row.gumbel_argmax(at_least(row.threshold), sh, 0, row.p.vocab));
       break;  // (tau == end < drafts: nothing allowed there, -1)
     }

@@ -14,16 +14,18 @@
 namespace logits_processor {
 namespace {
 
-// ResidualDraw over the row, the draft excluded; `row` has been cut, log_z is its
+// ResidualDraw over the row, the draft excluded, of the residual max(0, w p - q) (w = e^log_w:
+// 1 position by position, block verification's w_tau); `row` has been cut, log_z is its
 // distribution's.
 template <Dtype D>
 __device__ int64_t residual_draw(const VerifyParams& v, int64_t b, int64_t position, const RowSampler<D>& row,
-                                 double log_z, int64_t draft, SharedState& sh) {
+                                 double log_z, int64_t draft, SharedState& sh, float log_w = 0.0f) {
   ResidualDraw draw;
   NoiseWords noise;
   row.for_each_candidate([&](int64_t i, float s) {
     if (score_key(s) < row.threshold || i == draft) return;
-    draw.offer(i, token_logprob(s, row.s_max, log_z), token_gumbel(row.r, i, noise(row.r, i)),
+    // (log_w = 0 adds nothing: a logprob is never -0.0, token_logprob's sum starts from +0.)
+    draw.offer(i, lp_add(token_logprob(s, row.s_max, log_z), log_w), token_gumbel(row.r, i, noise(row.r, i)),
                draft_prob(v, b, position, i));
   });
   draw.residual = block_max(draw.residual, sh);
