@@ -14,8 +14,10 @@ import torch
 from cuda_emulation.cases import SANITIZED, assert_launched
 from op_cases import CHI_SQUARE_LIMIT, TIE_FILTERS, TIE_VALUES, chi_square, tie_dtypes, tie_row
 
-# (Sanitized builds: one case on each side of the origin's threshold, and +inf, in the three dtypes.)
-SANITIZED_CASES = {("256", torch.float32), ("1e30", torch.bfloat16), ("inf", torch.float16)}
+# (Sanitized builds: one case on each side of the origin's threshold, and +inf, in the three
+# dtypes; +inf saturates s_max, which sends split rows to one block: 256 in float16 too, whose
+# split rows are drawn again over their chunks.)
+SANITIZED_CASES = {("256", torch.float32), ("1e30", torch.bfloat16), ("inf", torch.float16), ("256", torch.float16)}
 CASES = [pytest.param(value, dtype, id=f"{value}-{str(dtype)[6:]}") for value in TIE_VALUES
          for dtype in tie_dtypes(value) if not SANITIZED or (value, dtype) in SANITIZED_CASES]
 FILTERS = ["unfiltered", "top_k", "top_p", "top_k_first"] if SANITIZED else list(TIE_FILTERS)

@@ -89,8 +89,9 @@ def test_tiny_temperature_logprobs_agree_with_cpu(emulation, lp_cpu, temperature
 
 @pytest.mark.emulation
 @pytest.mark.parametrize("temperature", TEMPERATURES)
-def test_tiny_temperature_support_logprobs_agree_with_cpu(emulation, lp_cpu, temperature):
-    logits = batch(8, 300, torch.float32, 9)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
+def test_tiny_temperature_support_logprobs_agree_with_cpu(emulation, lp_cpu, dtype, temperature):
+    logits = batch(8, 300, dtype, 9)
     g = torch.Generator().manual_seed(10)
     support = pack_bitmask(torch.rand(8, 300, generator=g) < 0.7)
     tokens = torch.nan_to_num(logits, nan=-math.inf).argmax(1)
@@ -105,4 +106,5 @@ def test_tiny_temperature_support_logprobs_agree_with_cpu(emulation, lp_cpu, tem
     with emulation.gpu(8) as lp:
         got = replay(lp)
     for a, b in zip(got, expected):
-        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+        assert torch.equal(a.view(torch.int32 if a.dtype == torch.float32 else torch.int16),
+                           b.view(torch.int32 if b.dtype == torch.float32 else torch.int16))
