@@ -22,6 +22,9 @@
 # - flashinfer.sampling's imports the image's list may lack: nvidia-ml-py (pynvml) and
 #   requests with urllib3, idna, charset-normalizer and certifi. Carried duplicates of image
 #   packages are harmless: pure-Python wheels, first on PYTHONPATH.
+# - kernel-abi-check (an abi3 wheel, no requirements): tools/variant_checks.py reads the
+#   artifact's objects with it, and tests/build/ imports that at collection (the dry run of
+#   b9845cc stopped there without it).
 # At the end every carried wheel's requirements (Requires-Dist, for CPython 3.12 on Linux) are checked:
 # each must be carried, in IMAGE (what gpu-runs.md says the image has) or in UNNEEDED (with why).
 set -euo pipefail
@@ -32,6 +35,7 @@ PY="${PYTHON:-.venv/bin/python}"
 
 WHEELS=(
   kernels==0.17.2
+  kernel-abi-check==0.14.1
   xgrammar==0.2.9
   apache-tvm-ffi==0.1.15.post2
   pydantic==2.14.4
