@@ -4,7 +4,7 @@
 // also verify_draft's), and with return_kept the draw's kept set (KeptSet: collected in that
 // pass, sorted in shared memory). Never split
 // over blocks, and a kernel of its own: its registers would lower sample_kernel's occupancy.
-// Compiled in sampling_cuda.cu's translation unit.
+// Compiled with the sampler's kernels (sampling_kernels.cuh).
 #pragma once
 
 #include "block_primitives.cuh"

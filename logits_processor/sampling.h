@@ -395,6 +395,10 @@ int64_t sample_cuda_scratch_words(int64_t splits);
 int64_t sample_cuda_zeroed_words(const SamplingParams& params);
 void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* zeroed,
                  cudaStream_t stream);
+// sample_cuda's launches for logits of dtype D (sampling_kernels.cuh; a translation unit per dtype).
+template <Dtype D>
+void sample_cuda_kernels(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* zeroed,
+                         cudaStream_t stream);
 #endif
 
 }  // namespace logits_processor

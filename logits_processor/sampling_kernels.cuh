@@ -1,13 +1,17 @@
-// The sampler's CUDA kernels and their launches: sample_kernel samples each row with a block
+// The sampler's CUDA kernels for one logits dtype: sample_kernel samples each row with a block
 // of its own (RowSampler, row_sampler.cuh) or, in a small batch, splits it over several blocks,
 // finished by split_draw_kernel (split_rows.cuh); logprobs_kernel (logprobs_cuda.cuh) and
 // verify_kernel (verify_cuda.cuh) reuse the row sampler. One kernel for the whole chain of
 // filters (two for a split batch), no sort and no float atomics, the arithmetic sampling.h's,
 // so the CPU returns the same tokens.
-// One translation unit for all four: nvcc inlines the shared device code by what every caller
-// in the unit needs (for sm_100 it keeps RowSampler::cut a call in logprobs_kernel and
-// split_draw_kernel, inlined elsewhere), so a kernel in a .cu of its own would compile to
-// other code.
+// Each dtype's four kernels are one translation unit (sampling_kernels_<dtype>.cu, which
+// instantiate sample_cuda_kernels and verify_cuda_kernel; sampling_cuda.cu dispatches): nvcc
+// inlines RowSampler<D>'s code by what the four callers need (for sm_100 it keeps
+// RowSampler::cut a call in logprobs_kernel and split_draw_kernel, inlined elsewhere), so a
+// kernel in a .cu of its own would compile to other code; and the dtypes compile in parallel
+// (one unit for all three took 300-560 s per architecture).
+#pragma once
+
 #include "block_primitives.cuh"
 #include "cuda_utils.cuh"
 #include "logprobs_cuda.cuh"
@@ -68,34 +72,9 @@ __global__ void __launch_bounds__(kThreads) split_draw_kernel(SamplingParams p, 
 
 }  // namespace
 
-int64_t sample_cuda_splits(int64_t rows, int64_t vocab) {
-  const int64_t sms = resident_block_limit(1);
-  if (rows == 0 || rows >= sms) return 1;
-  const int64_t wanted = (2 * sms + rows - 1) / rows;        // about two blocks per SM
-  const int64_t most = (vocab + kMinSplitTokens - 1) / kMinSplitTokens;  // chunks worth a block
-  const int64_t splits = wanted < most ? wanted : most;
-  return splits < 1 ? 1 : (splits > kMaxSplits ? kMaxSplits : splits);
-}
-
-int64_t sample_cuda_scratch_words(int64_t splits) { return split_scratch_words(splits); }
-
-namespace {
-
-// Whether a row of the batch may merge its key bins (merges_bins): per-row top-k or top-p,
-// or such scalars (row_params makes a NaN top_p 1).
-bool may_merge_bins(const SamplingParams& p) {
-  return p.top_k != nullptr || p.top_k_value > kMaxSplitTopK || p.top_p != nullptr || p.top_p_value < 1.0f;
-}
-
-}  // namespace
-
-int64_t sample_cuda_zeroed_words(const SamplingParams& params) {
-  return params.rows * (kSplitRowWords + (may_merge_bins(params) ? kBins : 0));
-}
-
-void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* zeroed,
-                 cudaStream_t stream) {
-  if (params.rows == 0) return;
+template <Dtype D>
+void sample_cuda_kernels(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* zeroed,
+                         cudaStream_t stream) {
   const int64_t chunk = ((params.vocab + splits - 1) / splits + 3) / 4 * 4;
   unsigned long long* merged =
       may_merge_bins(params) ? reinterpret_cast<unsigned long long*>(zeroed + params.rows * kSplitRowWords) : nullptr;
@@ -103,25 +82,18 @@ void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long lon
   const int64_t work = params.rows * splits;
   const int64_t limit = resident_block_limit(8);
   const unsigned int blocks = static_cast<unsigned int>(work < limit ? work : limit);
-  dispatch_dtype(params.dtype, [&]<Dtype D>() {
-    if (params.logprobs.enabled)
-      launch_kernel(params.logprobs.given_tokens ? "token_logprobs" : "sample_with_logprobs",
-                    logprobs_kernel<D>, blocks, kThreads, stream, params);
-    else
-      launch_kernel("sample", sample_kernel<D>, blocks, kThreads, stream, params, split);
-    if (!params.logprobs.enabled && splits > 1)
-      launch_kernel("sample", split_draw_kernel<D>, blocks, kThreads, stream, params, split);
-  });
+  if (params.logprobs.enabled)
+    launch_kernel(params.logprobs.given_tokens ? "token_logprobs" : "sample_with_logprobs", logprobs_kernel<D>,
+                  blocks, kThreads, stream, params);
+  else
+    launch_kernel("sample", sample_kernel<D>, blocks, kThreads, stream, params, split);
+  if (!params.logprobs.enabled && splits > 1)
+    launch_kernel("sample", split_draw_kernel<D>, blocks, kThreads, stream, params, split);
 }
 
-void verify_cuda(const VerifyParams& params, cudaStream_t stream) {
-  if (params.target.rows == 0) return;
-  const int64_t limit = resident_block_limit(8);
-  const unsigned int blocks = static_cast<unsigned int>(params.target.rows < limit ? params.target.rows : limit);
-  dispatch_dtype(params.target.dtype, [&]<Dtype D>() {
-    launch_kernel("verify_draft", verify_kernel<D>, blocks, kThreads, stream, params);
-  });
-  if (params.block && params.draft_probs) verify_block_cuda(params, blocks, stream);
+template <Dtype D>
+void verify_cuda_kernel(const VerifyParams& params, unsigned int blocks, cudaStream_t stream) {
+  launch_kernel("verify_draft", verify_kernel<D>, blocks, kThreads, stream, params);
 }
 
 }  // namespace logits_processor

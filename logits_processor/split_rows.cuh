@@ -106,6 +106,13 @@ __device__ bool merges_bins(const RowSampler<D>& sampler) {
   return sampler.has_top_k() ? sampler.r.top_k > kMaxSplitTopK : sampler.r.top_p < 1.0f;
 }
 
+// Whether a row of the batch may merge its key bins (merges_bins): per-row top-k or top-p,
+// or such scalars (row_params makes a NaN top_p 1). On the host: sample_cuda zeroes the merged
+// bins only then.
+inline bool may_merge_bins(const SamplingParams& p) {
+  return p.top_k != nullptr || p.top_k_value > kMaxSplitTopK || p.top_p != nullptr || p.top_p_value < 1.0f;
+}
+
 // The rest of this file is called by the whole block, like block_primitives.cuh's.
 
 // Appends the entries this block gathered into sh.wide.entries (sh.entry_count offered) to a

@@ -154,8 +154,8 @@ def compile_flags(config: dict, spec: Spec, archs: list[str], ops_name: str, inc
                   + build.gencode_flags(archs) + [build.supported_archs_flag(archs)]
                   + build.section_flags(config, "cuda", "cuda-flags"))
     if quick:
-        # A check, not a release: PTX only (no ptxas) and cicc's optimiser off, 7 s instead of
-        # 160 s for sampling_cuda.cu and one capability. What it is for: the front end (CCCL's
+        # A check, not a release: PTX only (no ptxas) and cicc's optimiser off, seconds instead
+        # of minutes for the sampler's kernels and one capability. What it is for: the front end (CCCL's
         # templates), the host code through the target's compiler, the link.
         cuda_flags = [f for f in cuda_flags if not f.startswith("-gencode")] + ["-Xcicc", "-O0"] + [
             f"-gencode=arch=compute_{n},code=compute_{n}" for n in (a.removesuffix("+PTX").replace(".", "") for a in archs)]

@@ -5,7 +5,7 @@ releases). Each build then passes check 2 (tools/variant_checks.py: ELF machine,
 entries, fatbin, Python ABI). Builds go to build-ci/ (kept: an unchanged variant is not rebuilt).
 
 The CUDA build is a quick one (tools/matrix.py's quick=True): PTX for 8.0 only, cicc's
-optimiser off, 7 s for sampling_cuda.cu instead of 160 s. It proves that the front end
+optimiser off, seconds for the sampler's kernels instead of minutes. It proves that the front end
 accepts the sources with that toolkit's CCCL and runtime headers, that the host code compiles
 with the aarch64 compiler and that the whole links into an aarch64 .so needing only what a CUDA
 torch provides; not the optimised device code (the x86_64 build of `make build` compiles that,
