@@ -74,8 +74,8 @@ def build_device_flags() -> list[str]:
 
 
 def test_build_toml_pins_ieee_float_flags():
-    assert build.section_flags(CONFIG, "cuda", "cuda-flags") == [
-        "-ftz=false", "-prec-div=true", "-prec-sqrt=true", "--fmad=false"]
+    flags = build.section_flags(CONFIG, "cuda", "cuda-flags")
+    assert {"-ftz=false", "-prec-div=true", "-prec-sqrt=true", "--fmad=false"} <= set(flags), flags
 
 
 def test_the_check_sees_fast_math(tmp_path):

@@ -7,7 +7,6 @@ or None) and `<name>_value` (the number; 0 with a tensor).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from typing import Optional, Union
 
@@ -80,7 +79,13 @@ def call(ops, op_name: str, *outputs: torch.Tensor, **arguments) -> None:
     The arguments are passed in the schema's order, not as keywords: `ops` is the calling
     module's namespace, which tests/planted_defects.py replaces by stand-ins that take
     positional arguments."""
-    values = [arguments.pop(name) for name in itertools.takewhile(arguments.__contains__, argument_names(op_name))]
+    # A plain loop: torch 2.11's Dynamo cannot trace itertools.takewhile (a graph break, so
+    # torch.compile(fullgraph=True) failed there; 2.14's can).
+    values = []
+    for name in argument_names(op_name):
+        if name not in arguments:
+            break
+        values.append(arguments.pop(name))
     if arguments:
         raise TypeError(f"{op_name}: {next(iter(arguments))!r} is not the next argument of its schema")
     getattr(ops, op_name)(*values, *outputs)
