@@ -60,7 +60,14 @@ trap cleanup EXIT
 git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$TREE" 2>/dev/null || true
 cp -r .whl .artifact "$TREE/"
 COMMIT=$(git rev-parse HEAD)$( [ -z "$(git status --porcelain --untracked-files=no)" ] || echo -dirty)
-echo "[dryrun] tree for commit $COMMIT: $(du -sh "$TREE" | cut -f1) in $TREE"
+# The device tool sends the tree and the carried folders together, 64 MiB at most: over it the
+# one GPU attempt would not start.
+bytes=$(du -sb "$TREE" | cut -f1)
+echo "[dryrun] tree for commit $COMMIT: $((bytes / 1048576)) MiB (the carry's limit: 64) in $TREE"
+if [ "$bytes" -gt $((64 * 1048576)) ]; then
+  echo "[dryrun] FAIL: the tree with .whl/ and .artifact/ is $((bytes / 1048576)) MiB, over the device tool's 64 MiB" >&2
+  exit 1
+fi
 
 export PIP_NO_INDEX=1 PATH="$ENV_DIR/bin:$PATH" CERTIFY_COMMIT="$COMMIT" TMPDIR="$TREE/tmp"
 unset VIRTUAL_ENV PYTHONPATH
