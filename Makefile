@@ -31,6 +31,7 @@ bench: build emulation-build
 	$(PY) benchmarks/bench.py
 	$(PY) benchmarks/bench_replay.py
 	$(PY) benchmarks/bench_tree.py
+	$(PY) benchmarks/bench_sharded.py
 
 clean:
 	rm -rf build build-asan build-emulation build-ci build-matrix

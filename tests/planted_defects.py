@@ -58,6 +58,23 @@ def _flipped_rows(call):
     return None if call["rows"] is None else call["rows"].flip(0)
 
 
+def _shard_step_with(**changed) -> Callable:
+    """sample_shard_step run as called on copies of what it writes (so bad input is still
+    rejected), then for real with `changed` arguments."""
+
+    def make(real):
+        names = [a.name for a in real.default._schema.arguments]
+
+        def op(*args):
+            call = dict(zip(names, args))
+            real(**(call | {name: call[name].clone() for name in ("state", "sums", "picks")}))
+            real(**(call | changed))
+
+        return op
+
+    return make
+
+
 def _copy_only(real):
     """apply_packed_bitmask that leaves `out` an unmasked copy of the logits."""
 
@@ -82,6 +99,7 @@ DEFECTS: dict[str, tuple[str, Callable]] = {
     "sample-ignores-bitmask": ("sample", _rerun_with(bitmask=None)),
     "sample-ignores-filter_apply_order": ("sample", _rerun_with(filter_apply_order="joint")),
     "kept-set-ignores-top_p": ("sample_with_kept", _rerun_with(top_p=None, top_p_value=1.0)),
+    "sharded-ignores-bitmask": ("sample_shard_step", _shard_step_with(bitmask=None)),
     # The fused penalties dropped: sample as if called without penalties=.
     "sample-ignores-penalties": ("sample", _rerun_with(
         prompt_mask=None, output_counts=None, repetition_penalty=None, repetition_penalty_value=1.0,
@@ -116,7 +134,7 @@ def plant(kernel: ModuleType, defect: str) -> None:
         return
     name, make = DEFECTS[defect]
     ops = _OpsWithDefect(kernel._ops.ops, name, make(getattr(kernel._ops.ops, name)))
-    for caller in (kernel._bitmask, kernel._sampling, kernel._penalties):
+    for caller in (kernel._bitmask, kernel._sampling, kernel._penalties, kernel._sharded):
         caller.ops = ops
     kernel.planted_defect = defect
 

@@ -135,15 +135,15 @@ RowView output_counts_view(const Tensor& output_counts) {
 
 }  // namespace
 
-PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args) {
+PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args, int64_t vocab) {
   const Tensor& prompt_mask = *args.prompt_mask;
   const Tensor& output_counts = *args.output_counts;
   const RowView lv = row_view(logits, "logits");
+  if (vocab < 0) vocab = lv.width;
   const RowView mv = state_view(prompt_mask, logits, "logits", "prompt_mask");
-  check_prompt_mask_width(mv, lv.width);
+  check_prompt_mask_width(mv, vocab);
   const RowView cv = state_view(output_counts, logits, "logits", "output_counts");
-  CHECK_ARG(cv.width == lv.width, "output_counts must have V = ", lv.width,
-            " columns (the logits' width), got ", cv.width);
+  CHECK_ARG(cv.width == vocab, "output_counts must have V = ", vocab, " columns (the vocabulary), got ", cv.width);
   CHECK_ARG(cv.rows == mv.rows, "output_counts must have as many rows as prompt_mask (", mv.rows,
             "), got ", cv.rows);
   PenaltyCall call;
@@ -176,7 +176,7 @@ PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args) {
     const RowView iv = row_view(ids, "logit_bias_ids");
     if (ids.is_cpu() && ids.numel() > 0) {
       const auto [lo, hi] = host_int64_range(ids);
-      CHECK_ARG(lo >= -1 && hi < lv.width, "logit_bias_ids must lie in [0, ", lv.width,
+      CHECK_ARG(lo >= -1 && hi < vocab, "logit_bias_ids must lie in [0, ", vocab,
                 ") or be -1 (padding), got values in [", lo, ", ", hi, "]");
     }
     const Tensor& values = *args.logit_bias_values;

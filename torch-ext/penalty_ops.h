@@ -22,7 +22,8 @@ struct PenaltyCall {
   std::optional<Tensor> rows, repetition, frequency, presence, bias_values;
 };
 
-// Validates `args`, whose prompt_mask and output_counts are given.
-PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args);
+// Validates `args`, whose prompt_mask and output_counts are given, for a vocabulary of `vocab`
+// tokens (-1: the logits' width; sample_sharded's shards: the whole vocabulary's).
+PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args, int64_t vocab = -1);
 
 HIDDEN_NAMESPACE_END(binding)

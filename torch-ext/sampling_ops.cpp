@@ -74,7 +74,7 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   return call;
 }
 
-void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& a) {
+void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& a, int64_t vocab) {
   if (!a.prompt_mask.has_value() && !a.output_counts.has_value()) {
     CHECK_ARG(!a.repetition_penalty.has_value() && a.repetition_penalty_value == 1.0 &&
                   !a.frequency_penalty.has_value() && a.frequency_penalty_value == 0.0 &&
@@ -86,7 +86,7 @@ void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArgume
   }
   CHECK_ARG(a.prompt_mask.has_value(), "prompt_mask must be given with output_counts");
   CHECK_ARG(a.output_counts.has_value(), "output_counts must be given with prompt_mask");
-  call.penalty = penalty_call(logits, a);
+  call.penalty = penalty_call(logits, a, vocab);
   call.params.penalties = call.penalty.penalties;
 }
 

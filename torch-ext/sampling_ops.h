@@ -33,7 +33,8 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
                            const DrawArguments& draws, const std::optional<Tensor>& bitmask);
 
 // The sampler ops' fused penalties (and verify_draft's), validated against the [B, V] logits:
-// every one of them with the state (prompt_mask and output_counts), none without it.
-void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& args);
+// every one of them with the state (prompt_mask and output_counts), none without it. `vocab`:
+// the state's width (-1: the logits').
+void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& args, int64_t vocab = -1);
 
 HIDDEN_NAMESPACE_END(binding)

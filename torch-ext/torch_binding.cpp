@@ -93,6 +93,33 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "str logprobs_mode, "
           "Tensor(a!) out"
           ") -> ()");
+  ops.def("sample_shard_step("
+          "Tensor logits, "
+          "int vocab_offset, "
+          "int vocab_size, "
+          LP_FILTER_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          LP_DRAW_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          "Tensor? bitmask, "
+          LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          "int num_logprobs, "
+          "int stage, "
+          "Tensor(a!) state, "
+          "Tensor sums_in, "
+          "Tensor picks_in, "
+          "Tensor(b!) sums, "
+          "Tensor(c!) picks"
+          ") -> ()");
+  ops.def("sample_shard_finish("
+          "Tensor state, "
+          "Tensor draw_picks, "
+          "Tensor draw_sums, "
+          "Tensor rank_sums, "
+          "int num_logprobs, "
+          "Tensor(a!) tokens, "
+          "Tensor(b!) logprobs, "
+          "Tensor(c!) logprob_token_ids, "
+          "Tensor(d!) ranks"
+          ") -> ()");
   ops.def("support_logprobs("
           LP_SUPPORT_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "Tensor(a!) logprobs, "
@@ -141,6 +168,8 @@ void impl_ops(Library& ops) {
   ops.impl("sample_with_logprobs", TORCH_BOX(&sample_with_logprobs));
   ops.impl("sample_with_kept", TORCH_BOX(&sample_with_kept));
   ops.impl("token_logprobs", TORCH_BOX(&token_logprobs));
+  ops.impl("sample_shard_step", TORCH_BOX(&sample_shard_step));
+  ops.impl("sample_shard_finish", TORCH_BOX(&sample_shard_finish));
   ops.impl("support_logprobs", TORCH_BOX(&support_logprobs));
   ops.impl("support_logprobs_backward", TORCH_BOX(&support_logprobs_backward));
   ops.impl("verify_draft", TORCH_BOX(&verify_draft));

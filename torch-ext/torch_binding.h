@@ -2,7 +2,7 @@
 
 // What registration (torch_binding.cpp) needs: one function per op, and the argument groups
 // that several ops take. Each op family's file (bitmask_ops.cpp, penalty_ops.cpp,
-// sampling_ops.cpp, verify_ops.cpp, verify_tree_ops.cpp) validates its arguments and runs the CPU or CUDA kernel.
+// sampling_ops.cpp, verify_ops.cpp, verify_tree_ops.cpp, sharded_ops.cpp) validates its arguments and runs the CPU or CUDA kernel.
 //
 // Only torch's stable ABI is used (torch/csrc/stable/*, torch/headeronly/*, and the C shim
 // they wrap), at the 2.10 feature level: the build passes -DTORCH_TARGET_VERSION for 2.10, so
@@ -134,5 +134,15 @@ void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, con
                  LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
                  const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const Tensor& tokens,
                  const Tensor& node_ids, const Tensor& num_accepted);
+
+// sharded_ops.cpp
+void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab_size,
+                       LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
+                       const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
+                       int64_t num_logprobs, int64_t stage, const Tensor& state, const Tensor& sums_in,
+                       const Tensor& picks_in, const Tensor& sums, const Tensor& picks);
+void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Tensor& draw_sums,
+                         const Tensor& rank_sums, int64_t num_logprobs, const Tensor& tokens,
+                         const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks);
 
 HIDDEN_NAMESPACE_END(binding)

@@ -26,6 +26,7 @@ TEST_FILE = {
     "apply_packed_bitmask": "tests/ops/test_bitmask.py",
     "sample": "tests/ops/test_sampling.py",
     "sample_with_kept": "tests/ops/test_kept_set.py",
+    "sample_shard_step": "tests/ops/test_sharded.py",
     "apply_penalties_": "tests/ops/test_penalties.py",
     "update_output_counts_": "tests/ops/test_penalties.py",
 }

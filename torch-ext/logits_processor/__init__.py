@@ -2,8 +2,8 @@
 
 Modules, each importing only from those above it: _ops (generated), _args (arguments as the
 ops take them) and _fakes (the ops' fake implementations), then _bitmask, _penalties,
-_replay (token_logprobs' replay over a support), _sampling, _verify and _verify_tree, one per op
-family.
+_replay (token_logprobs' replay over a support), _sampling, _sharded, _verify and _verify_tree, one
+per op family.
 """
 
 from ._bitmask import (
@@ -17,6 +17,7 @@ from ._bitmask import (
 )
 from ._penalties import Penalties, PenaltyState, apply_penalties_, penalty_state_from_tokens, update_output_counts_
 from ._sampling import KeptSet, SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
+from ._sharded import sample_sharded
 from ._verify import VerifiedDraft, verify_draft
 from ._verify_tree import VerifiedTree, verify_tree
 
@@ -37,6 +38,7 @@ __all__ = [
     "PenaltyState",
     "reset_token_bitmask",
     "sample",
+    "sample_sharded",
     "sample_with_logprobs",
     "token_logprobs",
     "verify_draft",

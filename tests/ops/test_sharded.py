@@ -1,0 +1,155 @@
+"""sample_sharded over real processes: R in {1, 2, 3, 4, 8} ranks (gloo, a file store), each
+holding an uneven slice of the vocabulary, must return on every rank the tokens, log-probabilities,
+ids and ranks that `sample` / `sample_with_logprobs` return on the whole rows, bit for bit
+(tests/sharded_cases.py builds the cases). Then the bad inputs, and the bytes each rank sends."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import SANITIZED
+from harness import names_as_subject, same_bits
+from sharded_cases import case_inputs, case_logits
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "sharded_cases.py"
+
+ROW_PARAMETERS = {
+    "temperature": [1.0, 0.0, 0.7, 2.0, 0.3, 1e-30],
+    "top_k": [0, 5, 100, 1, 3000, 10],
+    "top_p": [1.0, 0.5, 0.95, 0.0, 0.9, 0.99],
+    "min_p": [0.0, 0.1, 0.0, 0.0, 0.05, 0.0],
+    "seed": [11, 12, 13, 14, 15, 16],
+    "offset": [0, 1, 2, 3, 4, 5],
+}
+
+CASES = [
+    {"name": "plain", "gen": 1, "rows": 6, "vocab": 3001},
+    {"name": "top_k", "gen": 2, "rows": 6, "vocab": 3001, "top_k": 40, "num_logprobs": 0},
+    {"name": "top_p", "gen": 3, "rows": 6, "vocab": 3001, "top_p": 0.9, "num_logprobs": 3},
+    {"name": "joint", "gen": 4, "rows": 6, "vocab": 3001, "top_k": 50, "top_p": 0.8, "min_p": 0.01,
+     "num_logprobs": 4},
+    {"name": "top_k_first", "gen": 5, "rows": 6, "vocab": 3001, "top_k": 30, "top_p": 0.7, "min_p": 0.02,
+     "filter_apply_order": "top_k_first", "num_logprobs": 3},
+    {"name": "per_row", "gen": 6, "rows": 6, "vocab": 4099, **ROW_PARAMETERS, "num_logprobs": 5},
+    {"name": "per_row_top_k_first", "gen": 7, "rows": 6, "vocab": 4099, **ROW_PARAMETERS,
+     "filter_apply_order": "top_k_first"},
+    {"name": "ties", "gen": 8, "rows": 6, "vocab": 2000, "kind": "ties", "dtype": "bfloat16", "top_k": 10,
+     "top_p": 0.6, "num_logprobs": 6},
+    {"name": "special", "gen": 9, "rows": 6, "vocab": 1500, "kind": "special", "dtype": "float16",
+     "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_p": 0.9, "num_logprobs": 3},
+    {"name": "special_fp32", "gen": 10, "rows": 6, "vocab": 1500, "kind": "special",
+     "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_k": 3, "num_logprobs": 2},
+    {"name": "bitmask_penalties", "gen": 11, "rows": 5, "vocab": 2500, "bitmask": True, "penalties": True,
+     "top_k": 20, "top_p": 0.9, "num_logprobs": 2},
+    {"name": "greedy_bitmask", "gen": 12, "rows": 5, "vocab": 2500, "bitmask": True, "temperature": 0.0,
+     "num_logprobs": 4},
+    {"name": "llama_vocab", "gen": 13, "rows": 2, "vocab": 128256, "top_k": 50, "top_p": 0.95, "num_logprobs": 1},
+]
+
+
+def test_one_process_is_the_unsharded_sampler(lp_cpu):
+    """R = 1 in this process (no torch.distributed): every stage, no exchange."""
+    for case in CASES[:-1]:
+        kwargs = case_inputs(case, lp_cpu)
+        got = lp_cpu.sample_sharded(case_logits(case), 0, case["vocab"], **kwargs, num_logprobs=case.get("num_logprobs"))
+        got = (got,) if case.get("num_logprobs") is None else tuple(got)
+        for name, a, b in zip(("tokens", "logprobs", "logprob_token_ids", "ranks"), got, reference(lp_cpu, case)):
+            assert same_bits(a, b), f"{case['name']}: {name}\n{a}\n!=\n{b}"
+
+
+def run_world(world: int, cases: list[dict], tmp_path: Path) -> list[list[tuple]]:
+    """Each rank's results for `cases`, from `world` processes."""
+    spec = tmp_path / "cases.json"
+    spec.write_text(json.dumps(cases))
+    store = tmp_path / "store"
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(rank), str(world), str(store), str(spec),
+                               str(tmp_path / f"rank{rank}.pt")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for rank in range(world)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    for rank, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"rank {rank} of {world} failed:\n{log}"
+    return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(world)]
+
+
+def reference(lp, case: dict) -> tuple:
+    logits, kwargs = case_logits(case), case_inputs(case, lp)
+    if case.get("num_logprobs") is None:
+        return (lp.sample(logits, **kwargs),)
+    return tuple(lp.sample_with_logprobs(logits, **kwargs, num_logprobs=case["num_logprobs"]))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_every_rank_gets_the_unsharded_result(lp_cpu, world, tmp_path):
+    if SANITIZED and world > 2:  # (the ranks inherit the sanitizer: R = 1 and 2 run every case under it)
+        pytest.skip("under ASan only R = 1 and 2: the same code, a third of the time")
+    results = run_world(world, CASES, tmp_path)
+    for i, case in enumerate(CASES):
+        expected = reference(lp_cpu, case)
+        for rank in range(world):
+            got = results[rank][i]
+            for name, a, b in zip(("tokens", "logprobs", "logprob_token_ids", "ranks"), got, expected):
+                assert same_bits(a, b), f"{case['name']}, rank {rank} of {world}: {name}\n{a}\n!=\n{b}"
+
+
+MISMATCHES = [("batch", "local_logits' batch size differs across the ranks"), ("temperature", "temperature differs"),
+              ("overlap", "vocab_offset: the shards must tile")]
+
+
+def test_ranks_that_disagree_all_raise(tmp_path):
+    cases = [{"name": m, "gen": 20 + i, "rows": 3, "vocab": 500, "temperature": 1.0, "mismatch": m}
+             for i, (m, _) in enumerate(MISMATCHES)]
+    results = run_world(2, cases, tmp_path)
+    for i, (_, message) in enumerate(MISMATCHES):
+        for rank in range(2):
+            assert results[rank][i][0] == "error" and message in results[rank][i][1], (rank, results[rank][i])
+
+
+def test_shards_must_tile_the_vocabulary(lp_cpu):
+    logits = torch.randn(3, 100)
+    with pytest.raises(ValueError, match="vocab_offset: the shards cover"):
+        lp_cpu.sample_sharded(logits, 0, 120)
+    with pytest.raises(ValueError, match="vocab_offset: the shards must tile"):
+        lp_cpu.sample_sharded(logits, 20, 120)
+    with pytest.raises(RuntimeError) as e:  # the op's own check, without the exchange
+        lp_cpu.sample_sharded(logits, 30, 120, check_shards=False)
+    assert names_as_subject(str(e.value), "vocab_offset")
+
+
+@pytest.mark.parametrize("bad, argument", [
+    ({"num_logprobs": -1}, "num_logprobs"),
+    ({"vocab_size": 2**31}, "vocab_size"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"bitmask": torch.zeros(3, 4, dtype=torch.int64)}, "bitmask"),
+])
+def test_bad_arguments_are_named(lp_cpu, bad, argument):
+    logits = torch.randn(3, 100)
+    kwargs = {"vocab_offset": 0, "vocab_size": 100, **bad}
+    with pytest.raises((ValueError, RuntimeError)) as e:
+        lp_cpu.sample_sharded(logits, kwargs.pop("vocab_offset"), kwargs.pop("vocab_size"), check_shards=False,
+                              **kwargs)
+    assert names_as_subject(str(e.value), argument), str(e.value)
+
+
+def plan_bytes(lp, **filters) -> int:
+    """The bytes one rank sends per row (the exchanged tensors' sizes), from the driver's plan."""
+    plan = sys.modules[lp.sample_sharded.__module__]._Plan(**filters)
+    return 8 * sum(sum(plan.widths(stage)) for stage in range(plan.stages))
+
+
+@pytest.mark.parametrize("filters", [
+    {"top_k": False, "top_p": False, "top_k_first": False, "num_logprobs": -1},
+    {"top_k": True, "top_p": True, "top_k_first": False, "num_logprobs": -1},
+    {"top_k": True, "top_p": True, "top_k_first": True, "num_logprobs": -1},
+    {"top_k": True, "top_p": True, "top_k_first": False, "num_logprobs": 20},
+])
+def test_bytes_per_row_within_two_percent_of_the_gather(lp_cpu, filters):
+    """At V = 128256 the gather moves 4V bytes of fp32 logits per row; every path sends at most 2% of that."""
+    sent = plan_bytes(lp_cpu, **filters)
+    assert sent <= 0.02 * 4 * 128256, (filters, sent)

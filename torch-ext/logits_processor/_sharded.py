@@ -1,0 +1,212 @@
+"""Sampling from vocabulary-sharded (tensor-parallel) logits over torch.distributed:
+`sample_sharded`, `sample`'s tokens without gathering the row (the protocol:
+logits_processor/sharded.h; what each stage exchanges: docs/sharded-sampling.md)."""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from ._args import Param, call, sampler_arguments
+from ._fakes import register_fakes
+from ._ops import ops
+from ._penalties import Penalties, fused_penalty_arguments
+from ._sampling import SampleWithLogprobs
+
+# sharded.h's layout of the exchanged words (the op checks every shape against its own).
+_SELECT_LEVELS = 5
+_STATE_WORDS = 12
+
+
+def _digit_bins(level: int) -> int:
+    return 1 << (7 if level < 2 else 6)
+
+
+class _Plan(NamedTuple):
+    """sharded.h's ShardPlan: what the call's host arguments let some row need."""
+
+    top_k: bool
+    top_p: bool
+    top_k_first: bool
+    num_logprobs: int  # -1: tokens only
+
+    @property
+    def selects(self) -> int:
+        if self.top_k_first and self.top_k and self.top_p:
+            return 2 * _SELECT_LEVELS
+        return _SELECT_LEVELS if self.top_k or self.top_p else 0
+
+    @property
+    def draw(self) -> int:
+        return 1 + self.selects
+
+    @property
+    def stages(self) -> int:
+        return self.draw + (2 if self.num_logprobs >= 0 else 1)
+
+    def _level(self, stage: int, first: int, planned: bool) -> int:
+        level = stage - 1 - first
+        return level if planned and 0 <= level < _SELECT_LEVELS else -1
+
+    def widths(self, stage: int) -> tuple[int, int]:
+        """(sums, picks) words per row at `stage`."""
+        if stage == 0:
+            return 1, 1
+        if stage < self.draw:
+            k = self._level(stage, 0, self.top_k)
+            p = self._level(stage, _SELECT_LEVELS if self.selects == 2 * _SELECT_LEVELS else 0, self.top_p)
+            return (_digit_bins(k) // 2 if k >= 0 else 0) + (1 + _digit_bins(p) if p >= 0 else 0), 0
+        if self.num_logprobs < 0:
+            return 0, (1 if stage == self.draw else 0)
+        return (2, 2 + self.num_logprobs) if stage == self.draw else (1, 0)
+
+
+def _world(group) -> tuple[int, int]:
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return 1, 0
+    return dist.get_world_size(group), dist.get_rank(group)
+
+
+def _all_gather(t: torch.Tensor, world: int, group) -> torch.Tensor:
+    """[world, *t.shape]: every rank's t. (Gathered as the ranks' tensors concatenated along
+    dim 0, the layout every backend's all_gather_into_tensor takes.)"""
+    out = torch.empty((world * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+    if world == 1:
+        out.copy_(t)
+    elif t.numel() > 0:  # (torch 2.14 renamed all_gather_into_tensor all_gather_single)
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, t.contiguous(), group=group)
+    return out.view(world, *t.shape)
+
+
+def _all_reduce(t: torch.Tensor, world: int, group) -> None:
+    if world > 1 and t.numel() > 0:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+
+
+def _bits(value: Union[float, int]) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(value)))[0] if isinstance(value, float) else int(value)
+
+
+def _check_shards(logits: torch.Tensor, vocab_offset: int, vocab_size: int, plan: _Plan, scalars: dict,
+                  world: int, group) -> None:
+    """The ranks' shapes, plans and scalar parameters agree and their shards tile [0, vocab_size):
+    one all_gather of a few words, read on the host (graph capture: check_shards=False)."""
+    names = ["local_logits' batch size", "vocab_size", "the filters (top_k, top_p, filter_apply_order, num_logprobs)",
+             *(name.removesuffix("_value") for name in scalars)]
+    mine = [logits.shape[0], vocab_size, hash(plan) & (2**62 - 1), *(_bits(v) for v in scalars.values())]
+    words = torch.tensor([vocab_offset, logits.shape[1], *mine], dtype=torch.int64, device=logits.device)
+    every = _all_gather(words, world, group).cpu().tolist()
+    for i, name in enumerate(names):
+        values = {row[2 + i] for row in every}
+        if len(values) > 1:
+            raise ValueError(f"{name} differs across the ranks: {sorted(values)} (sample_sharded needs the same on each)")
+    end = 0
+    for start, width in sorted((row[0], row[1]) for row in every):
+        if start != end:
+            raise ValueError(f"vocab_offset: the shards must tile [0, vocab_size = {vocab_size}) without gaps or "
+                             f"overlaps; the ranks' (vocab_offset, width) are {[(r[0], r[1]) for r in every]}")
+        end = start + width
+    if end != vocab_size:
+        raise ValueError(f"vocab_offset: the shards cover [0, {end}), not [0, vocab_size = {vocab_size})")
+
+
+def sample_sharded(
+    local_logits: torch.Tensor,
+    vocab_offset: int,
+    vocab_size: int,
+    temperature: Param = 1.0,
+    top_k: Param = 0,
+    top_p: Param = 1.0,
+    min_p: Param = 0.0,
+    seed: Param = 0,
+    offset: Param = 0,
+    *,
+    group: Optional[dist.ProcessGroup] = None,
+    bitmask: Optional[torch.Tensor] = None,
+    penalties: Optional[Penalties] = None,
+    filter_apply_order: str = "joint",
+    num_logprobs: Optional[int] = None,
+    check_shards: bool = True,
+):
+    """`sample` (or `sample_with_logprobs`) on logits split by vocabulary over the ranks of
+    `group`, without gathering them: every rank gets the tokens that `sample` returns on the
+    gathered ``[B, V]`` logits, bit for bit, whatever the number of ranks and the split.
+
+    Each rank passes its columns ``[vocab_offset, vocab_offset + V_shard)`` of the row (the
+    shards, uneven or not, must tile ``[0, vocab_size)``); the ranks exchange per-row integer
+    summaries (a candidate count and maxima, digit histograms of the cutoffs, the draw's best
+    pick: docs/sharded-sampling.md lists the stages and their bytes) through all_reduce and
+    all_gather on `group`. CPU tensors only so far (gloo); the CUDA shard kernels are not built yet.
+
+    Args:
+        local_logits (torch.Tensor): ``[B, V_shard]``, float32/float16/bfloat16: this rank's columns.
+        vocab_offset (int): the vocabulary index of this rank's column 0.
+        vocab_size (int): V, the whole vocabulary.
+        temperature, top_k, top_p, min_p, seed, offset: as in `sample`, the same on every rank.
+        group (ProcessGroup, optional): the tensor-parallel group; default the world (a single
+            process when torch.distributed is not initialised).
+        bitmask (torch.Tensor, optional): the whole row's mask, int32 ``[B, ceil(V / 32)]``
+            (XGrammar's layout; every rank holds it), as in `sample`.
+        penalties (Penalties, optional): as in `sample`, the whole vocabulary's state on every
+            rank (each reads its columns; the updates, from the tokens, are the same everywhere).
+        filter_apply_order (str): as in `sample`; default ``"joint"``.
+        num_logprobs (int, optional): N >= 0: return `sample_with_logprobs`' result (the
+            processed log-probabilities, the N most likely tokens); default None: the tokens.
+        check_shards (bool): first exchange the shapes, plan and scalar parameters and raise if
+            the ranks disagree or the shards do not tile the vocabulary (a host read: pass
+            False to capture the call in a CUDA graph); default True.
+
+    Returns:
+        torch.Tensor: int64 ``[B]``, the tokens (as `sample`); with `num_logprobs`, a
+        `SampleWithLogprobs` (as `sample_with_logprobs`), on every rank.
+    """
+    if isinstance(vocab_offset, bool) or not isinstance(vocab_offset, int):
+        raise TypeError(f"vocab_offset must be an int, got {type(vocab_offset).__name__}")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
+    if num_logprobs is not None and (isinstance(num_logprobs, bool) or not isinstance(num_logprobs, int)
+                                     or num_logprobs < 0):
+        raise ValueError(f"num_logprobs must be None or an int >= 0, got {num_logprobs!r}")
+    arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                  offset=offset)
+    penalty_arguments = fused_penalty_arguments(penalties)
+    if not isinstance(local_logits, torch.Tensor) or local_logits.dim() != 2:
+        raise ValueError(f"local_logits must be a 2-D tensor [batch, V_shard], got "
+                         f"{getattr(local_logits, 'shape', type(local_logits).__name__)}")
+    n = -1 if num_logprobs is None else num_logprobs
+    plan = _Plan(arguments["top_k"] is not None or arguments["top_k_value"] > 0,
+                 arguments["top_p"] is not None or arguments["top_p_value"] < 1.0,
+                 filter_apply_order == "top_k_first", n)
+    world, _ = _world(group)
+    if check_shards:
+        scalars = {name: value for name, value in arguments.items() if name.endswith("_value")}
+        _check_shards(local_logits, vocab_offset, vocab_size, plan, scalars, world, group)
+    rows, device = local_logits.shape[0], local_logits.device
+    words = lambda *shape: torch.empty(shape, dtype=torch.int64, device=device)  # noqa: E731
+    state = words(rows, _STATE_WORDS)
+    sums_in, picks_in = words(rows, 0), words(world, rows, 0)
+    draw_picks = draw_sums = rank_sums = None
+    for stage in range(plan.stages):
+        sums_width, picks_width = plan.widths(stage)
+        sums, picks = words(rows, sums_width), words(rows, picks_width)
+        call(ops, "sample_shard_step", logits=local_logits, vocab_offset=vocab_offset, vocab_size=vocab_size,
+             **arguments, filter_apply_order=filter_apply_order, bitmask=bitmask, **penalty_arguments,
+             num_logprobs=n, stage=stage, state=state, sums_in=sums_in, picks_in=picks_in, sums=sums, picks=picks)
+        _all_reduce(sums, world, group)
+        sums_in, picks_in = sums, _all_gather(picks, world, group)
+        if stage == plan.draw:
+            draw_picks, draw_sums = picks_in, sums_in
+    rank_sums = sums_in if n >= 0 else words(rows, 0)
+    columns = 1 + n if n >= 0 else 0
+    out = SampleWithLogprobs(words(rows), torch.empty(rows, columns, dtype=torch.float32, device=device),
+                             words(rows, columns), words(rows))
+    call(ops, "sample_shard_finish", *out, state=state, draw_picks=draw_picks, draw_sums=draw_sums,
+         rank_sums=rank_sums, num_logprobs=n)
+    return out if num_logprobs is not None else out.tokens
+
+
+register_fakes("sample_shard_step")
+register_fakes("sample_shard_finish", anchor="state")

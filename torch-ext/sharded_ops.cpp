@@ -1,0 +1,114 @@
+// sample_shard_step and sample_shard_finish: sample_sharded's per-shard stages and its outputs
+// (logits_processor/sharded.h; the driver that exchanges their results is _sharded.py).
+
+#include <torch/csrc/stable/tensor.h>
+
+#include "../logits_processor/sharded.h"
+#include "checks.h"
+#include "dispatch.h"
+#include "sampling_ops.h"
+#include "torch_binding.h"
+
+HIDDEN_NAMESPACE_BEGIN(binding)
+
+namespace lp = logits_processor;
+
+namespace {
+
+// An int64 exchange tensor: contiguous, on `like`'s device, of shape `shape`.
+void check_words(const Tensor& t, const Tensor& like, const char* name, std::initializer_list<int64_t> shape) {
+  CHECK_ARG(t.scalar_type() == ScalarType::Long, name, " must be int64, got ", t.scalar_type());
+  CHECK_ARG(t.device() == like.device(), name, " must be on the logits' device (", device_name(like.device()),
+            "), got ", device_name(t.device()));
+  bool same = t.dim() == static_cast<int64_t>(shape.size());
+  int64_t d = 0;
+  for (const int64_t size : shape) same = same && t.size(d++) == size;
+  CHECK_ARG(same && t.is_contiguous(), name, " must be a contiguous tensor of shape ",
+            shape_name(torch::headeronly::IntHeaderOnlyArrayRef(shape.begin(), shape.size())), ", got shape ",
+            shape_name(t.sizes()));
+}
+
+lp::ShardPlan shard_plan(const FilterArguments& f, int64_t num_logprobs) {
+  return {f.top_k.has_value() || f.top_k_value > 0, f.top_p.has_value() || f.top_p_value < 1.0,
+          f.filter_apply_order == "top_k_first", num_logprobs};
+}
+
+void check_num_logprobs(int64_t num_logprobs, int64_t vocab_size) {
+  CHECK_ARG(num_logprobs >= -1 && num_logprobs <= vocab_size, "num_logprobs must be in [0, ", vocab_size,
+            "] (the vocabulary), or -1 for none, got ", num_logprobs);
+}
+
+}  // namespace
+
+void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab_size,
+                       LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
+                       const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
+                       int64_t num_logprobs, int64_t stage, const Tensor& state, const Tensor& sums_in,
+                       const Tensor& picks_in, const Tensor& sums, const Tensor& picks) {
+  const FilterArguments filters{LP_FILTER_ARGUMENTS(LP_FORWARD)};
+  SamplingCall call = sampling_call(logits, filters, {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask);
+  CHECK_ARG(vocab_size >= 1 && vocab_size < (int64_t{1} << 31), "vocab_size must be in [1, 2^31), got ",
+            vocab_size);
+  const int64_t shard = logits.size(1);
+  CHECK_ARG(vocab_offset >= 0 && vocab_offset + shard <= vocab_size, "vocab_offset must be in [0, ",
+            vocab_size - shard, "] (vocab_size - the shard's ", shard, " columns), got ", vocab_offset);
+  add_penalties(call, logits, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)}, vocab_size);
+  check_num_logprobs(num_logprobs, vocab_size);
+  const lp::ShardPlan plan = shard_plan(filters, num_logprobs);
+  const int64_t stages = lp::shard_stages(plan);
+  CHECK_ARG(stage >= 0 && stage < stages, "stage must be in [0, ", stages, ") for these filters, got ", stage);
+  const int s = static_cast<int>(stage);
+  const int64_t rows = logits.size(0);
+  check_words(state, logits, "state", {rows, lp::kShardStateWords});
+  CHECK_ARG(picks_in.dim() == 3 && picks_in.size(0) >= 1, "picks_in must be 3-D [ranks, ", rows,
+            ", width], got shape ", shape_name(picks_in.sizes()));
+  const int64_t ranks = picks_in.size(0);
+  if (s > 0) {
+    check_words(sums_in, logits, "sums_in", {rows, lp::shard_sums_width(plan, s - 1)});
+    check_words(picks_in, logits, "picks_in", {ranks, rows, lp::shard_picks_width(plan, s - 1)});
+  }
+  check_words(sums, logits, "sums", {rows, lp::shard_sums_width(plan, s)});
+  check_words(picks, logits, "picks", {rows, lp::shard_picks_width(plan, s)});
+  CHECK_ARG(uses_cuda_kernels(logits) == false,
+            "sample_sharded runs on CPU tensors only so far: its CUDA shard kernels are not built yet");
+  lp::sample_shard_cpu(call.params, vocab_offset, plan, s, state.mutable_data_ptr<int64_t>(),
+                       s > 0 ? sums_in.const_data_ptr<int64_t>() : nullptr, s > 0 ? sums_in.size(1) : 0,
+                       s > 0 ? picks_in.const_data_ptr<int64_t>() : nullptr, ranks, s > 0 ? picks_in.size(2) : 0,
+                       sums.mutable_data_ptr<int64_t>(), picks.mutable_data_ptr<int64_t>(), run_parallel_for);
+}
+
+void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Tensor& draw_sums,
+                         const Tensor& rank_sums, int64_t num_logprobs, const Tensor& tokens,
+                         const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks) {
+  CHECK_ARG(state.dim() == 2, "state must be 2-D [batch, ", lp::kShardStateWords, "], got ", state.dim(), "-D");
+  const int64_t rows = state.size(0);
+  check_words(state, state, "state", {rows, lp::kShardStateWords});
+  check_num_logprobs(num_logprobs, int64_t{1} << 31);
+  CHECK_ARG(draw_picks.dim() == 3 && draw_picks.size(0) >= 1, "draw_picks must be 3-D [ranks, ", rows,
+            ", width], got shape ", shape_name(draw_picks.sizes()));
+  const int64_t n = num_logprobs;
+  const int64_t group = draw_picks.size(0);
+  check_words(draw_picks, state, "draw_picks", {group, rows, n < 0 ? 1 : 2 + n});
+  check_words(draw_sums, state, "draw_sums", {rows, n < 0 ? 0 : 2});
+  check_words(rank_sums, state, "rank_sums", {rows, n < 0 ? 0 : 1});
+  check_output(tokens, state, "tokens", ScalarType::Long);
+  const int64_t columns = n < 0 ? 0 : 1 + n;
+  check_output(logprobs, state, "logprobs", ScalarType::Float, columns);
+  check_output(logprob_token_ids, state, "logprob_token_ids", ScalarType::Long, columns);
+  check_output(ranks, state, "ranks", ScalarType::Long);
+  CHECK_ARG(uses_cuda_kernels(state) == false,
+            "sample_sharded runs on CPU tensors only so far: its CUDA shard kernels are not built yet");
+  const lp::ShardOutputs out{rows,
+                             group,
+                             n,
+                             draw_picks.const_data_ptr<int64_t>(),
+                             draw_sums.const_data_ptr<int64_t>(),
+                             rank_sums.const_data_ptr<int64_t>(),
+                             tokens.mutable_data_ptr<int64_t>(),
+                             logprobs.mutable_data_ptr<float>(),
+                             logprob_token_ids.mutable_data_ptr<int64_t>(),
+                             ranks.mutable_data_ptr<int64_t>()};
+  lp::finish_shard_cpu(out, state.const_data_ptr<int64_t>(), run_parallel_for);
+}
+
+HIDDEN_NAMESPACE_END(binding)
