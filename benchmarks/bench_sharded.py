@@ -60,13 +60,20 @@ class ByteCounter:
             setattr(dist, name, fn)
 
 
+def synchronize() -> None:
+    if dist.get_backend() == "nccl":
+        torch.cuda.synchronize()
+
+
 def timed(fn, iters: int) -> float:
     fn()
     times = []
     for _ in range(iters):
+        synchronize()
         dist.barrier()
         start = time.perf_counter()
         fn()
+        synchronize()
         dist.barrier()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
@@ -99,19 +106,14 @@ def worker(rank: int, world: int, store: str, backend: str, iters: int, out: str
                 row = gathered.view(world, batch, width).permute(1, 0, 2).reshape(batch, VOCAB)
                 return lp.sample(row, **kwargs)
 
-            try:
-                with ByteCounter(world) as counted:
-                    tokens = sharded()
-                same = torch.equal(tokens, gather_then_sample())
-                ms = timed(sharded, iters)
-            except RuntimeError as e:  # (the CUDA shard kernels are not built yet)
-                same, ms, counted = None, None, None
-                note = str(e).splitlines()[0]
+            with ByteCounter(world) as counted:
+                tokens = sharded()
+            same = torch.equal(tokens, gather_then_sample())
+            ms = timed(sharded, iters)
             rows.append({"world": world, "batch": batch, "mode": mode, "sharded_ms": ms,
                          "gathered_ms": timed(gather_then_sample, iters), "same_tokens": same,
-                         "sent_per_row": counted.sent / batch if counted else None,
-                         "received_per_row": counted.received / batch if counted else None,
-                         "gather_received_per_row": (world - 1) * width * 4, "note": None if counted else note})
+                         "sent_per_row": counted.sent / batch, "received_per_row": counted.received / batch,
+                         "gather_received_per_row": (world - 1) * width * 4})
     dist.destroy_process_group()
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
@@ -121,10 +123,6 @@ def markdown(rows: list[dict]) -> str:
     lines = ["| R | B | filters | sharded (ms) | all-gather + sample (ms) | speed-up | bytes sent / row | "
              "received / row | the gather's received / row | same tokens |", "|" + "---|" * 10]
     for r in rows:
-        if r["sharded_ms"] is None:
-            lines.append(f"| {r['world']} | {r['batch']} | {r['mode']} | n/a: {r['note']} | {r['gathered_ms']:.2f} "
-                         "| | | | | |")
-            continue
         lines.append(
             f"| {r['world']} | {r['batch']} | {r['mode']} | {r['sharded_ms']:.2f} | {r['gathered_ms']:.2f} | "
             f"{r['gathered_ms'] / r['sharded_ms']:.2f}x | {r['sent_per_row']:.0f} ({r['sent_per_row'] / (4 * VOCAB):.2%} "

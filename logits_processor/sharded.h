@@ -244,12 +244,128 @@ LP_HOST_DEVICE uint64_t drawn_pack(const ShardRow& s, int64_t ranks, const int64
   return s.greedy_row ? s.greedy : best;
 }
 
-void sample_shard_cpu(const SamplingParams& params, int64_t vocab_offset, const ShardPlan& plan, int stage,
-                      int64_t* state, const int64_t* sums_in, int64_t sums_in_width, const int64_t* picks_in,
-                      int64_t picks_in_ranks, int64_t picks_in_width, int64_t* sums, int64_t* picks,
-                      const ParallelFor& parallel_for);
+// One stage of one shard, as both devices run it.
+struct ShardStep {
+  SamplingParams params;  // the shard's logits [rows, V_shard]; bitmask and penalties by global id
+  int64_t vocab_offset;   // the shard's first column's global id
+  ShardPlan plan;
+  int stage;
+  int64_t* state;           // [rows, kShardStateWords]
+  const int64_t* sums_in;   // the previous stage's merged sums [rows, sums_in_width] (stage > 0)
+  int64_t sums_in_width;
+  const int64_t* picks_in;  // its gathered picks [ranks, rows, picks_in_width] (stage > 0)
+  int64_t ranks;
+  int64_t picks_in_width;
+  int64_t* sums;   // this stage's [rows, shard_sums_width]
+  int64_t* picks;  // [rows, shard_picks_width]
+};
 
-// The outputs, from the state and the draw's and rank's results (any device: host loops).
+// The widest sums of a stage: top-k's first digit (128 bins, 2 a word), top-p's Z and masses.
+constexpr int64_t kMaxShardSums = (1 << 7) / 2 + 1 + (1 << 7);
+
+// Column j of the shard (global id vocab_offset + j) as `sample` sees that token.
+template <Dtype D>
+LP_HOST_DEVICE float shard_value(const ShardStep& a, const RowPenaltyView& penalty, const void* logits,
+                                 const int32_t* bitmask, int64_t j) {
+  const int64_t id = a.vocab_offset + j;
+  return candidate_from_logit<D>(penalty, id, load_logit<D>(logits, j), allowed_word(a.params, bitmask, id));
+}
+
+// Row `row`'s state with the previous stage's merged results absorbed (stage > 0), and at the
+// rank stage *token_key, the drawn token's score key (0xffffffff: none drew).
+LP_HOST_DEVICE ShardRow absorb_stage(const ShardStep& a, const RowParams& r, int64_t row, uint32_t* token_key) {
+  ShardRow s = load_shard_row(a.state + row * kShardStateWords);
+  const int64_t* merged = a.sums_in + row * a.sums_in_width;
+  const int64_t* picks = a.picks_in + row * a.picks_in_width;
+  const int64_t stride = a.params.rows * a.picks_in_width;  // rank q's row: picks[q * stride]
+  const int draw = draw_stage(a.plan);
+  *token_key = 0xffffffffu;
+  if (a.stage == 1) {
+    uint64_t greedy = kNoToken;
+    for (int64_t q = 0; q < a.ranks; ++q) {
+      const uint64_t pack = static_cast<uint64_t>(picks[q * stride]);
+      greedy = pack > greedy ? pack : greedy;
+    }
+    s = start_shard_row(r, a.plan, greedy, merged[0]);
+  } else if (a.stage <= draw) {
+    absorb_select_sums(s, a.plan, a.stage - 1, r, merged);
+  }
+  if (a.stage == draw) s.logprob_s_max = s.greedy == kNoToken ? 0.0f : shard_scores(r, s.greedy, s.greedy_row != 0).s_max;
+  if (a.stage > draw) {
+    int64_t winner = -1;
+    drawn_pack(s, a.ranks, picks, stride, &winner);
+    if (winner >= 0) *token_key = static_cast<uint32_t>(picks[winner * stride + 1]);
+  }
+  return s;
+}
+
+// A select stage: candidate score x's part of the shard's sums, as add(word, amount) (top-k's
+// count in its bin's half word, top-p's mass in Z and in its bin).
+template <typename Add>
+LP_HOST_DEVICE void add_select_sums(const ShardRow& s, const ShardPlan& plan, int stage, const ShardScores& sc,
+                                    uint32_t p_lower, float x, Add&& add) {
+  if (!(x > kNegInf)) return;
+  const uint32_t key = score_key(x);
+  const int k_level = top_k_level(plan, stage);
+  if (k_level >= 0 && in_select(s.top_k, k_level, key, sc.lower)) {
+    const int bin = select_bin(k_level, key);
+    add(bin >> 1, uint64_t{1} << (32 * (bin & 1)));
+  }
+  const int p_level = top_p_level(plan, stage);
+  if (p_level < 0 || s.top_p.status != kSelectSearching) return;
+  const int64_t z_word = top_k_words(plan, stage);
+  const bool counted = key >= p_lower;
+  if (p_level == 0 && (counted || !plan.top_k_first)) add(z_word, token_mass(x, sc.s_max));
+  if (counted && in_select(s.top_p, p_level, key, p_lower))
+    add(z_word + 1 + select_bin(p_level, key), token_mass(x, sc.s_max));
+}
+
+// The draw stage's view of a row: its scores, the kept set's floor (greedy: no filter), and
+// one part of the draw (the CPU's whole shard, or a CUDA thread's tokens).
+struct ShardDrawRow {
+  ShardScores sc;
+  bool unit;  // a greedy row: its token is the scan's, its log-probabilities at T = 1
+  uint64_t greedy;
+  float floor;   // the kept set's lowest score
+  float origin;  // the draw's origin (draw_origin)
+};
+
+LP_HOST_DEVICE ShardDrawRow shard_draw_row(const RowParams& r, const ShardRow& s) {
+  ShardDrawRow d;
+  d.unit = s.greedy_row != 0;
+  d.greedy = s.greedy;
+  d.sc = shard_scores(r, s.greedy, d.unit);
+  const uint32_t threshold = d.unit ? kNoKey : shard_threshold(s, d.sc);
+  d.floor = threshold == kNoKey ? kNegInf : key_score(threshold);
+  d.origin = draw_origin(d.sc.s_max);
+  return d;
+}
+
+LP_HOST_DEVICE bool draw_keeps(const ShardDrawRow& d, float x) { return x > kNegInf && x >= d.floor; }
+
+struct ShardDrawPart {
+  uint64_t best;      // the best perturbed pack (greedy: the scan's pack, where it lies here)
+  uint32_t best_key;  // its token's score key
+  FineMass z;         // the kept set's fine masses (log-probabilities)
+};
+
+// A kept candidate (value v, score x, global id; noise() its Philox word) offered to the draw.
+template <typename Noise>
+LP_HOST_DEVICE void offer_draw(const RowParams& r, const ShardDrawRow& d, float v, float x, int64_t id, Noise&& noise,
+                               bool logprobs, ShardDrawPart& part) {
+  const uint32_t key = score_key(x);
+  if (d.unit) {
+    if (pack_argmax(score_key(v), id) == d.greedy) part.best = d.greedy, part.best_key = key;
+  } else {
+    const uint64_t pack = pack_argmax(score_key(perturbed_score(x, d.origin, token_gumbel(r, id, noise()))), id);
+    if (pack > part.best) part.best = pack, part.best_key = key;
+  }
+  if (!logprobs) return;
+  const FineMass m = fine_mass(x, d.sc.s_max);
+  part.z.high += m.high, part.z.low += m.low;
+}
+
+// The draw's outputs, from the state and the draw's and rank's results.
 struct ShardOutputs {
   int64_t rows;
   int64_t ranks;
@@ -263,6 +379,61 @@ struct ShardOutputs {
   int64_t* token_ranks;
 };
 
+// The largest pack below `bound` of the ranks' top-N lists (list q at picks[q * stride]: n
+// packs, largest first, kNoToken after the last): a binary search in each.
+LP_HOST_DEVICE uint64_t next_top(const int64_t* picks, int64_t ranks, int64_t stride, int64_t n, uint64_t bound) {
+  uint64_t best = kNoToken;
+  for (int64_t q = 0; q < ranks; ++q) {
+    const int64_t* list = picks + q * stride;
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (static_cast<uint64_t>(list[mid]) >= bound) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo < n && static_cast<uint64_t>(list[lo]) > best) best = static_cast<uint64_t>(list[lo]);
+  }
+  return best;
+}
+
+// Row `row`'s outputs: the token, and with log-probabilities its log-probability and rank and
+// the merged top-N (the largest of the ranks' lists, in turn).
+LP_HOST_DEVICE void finish_shard_row(const ShardOutputs& out, const int64_t* state, int64_t row) {
+  const int64_t n = out.num_logprobs;
+  const int64_t width = n < 0 ? 1 : 2 + n;
+  const int64_t stride = out.rows * width;
+  const ShardRow s = load_shard_row(state + row * kShardStateWords);
+  int64_t winner = -1;
+  const int64_t* picks = out.draw_picks + row * width;
+  const int64_t token = unpack_or_none(drawn_pack(s, out.ranks, picks, stride, &winner));
+  out.tokens[row] = token;
+  if (n < 0) return;
+  float* logprobs = out.logprobs + row * (1 + n);
+  int64_t* ids = out.token_ids + row * (1 + n);
+  for (int64_t c = 0; c <= n; ++c) logprobs[c] = kNegInf, ids[c] = -1;
+  out.token_ranks[row] = kNoRank;
+  if (token < 0 || winner < 0) return;
+  const double log_z = log_normaliser(
+      {static_cast<uint64_t>(out.draw_sums[2 * row]), static_cast<uint64_t>(out.draw_sums[2 * row + 1])});
+  const uint32_t token_key = static_cast<uint32_t>(picks[winner * stride + 1]);
+  logprobs[0] = token_logprob(key_score(token_key), s.logprob_s_max, log_z);
+  ids[0] = token;
+  out.token_ranks[row] = 1 + out.rank_sums[row];
+  uint64_t bound = ~uint64_t{0};  // (above every pack: scores are finite, so no key is all ones)
+  for (int64_t j = 0; j < n; ++j) {
+    bound = next_top(picks + 2, out.ranks, stride, n, bound);
+    if (bound == kNoToken) break;
+    logprobs[1 + j] = token_logprob(key_score(static_cast<uint32_t>(bound >> 32)), s.logprob_s_max, log_z);
+    ids[1 + j] = unpack_index(bound);
+  }
+}
+
+void sample_shard_cpu(const ShardStep& step, const ParallelFor& parallel_for);
 void finish_shard_cpu(const ShardOutputs& out, const int64_t* state, const ParallelFor& parallel_for);
+
+#if defined(CUDA_KERNEL) || defined(__CUDACC__)
+void sample_shard_cuda(const ShardStep& step, cudaStream_t stream);
+void finish_shard_cuda(const ShardOutputs& out, const int64_t* state, cudaStream_t stream);
+#endif
 
 }  // namespace logits_processor

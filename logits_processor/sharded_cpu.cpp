@@ -43,17 +43,15 @@ struct ShardBuffers {
 template <Dtype D>
 class ShardRowSampler {
  public:
-  ShardRowSampler(const SamplingParams& p, int64_t row, int64_t vocab_offset, ShardBuffers& buffers)
-      : p_(p), row_(row), offset_(vocab_offset), r_(row_params(p, row)), values_(buffers.values.data()),
+  ShardRowSampler(const ShardStep& a, int64_t row, ShardBuffers& buffers)
+      : p_(a.params), offset_(a.vocab_offset), r_(row_params(p_, row)), values_(buffers.values.data()),
         scores_(buffers.scores.data()), top_(buffers.top) {
+    const SamplingParams& p = a.params;
     const RowPenaltyView penalty = row_penalty_view(p.penalties, row);
     const void* logits = logits_row(p, row);
     const int32_t* bitmask = row_bitmask(p, row);
     if (penalty.enabled) {
-      for (int64_t j = 0; j < p.vocab; ++j) {
-        const int64_t id = offset_ + j;
-        values_[j] = candidate_from_logit<D>(penalty, id, load_logit<D>(logits, j), allowed_word(p, bitmask, id));
-      }
+      for (int64_t j = 0; j < p.vocab; ++j) values_[j] = shard_value<D>(a, penalty, logits, bitmask, j);
       return;
     }
     load_values<D>(logits, p.vocab, values_);
@@ -85,25 +83,12 @@ class ShardRowSampler {
     std::fill(sums, sums + width, int64_t{0});
     if (s.greedy == kNoToken || s.greedy_row) return;
     const ShardScores sc = shard_scores(r_, s.greedy, false);
-    const int k_level = top_k_level(plan, stage);
-    const int p_level = top_p_level(plan, stage);
-    int64_t* p_sums = sums + top_k_words(plan, stage);
     const uint32_t p_lower = top_p_lower(s, sc, plan);
     score_values(values_, p_.vocab, sc.temperature, sc.x_origin, scores_);
-    for (int64_t j = 0; j < p_.vocab; ++j) {
-      const float x = scores_[j];
-      if (!(x > kNegInf)) continue;
-      const uint32_t key = score_key(x);
-      if (k_level >= 0 && in_select(s.top_k, k_level, key, sc.lower)) {
-        const int bin = select_bin(k_level, key);
-        sums[bin >> 1] += int64_t{1} << (32 * (bin & 1));
-      }
-      if (p_level < 0 || s.top_p.status != kSelectSearching) continue;
-      const bool counted = key >= p_lower;
-      if (p_level == 0 && (counted || !plan.top_k_first)) p_sums[0] += static_cast<int64_t>(token_mass(x, sc.s_max));
-      if (counted && in_select(s.top_p, p_level, key, p_lower))
-        p_sums[1 + select_bin(p_level, key)] += static_cast<int64_t>(token_mass(x, sc.s_max));
-    }
+    for (int64_t j = 0; j < p_.vocab; ++j)
+      add_select_sums(s, plan, stage, sc, p_lower, scores_[j], [&](int64_t w, uint64_t amount) {
+        sums[w] = static_cast<int64_t>(static_cast<uint64_t>(sums[w]) + amount);
+      });
   }
 
   // The draw: the shard's best perturbed score over the kept set; with log-probabilities the
@@ -114,40 +99,27 @@ class ShardRowSampler {
     std::fill(picks, picks + width, static_cast<int64_t>(kNoToken));
     if (n >= 0) sums[0] = sums[1] = 0;
     if (s.greedy == kNoToken) return;
-    const bool unit = s.greedy_row != 0;
-    const ShardScores sc = shard_scores(r_, s.greedy, unit);
-    const uint32_t threshold = unit ? kNoKey : shard_threshold(s, sc);
-    const float origin = draw_origin(sc.s_max);
-    uint64_t best = kNoToken;
-    uint32_t best_key = kNoKey;
-    uint64_t high = 0, low = 0;
+    const ShardDrawRow d = shard_draw_row(r_, s);
+    ShardDrawPart part{kNoToken, kNoKey, {0, 0}};
     int64_t group = -1;
     Philox4 bits{};
     top_.clear();
-    score_values(values_, p_.vocab, sc.temperature, sc.x_origin, scores_);
-    const float floor = threshold == kNoKey ? kNegInf : key_score(threshold);
+    score_values(values_, p_.vocab, d.sc.temperature, d.sc.x_origin, scores_);
     for (int64_t j = 0; j < p_.vocab; ++j) {
       const float x = scores_[j];
-      if (!(x > kNegInf) || !(x >= floor)) continue;
+      if (!draw_keeps(d, x)) continue;
       const int64_t id = offset_ + j;
-      const uint32_t key = score_key(x);
-      if (unit) {
-        if (pack_argmax(score_key(values_[j]), id) == s.greedy) best = s.greedy, best_key = key;
-      } else {
+      const auto noise = [&] {
         if ((id >> 2) != group) group = id >> 2, bits = noise_bits(r_, group);  // one call per 4 tokens
-        const uint64_t pack =
-            pack_argmax(score_key(perturbed_score(x, origin, token_gumbel(r_, id, bits.v[id & 3]))), id);
-        if (pack > best) best = pack, best_key = key;
-      }
-      if (n < 0) continue;
-      const FineMass m = fine_mass(x, sc.s_max);
-      high += m.high, low += m.low;
-      if (n > 0) top_.push_back(pack_argmax(key, id));
+        return bits.v[id & 3];
+      };
+      offer_draw(r_, d, values_[j], x, id, noise, n >= 0, part);
+      if (n > 0) top_.push_back(pack_argmax(score_key(x), id));
     }
-    picks[0] = static_cast<int64_t>(best);
+    picks[0] = static_cast<int64_t>(part.best);
     if (n < 0) return;
-    picks[1] = best_key;
-    sums[0] = static_cast<int64_t>(high), sums[1] = static_cast<int64_t>(low);
+    picks[1] = part.best_key;
+    sums[0] = static_cast<int64_t>(part.z.high), sums[1] = static_cast<int64_t>(part.z.low);
     const int64_t kept = std::min<int64_t>(n, static_cast<int64_t>(top_.size()));
     std::partial_sort(top_.begin(), top_.begin() + kept, top_.end(), std::greater<uint64_t>());
     std::copy(top_.begin(), top_.begin() + kept, picks + 2);
@@ -169,7 +141,6 @@ class ShardRowSampler {
 
  private:
   const SamplingParams& p_;
-  const int64_t row_;
   const int64_t offset_;
   const RowParams r_;
   float* values_;
@@ -179,94 +150,39 @@ class ShardRowSampler {
 
 }  // namespace
 
-void sample_shard_cpu(const SamplingParams& params, int64_t vocab_offset, const ShardPlan& plan, int stage,
-                      int64_t* state, const int64_t* sums_in, int64_t sums_in_width, const int64_t* picks_in,
-                      int64_t picks_in_ranks, int64_t picks_in_width, int64_t* sums, int64_t* picks,
-                      const ParallelFor& parallel_for) {
-  const int64_t rows = params.rows;
+void sample_shard_cpu(const ShardStep& a, const ParallelFor& parallel_for) {
+  const SamplingParams& params = a.params;
+  const ShardPlan& plan = a.plan;
+  const int stage = a.stage;
   const int64_t sums_width = shard_sums_width(plan, stage);
   const int64_t picks_width = shard_picks_width(plan, stage);
   dispatch_dtype(params.dtype, [&]<Dtype D>() {
-    parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(0, params.rows, 1, [&](int64_t begin, int64_t end) {
       const IeeeFloatMode mode;
       ShardBuffers buffers(params.vocab);
       for (int64_t row = begin; row < end; ++row) {
-        ShardRowSampler<D> sampler(params, row, vocab_offset, buffers);
-        int64_t* row_sums = sums + row * sums_width;
-        int64_t* row_picks = picks + row * picks_width;
+        ShardRowSampler<D> sampler(a, row, buffers);
+        int64_t* row_sums = a.sums + row * sums_width;
+        int64_t* row_picks = a.picks + row * picks_width;
         if (stage == 0) {
           sampler.scan(row_sums, row_picks);
           continue;
         }
-        // The previous stage's merged results into the state.
-        int64_t* words = state + row * kShardStateWords;
-        ShardRow s = load_shard_row(words);
-        const int64_t* merged = sums_in + row * sums_in_width;
-        if (stage == 1) {
-          uint64_t greedy = kNoToken;
-          for (int64_t q = 0; q < picks_in_ranks; ++q)
-            greedy = std::max(greedy, static_cast<uint64_t>(picks_in[(q * rows + row) * picks_in_width]));
-          s = start_shard_row(sampler.params(), plan, greedy, merged[0]);
-        } else if (stage <= draw_stage(plan)) {
-          absorb_select_sums(s, plan, stage - 1, sampler.params(), merged);
-        }
-        if (stage < draw_stage(plan)) {
-          sampler.select(s, plan, stage, row_sums);
-        } else if (stage == draw_stage(plan)) {
-          s.logprob_s_max = s.greedy == kNoToken ? 0.0f
-                                                 : shard_scores(sampler.params(), s.greedy, s.greedy_row != 0).s_max;
-          sampler.draw(s, plan, row_sums, row_picks);
-        } else {
-          int64_t winner = -1;
-          drawn_pack(s, picks_in_ranks, picks_in + row * picks_in_width, rows * picks_in_width, &winner);
-          const uint32_t token_key =
-              winner < 0 ? 0xffffffffu : static_cast<uint32_t>(picks_in[(winner * rows + row) * picks_in_width + 1]);
-          sampler.rank(s, token_key, row_sums);
-        }
-        store_shard_row(words, s);
+        uint32_t token_key = 0;
+        const ShardRow s = absorb_stage(a, sampler.params(), row, &token_key);
+        store_shard_row(a.state + row * kShardStateWords, s);
+        if (stage < draw_stage(plan)) sampler.select(s, plan, stage, row_sums);
+        else if (stage == draw_stage(plan)) sampler.draw(s, plan, row_sums, row_picks);
+        else sampler.rank(s, token_key, row_sums);
       }
     });
   });
 }
 
 void finish_shard_cpu(const ShardOutputs& out, const int64_t* state, const ParallelFor& parallel_for) {
-  const int64_t n = out.num_logprobs;
-  const int64_t width = n < 0 ? 1 : 2 + n;
   parallel_for(0, out.rows, 1, [&](int64_t begin, int64_t end) {
     const IeeeFloatMode mode;
-    std::vector<uint64_t> top;
-    for (int64_t row = begin; row < end; ++row) {
-      const ShardRow s = load_shard_row(state + row * kShardStateWords);
-      int64_t winner = -1;
-      const int64_t* picks = out.draw_picks + row * width;
-      const int64_t token = unpack_or_none(drawn_pack(s, out.ranks, picks, out.rows * width, &winner));
-      out.tokens[row] = token;
-      if (n < 0) continue;
-      float* logprobs = out.logprobs + row * (1 + n);
-      int64_t* ids = out.token_ids + row * (1 + n);
-      std::fill(logprobs, logprobs + 1 + n, kNegInf);
-      std::fill(ids, ids + 1 + n, int64_t{-1});
-      out.token_ranks[row] = kNoRank;
-      if (token < 0 || winner < 0) continue;
-      const double log_z = log_normaliser({static_cast<uint64_t>(out.draw_sums[2 * row]),
-                                           static_cast<uint64_t>(out.draw_sums[2 * row + 1])});
-      const uint32_t token_key = static_cast<uint32_t>(picks[winner * out.rows * width + 1]);
-      logprobs[0] = token_logprob(key_score(token_key), s.logprob_s_max, log_z);
-      ids[0] = token;
-      out.token_ranks[row] = 1 + out.rank_sums[row];
-      top.clear();
-      for (int64_t q = 0; q < out.ranks; ++q)
-        for (int64_t j = 0; j < n; ++j) {
-          const uint64_t pack = static_cast<uint64_t>(picks[q * out.rows * width + 2 + j]);
-          if (pack != kNoToken) top.push_back(pack);
-        }
-      const int64_t kept = std::min<int64_t>(n, static_cast<int64_t>(top.size()));
-      std::partial_sort(top.begin(), top.begin() + kept, top.end(), std::greater<uint64_t>());
-      for (int64_t j = 0; j < kept; ++j) {
-        logprobs[1 + j] = token_logprob(key_score(static_cast<uint32_t>(top[j] >> 32)), s.logprob_s_max, log_z);
-        ids[1 + j] = unpack_index(top[j]);
-      }
-    }
+    for (int64_t row = begin; row < end; ++row) finish_shard_row(out, state, row);
   });
 }
 

@@ -69,12 +69,23 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
   }
   check_words(sums, logits, "sums", {rows, lp::shard_sums_width(plan, s)});
   check_words(picks, logits, "picks", {rows, lp::shard_picks_width(plan, s)});
-  CHECK_ARG(uses_cuda_kernels(logits) == false,
-            "sample_sharded runs on CPU tensors only so far: its CUDA shard kernels are not built yet");
-  lp::sample_shard_cpu(call.params, vocab_offset, plan, s, state.mutable_data_ptr<int64_t>(),
-                       s > 0 ? sums_in.const_data_ptr<int64_t>() : nullptr, s > 0 ? sums_in.size(1) : 0,
-                       s > 0 ? picks_in.const_data_ptr<int64_t>() : nullptr, ranks, s > 0 ? picks_in.size(2) : 0,
-                       sums.mutable_data_ptr<int64_t>(), picks.mutable_data_ptr<int64_t>(), run_parallel_for);
+  const lp::ShardStep step{call.params,
+                           vocab_offset,
+                           plan,
+                           s,
+                           state.mutable_data_ptr<int64_t>(),
+                           s > 0 ? sums_in.const_data_ptr<int64_t>() : nullptr,
+                           s > 0 ? sums_in.size(1) : 0,
+                           s > 0 ? picks_in.const_data_ptr<int64_t>() : nullptr,
+                           ranks,
+                           s > 0 ? picks_in.size(2) : 0,
+                           sums.mutable_data_ptr<int64_t>(),
+                           picks.mutable_data_ptr<int64_t>()};
+  if (!uses_cuda_kernels(logits)) return lp::sample_shard_cpu(step, run_parallel_for);
+#if defined(CUDA_KERNEL)
+  const CudaLaunchContext context(logits);
+  lp::sample_shard_cuda(step, context.stream());
+#endif
 }
 
 void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Tensor& draw_sums,
@@ -96,8 +107,6 @@ void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Te
   check_output(logprobs, state, "logprobs", ScalarType::Float, columns);
   check_output(logprob_token_ids, state, "logprob_token_ids", ScalarType::Long, columns);
   check_output(ranks, state, "ranks", ScalarType::Long);
-  CHECK_ARG(uses_cuda_kernels(state) == false,
-            "sample_sharded runs on CPU tensors only so far: its CUDA shard kernels are not built yet");
   const lp::ShardOutputs out{rows,
                              group,
                              n,
@@ -108,7 +117,11 @@ void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Te
                              logprobs.mutable_data_ptr<float>(),
                              logprob_token_ids.mutable_data_ptr<int64_t>(),
                              ranks.mutable_data_ptr<int64_t>()};
-  lp::finish_shard_cpu(out, state.const_data_ptr<int64_t>(), run_parallel_for);
+  if (!uses_cuda_kernels(state)) return lp::finish_shard_cpu(out, state.const_data_ptr<int64_t>(), run_parallel_for);
+#if defined(CUDA_KERNEL)
+  const CudaLaunchContext context(state);
+  lp::finish_shard_cuda(out, state.const_data_ptr<int64_t>(), context.stream());
+#endif
 }
 
 HIDDEN_NAMESPACE_END(binding)

@@ -37,6 +37,7 @@ LOGPROBS = "logits_processor/logprobs_cuda.cuh"
 VERIFY = "logits_processor/verify_cuda.cuh"
 TREE = "logits_processor/verify_tree_cuda.cu"
 BLOCK_VERIFY = "logits_processor/verify_block_cuda.cu"
+SHARDED = "logits_processor/sharded_cuda.cu"
 TREE_LINKS = "logits_processor/verify_tree.h"
 AGREEMENT = "AssertionError"
 
@@ -165,6 +166,15 @@ MUTANTS = [
     Mutant("tree-path-short", TREE, "block_row_penalty_view(target, b, sh, path_before(t, b, column))",
            "block_row_penalty_view(target, b, sh, path_before(t, b, column > 0 ? column - 1 : 0))", "fibers",
            AGREEMENT, "with_penalties", "tests/cuda_emulation/test_verify_tree_cuda.py"),
+    # sample_sharded's shard kernels: a select stage's bins added to before every thread has
+    # zeroed its words; a top-N pass after the first offering its bound again; the noise keyed
+    # by the shard's column, not the global id.
+    Mutant("shard-select-barrier", SHARDED, "bins[w] = 0;\n  __syncthreads();\n", "bins[w] = 0;\n", "fibers",
+           AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py"),
+    Mutant("shard-top-bound", SHARDED, "draw_keeps(d, x) && pack < bound", "draw_keeps(d, x) && pack <= bound",
+           "fibers", AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py"),
+    Mutant("shard-noise-id", SHARDED, "[&] { return noise(row.r, id); }", "[&] { return noise(row.r, j); }",
+           "fibers", AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py"),
 ]
 
 

@@ -139,7 +139,7 @@ def sample_sharded(
     shards, uneven or not, must tile ``[0, vocab_size)``); the ranks exchange per-row integer
     summaries (a candidate count and maxima, digit histograms of the cutoffs, the draw's best
     pick: docs/sharded-sampling.md lists the stages and their bytes) through all_reduce and
-    all_gather on `group`. CPU tensors only so far (gloo); the CUDA shard kernels are not built yet.
+    all_gather on `group`: CPU tensors (gloo) or CUDA tensors (NCCL; each stage one kernel launch).
 
     Args:
         local_logits (torch.Tensor): ``[B, V_shard]``, float32/float16/bfloat16: this rank's columns.

@@ -1,0 +1,209 @@
+// The CUDA side of sample_sharded (sharded.h): one stage of one shard, a block per row
+// (grid-stride), and the outputs, a thread per row. A stage reads the shard's logits once (a
+// top-N over kTopChunk tokens: once more per kTopChunk); every decision is sharded.h's, made
+// by the same host/device functions as the CPU's, so both return the same bits. Sums are
+// integers (shared 32-bit atomics, key_bins.cuh's add_to_bin) and picks maxima: the order in
+// which threads add them does not matter.
+#include "cuda_utils.cuh"
+#include "logprobs_cuda.cuh"
+#include "sharded.h"
+
+namespace logits_processor {
+namespace {
+
+struct ShardShared {
+  SharedState sampler;  // the building blocks' state; wide.masses holds a select stage's sums
+  ShardRow row;         // the row's state after absorb_stage, for every thread
+  uint32_t token_key;
+};
+
+// f(j, value) for this thread's columns of the shard: four consecutive ones at a time, so that
+// a thread's noise words come from one Philox call per group of four global ids, mostly.
+// Called by the whole block (no barrier).
+template <Dtype D, typename F>
+__device__ void for_each_shard_token(const ShardStep& a, const RowPenaltyView& penalty, const void* logits,
+                                     const int32_t* bitmask, F&& f) {
+  for (int64_t base = 4 * static_cast<int64_t>(threadIdx.x); base < a.params.vocab; base += 4 * kThreads) {
+    const int64_t end = base + 4 < a.params.vocab ? base + 4 : a.params.vocab;
+    for (int64_t j = base; j < end; ++j) f(j, shard_value<D>(a, penalty, logits, bitmask, j));
+  }
+}
+
+// The row's view for one stage: its parameters, logits, bitmask and penalties.
+template <Dtype D>
+struct ShardRowView {
+  const ShardStep& a;
+  RowParams r;
+  const void* logits;
+  const int32_t* bitmask;
+  RowPenaltyView penalty;
+
+  template <typename F>
+  __device__ void each(F&& f) const {
+    for_each_shard_token<D>(a, penalty, logits, bitmask, f);
+  }
+
+  // A candidate's score, -inf for the others.
+  __device__ float score_of(float v, const ShardScores& sc) const {
+    return v > kNegInf ? score(v, sc.temperature, sc.x_origin) : kNegInf;
+  }
+};
+
+// scan: the candidate count and the greedy pack.
+template <Dtype D>
+__device__ void scan_shard(const ShardRowView<D>& row, int64_t* sums, int64_t* picks, ShardShared& sh) {
+  uint64_t count = 0, best = kNoToken;
+  row.each([&](int64_t j, float v) {
+    if (!(v > kNegInf)) return;
+    ++count;
+    const uint64_t pack = pack_argmax(score_key(v), row.a.vocab_offset + j);
+    best = pack > best ? pack : best;
+  });
+  count = block_sum(count, sh.sampler);
+  best = block_max(best, sh.sampler);
+  if (threadIdx.x == 0) sums[0] = static_cast<int64_t>(count), picks[0] = static_cast<int64_t>(best);
+}
+
+// A select stage's sums, gathered in shared memory (zeroed first, barrier, added, barrier).
+template <Dtype D>
+__device__ void select_shard(const ShardRowView<D>& row, const ShardRow& s, int64_t* sums, ShardShared& sh) {
+  const ShardPlan& plan = row.a.plan;
+  const int stage = row.a.stage;
+  const int64_t width = shard_sums_width(plan, stage);
+  unsigned long long* bins = sh.sampler.wide.masses;
+  for (int64_t w = threadIdx.x; w < width; w += kThreads) bins[w] = 0;
+  __syncthreads();
+  if (s.greedy != kNoToken && !s.greedy_row) {  // (the same for the whole block)
+    const ShardScores sc = shard_scores(row.r, s.greedy, false);
+    const uint32_t p_lower = top_p_lower(s, sc, plan);
+    row.each([&](int64_t, float v) {
+      add_select_sums(s, plan, stage, sc, p_lower, row.score_of(v, sc),
+                      [&](int64_t w, uint64_t amount) { add_to_bin(&bins[w], amount); });
+    });
+  }
+  __syncthreads();
+  // (The next row zeroes the bins only after absorb_stage's barrier, which every thread
+  // reaches once it has copied its words here.)
+  for (int64_t w = threadIdx.x; w < width; w += kThreads) sums[w] = static_cast<int64_t>(bins[w]);
+}
+
+// The draw: the block's best perturbed pack and its score key; with log-probabilities the kept
+// set's fine masses and its top-N packs, largest first (kTopChunk a pass: merge_top).
+template <Dtype D>
+__device__ void draw_shard(const ShardRowView<D>& row, const ShardRow& s, int64_t* sums, int64_t* picks,
+                           ShardShared& sh) {
+  const int64_t n = row.a.plan.num_logprobs;
+  const int64_t width = shard_picks_width(row.a.plan, row.a.stage);
+  for (int64_t c = threadIdx.x; c < width; c += kThreads) picks[c] = static_cast<int64_t>(kNoToken);
+  if (threadIdx.x == 0 && n >= 0) sums[0] = sums[1] = 0;
+  __syncthreads();  // the defaults before any result
+  if (s.greedy == kNoToken) return;  // (the same for the whole block)
+  const ShardDrawRow d = shard_draw_row(row.r, s);
+  const int64_t offset = row.a.vocab_offset;
+  ShardDrawPart part{kNoToken, kNoKey, {0, 0}};
+  NoiseWords noise;
+  TopList list;
+  int chunk = static_cast<int>(n < kTopChunk ? (n > 0 ? n : 0) : kTopChunk);
+  if (chunk > 0) list.clear();
+  row.each([&](int64_t j, float v) {
+    const float x = row.score_of(v, d.sc);
+    if (!draw_keeps(d, x)) return;
+    const int64_t id = offset + j;
+    offer_draw(row.r, d, v, x, id, [&] { return noise(row.r, id); }, n >= 0, part);
+    if (chunk > 0) list.offer(pack_argmax(score_key(x), id), chunk);
+  });
+  const uint64_t best = block_max(part.best, sh.sampler);
+  if (threadIdx.x == 0) picks[0] = static_cast<int64_t>(best);
+  if (n < 0) return;
+  const uint64_t best_key = block_max(part.best == best ? part.best_key : kNoKey, sh.sampler);
+  const uint64_t high = block_sum(part.z.high, sh.sampler), low = block_sum(part.z.low, sh.sampler);
+  if (threadIdx.x == 0) picks[1] = static_cast<int64_t>(best_key), sums[0] = static_cast<int64_t>(high),
+                        sums[1] = static_cast<int64_t>(low);
+  for (int64_t done = 0; chunk > 0;) {
+    const int found = merge_top(list, chunk, sh.sampler);
+    if (threadIdx.x < found) picks[2 + done + threadIdx.x] = static_cast<int64_t>(sh.sampler.top[threadIdx.x]);
+    done += found;
+    if (found < chunk || done == n) break;
+    const uint64_t bound = sh.sampler.top[chunk - 1];
+    __syncthreads();  // every thread has read sh.top before the next chunk writes it
+    chunk = static_cast<int>(n - done < kTopChunk ? n - done : kTopChunk);
+    list.clear();
+    row.each([&](int64_t j, float v) {
+      const float x = row.score_of(v, d.sc);
+      const uint64_t pack = pack_argmax(score_key(x), offset + j);
+      if (draw_keeps(d, x) && pack < bound) list.offer(pack, chunk);
+    });
+  }
+}
+
+// rank: how many of the shard's scores are above the drawn token's.
+template <Dtype D>
+__device__ void rank_shard(const ShardRowView<D>& row, const ShardRow& s, uint32_t token_key, int64_t* sums,
+                           ShardShared& sh) {
+  uint64_t above = 0;
+  if (s.greedy != kNoToken) {  // (the same for the whole block)
+    const ShardScores sc = shard_scores(row.r, s.greedy, s.greedy_row != 0);
+    const float token_score = key_score(token_key);
+    row.each([&](int64_t, float v) { above += row.score_of(v, sc) > token_score; });
+    above = block_sum(above, sh.sampler);
+  }
+  if (threadIdx.x == 0) sums[0] = s.greedy == kNoToken || token_key == 0xffffffffu ? 0 : static_cast<int64_t>(above);
+}
+
+// (__grid_constant__: the stage functions take the step by reference.)
+template <Dtype D>
+__global__ void __launch_bounds__(kThreads) sample_shard_kernel(const __grid_constant__ ShardStep a) {
+  __shared__ ShardShared sh;
+  const SamplingParams& p = a.params;
+  const int64_t sums_width = shard_sums_width(a.plan, a.stage);
+  const int64_t picks_width = shard_picks_width(a.plan, a.stage);
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const ShardRowView<D> view{a, row_params(p, row), logits_row(p, row), row_bitmask(p, row),
+                               block_row_penalty_view(p, row, sh.sampler)};
+    int64_t* sums = a.sums + row * sums_width;
+    int64_t* picks = a.picks + row * picks_width;
+    if (a.stage == 0) {
+      scan_shard(view, sums, picks, sh);
+      continue;
+    }
+    if (threadIdx.x == 0) {
+      uint32_t token_key = 0;
+      sh.row = absorb_stage(a, view.r, row, &token_key);
+      sh.token_key = token_key;
+      store_shard_row(a.state + row * kShardStateWords, sh.row);
+    }
+    __syncthreads();
+    const ShardRow s = sh.row;
+    const uint32_t token_key = sh.token_key;
+    __syncthreads();  // read by all before the next row's thread 0 writes them
+    if (a.stage < draw_stage(a.plan)) select_shard(view, s, sums, sh);
+    else if (a.stage == draw_stage(a.plan)) draw_shard(view, s, sums, picks, sh);
+    else rank_shard(view, s, token_key, sums, sh);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) finish_shard_kernel(const ShardOutputs out, const int64_t* state) {
+  for (int64_t row = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; row < out.rows;
+       row += static_cast<int64_t>(gridDim.x) * kThreads)
+    finish_shard_row(out, state, row);
+}
+
+}  // namespace
+
+void sample_shard_cuda(const ShardStep& step, cudaStream_t stream) {
+  const int64_t rows = step.params.rows;
+  if (rows == 0) return;
+  const int64_t limit = resident_block_limit(4);
+  const auto grid = static_cast<unsigned int>(rows < limit ? rows : limit);
+  dispatch_dtype(step.params.dtype, [&]<Dtype D>() {
+    launch_kernel("sample_sharded", sample_shard_kernel<D>, grid, kThreads, stream, step);
+  });
+}
+
+void finish_shard_cuda(const ShardOutputs& out, const int64_t* state, cudaStream_t stream) {
+  if (out.rows == 0) return;
+  launch_kernel("sample_sharded (finish)", finish_shard_kernel, grid_size(out.rows, kThreads, 8), kThreads, stream,
+                out, state);
+}
+
+}  // namespace logits_processor
