@@ -64,8 +64,8 @@ def test_a_missing_variant_is_found(tmp_path, left_out, environments):
 
 def test_each_toolkit_carries_what_it_can_target():
     requested = matrix.requested_archs(CONFIG)
-    assert requested == ["8.0", "8.6", "8.9", "9.0", "10.0", "12.0+PTX"]  # build.toml's
-    assert toolkits.capabilities(requested, "12.5") == ["8.0", "8.6", "8.9", "9.0+PTX"]
+    assert requested == ["8.0", "9.0", "10.0", "12.0+PTX"]  # build.toml's
+    assert toolkits.capabilities(requested, "12.5") == ["8.0", "9.0+PTX"]
     assert toolkits.capabilities(requested, "13.0") == requested
     # kernel-builder's loose intersection: the highest requested capability of the same major
     # at or below each one the toolkit targets (8.7 is served by 8.6's code).
