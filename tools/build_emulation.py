@@ -43,6 +43,9 @@ ROOT = build.ROOT
 EMULATION = ROOT / "tests" / "cuda_emulation"
 OUT = ROOT / "build-emulation"
 SHARED_OBJ = OUT / ".obj" / "shared"
+MUTANT_BASE = OUT / "mutants" / ".base"
+# The venv's ninja (requirements-dev.txt), as torch's extension builds use, else PATH's.
+NINJA = shutil.which("ninja", path=str(Path(sys.executable).parent)) or "ninja"
 
 SANITIZE_ADDRESS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                     "-fno-omit-frame-pointer"]
@@ -121,7 +124,9 @@ def common_flags(cfg: dict) -> list[str]:
 
 
 def ninja_file(cfg: dict, cxx: str, flags: list[str], ops: str, flavors: list[str], out_root: Path,
-               kernel_dir: Path, with_shared_rules: bool, coverage: bool) -> str:
+               kernel_dir: Path, with_shared_rules: bool, coverage: bool,
+               reused: dict[str, Path] | None = None) -> str:
+    """reused: objects already built (a mutant's unchanged ones, by source): linked, not compiled."""
     lines = [
         f"cxx = {cxx}",
         f"flags = {' '.join(flags)} -DTORCH_EXTENSION_NAME={ops}",
@@ -145,6 +150,9 @@ def ninja_file(cfg: dict, cxx: str, flags: list[str], ops: str, flavors: list[st
         objects = list(shared)
         kernels = emulated_kernels(cfg)
         for source in kernels + ["tests/cuda_emulation/runtime.cpp"] + spec["extra"]:
+            if reused and source in reused:
+                objects.append(reused[source])
+                continue
             obj = obj_dir / (Path(source).stem + ".o")
             # (A kernel's quoted includes resolve next to it first: a copy's headers are the copy's.)
             path = kernel_dir / Path(source).name if source in kernels else ROOT / source
@@ -159,6 +167,47 @@ def ninja_file(cfg: dict, cxx: str, flags: list[str], ops: str, flavors: list[st
     return "\n".join(lines)
 
 
+def build_mutant_base(flavors: list[str]) -> None:
+    """MUTANT_BASE: the flavors' objects as a mutant would compile them (no coverage), from
+    logits_processor/ itself, for build_mutant to link those a mutation does not change."""
+    build_emulation(flavors, MUTANT_BASE, coverage=False, quiet=True)
+
+
+def build_mutant(flavor: str, name: str, kernel_dir: Path, changed: str) -> Path:
+    """The mutant `name` of `flavor` into MUTANT_BASE's sibling `name`/; returns its variant
+    dir. Only the sources whose compilation read `changed` (a file of logits_processor/, by
+    the compiler's own record of the base's build: build_mutant_base first) are compiled, from
+    kernel_dir, the mutated copy; the rest is the base's objects."""
+    changed_path = str(ROOT / changed)
+    obj_dir = MUTANT_BASE / ".obj" / flavor
+    reads = compiled_reads(MUTANT_BASE)
+    sources = emulated_kernels(config()) + ["tests/cuda_emulation/runtime.cpp"] + FLAVORS[flavor]["extra"]
+    reused = {}
+    for source in sources:
+        obj = obj_dir / (Path(source).stem + ".o")
+        if str(obj) not in reads:
+            raise SystemExit(f"[emulation] the mutant base has no record of {obj}: build_mutant_base first")
+        if changed_path not in reads[str(obj)]:
+            reused[source] = obj
+    return build_emulation([flavor], MUTANT_BASE.parent / name, kernel_dir, quiet=True, coverage=False,
+                           reused=reused)[flavor]
+
+
+def compiled_reads(out_root: Path) -> dict[str, set[str]]:
+    """Each object of out_root's build -> the files its compilation read (ninja's deps log,
+    the compiler's -MMD output)."""
+    listing = subprocess.run([NINJA, "-C", str(out_root), "-t", "deps"], check=True, capture_output=True,
+                             text=True).stdout
+    reads: dict[str, set[str]] = {}
+    current = None
+    for line in listing.splitlines():
+        if line and not line[0].isspace():
+            current = reads.setdefault(line.split(":")[0], set())
+        elif line.strip() and current is not None:
+            current.add(str(Path(line.strip()).resolve()))
+    return reads
+
+
 def undefined_symbols(so: Path) -> list[str]:
     out = subprocess.run(["nm", "-D", "--undefined-only", str(so)], check=True, capture_output=True,
                          text=True).stdout
@@ -166,10 +215,14 @@ def undefined_symbols(so: Path) -> list[str]:
 
 
 def build_emulation(flavors: list[str], out_root: Path = OUT,
-                    kernel_dir: Path = ROOT / "logits_processor", quiet: bool = False) -> dict[str, Path]:
+                    kernel_dir: Path = ROOT / "logits_processor", quiet: bool = False,
+                    coverage: bool | None = None, reused: dict[str, Path] | None = None) -> dict[str, Path]:
     """Builds the flavors into out_root/<flavor>/<variant>/, the kernels from kernel_dir (a
     copy of logits_processor/ for a mutant); returns the variant dirs. (quiet: no progress
-    lines, for builds running side by side.)"""
+    lines, for builds running side by side. coverage: gcov counters in the flavors that count,
+    by default only for the kernels of logits_processor/ itself. reused: see ninja_file.)"""
+    if coverage is None:
+        coverage = kernel_dir == ROOT / "logits_processor"  # (a mutant's coverage is nobody's)
     cfg = config()
     flags = common_flags(cfg)
     ops = ops_name(cfg, flags)
@@ -182,13 +235,11 @@ def build_emulation(flavors: list[str], out_root: Path = OUT,
     cxx = os.environ.get("CXX", "c++")
     (out_root / "build.ninja").write_text(
         ninja_file(cfg, cxx, flags, ops, flavors, out_root, kernel_dir, with_shared_rules=out_root == OUT,
-                   coverage=kernel_dir == ROOT / "logits_processor"))  # (a mutant's coverage is nobody's)
+                   coverage=coverage, reused=reused))
     jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
     if not quiet:
         print(f"[emulation] {', '.join(flavors)} into {out_root.relative_to(ROOT)}", flush=True)
-    # The venv's ninja (requirements-dev.txt), as torch's extension builds use, else PATH's.
-    ninja = shutil.which("ninja", path=str(Path(sys.executable).parent)) or "ninja"
-    subprocess.run([ninja, "-C", str(out_root), "-j", jobs, "--quiet"], check=True)
+    subprocess.run([NINJA, "-C", str(out_root), "-j", jobs, "--quiet"], check=True)
     stable = build.stable_abi(cfg, "cuda")
     variants = {}
     for flavor in flavors:

@@ -1,8 +1,9 @@
 """The mutation check: the CUDA emulation must catch kernel bugs, so a few are planted.
 
 Each mutant is one textual change to a kernel source (a .cu, or a .cuh it includes) in a copy
-of logits_processor/, whose kernels are built as their own emulation variant
-(tools/build_emulation.py --mutant: the binding and everything else reused), and the
+of logits_processor/, whose kernels are built as their own emulation variant (tools/
+build_emulation.py's build_mutant: only the sources whose compilation reads the changed file
+are compiled again; the binding and the other objects are reused), and the
 emulated tests must fail on it, with the evidence expected (an agreement assertion, the
 emulator's barrier error, a sanitizer report). The change must apply exactly once: when a
 source edit moves the text, this check fails until the mutant is updated.
@@ -25,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT / "tests"))
-from build_emulation import OUT, build_emulation  # noqa: E402
+from build_emulation import build_mutant, build_mutant_base  # noqa: E402
 from run import JOBS, emulation_environment  # noqa: E402
 
 BLOCK = "logits_processor/block_primitives.cuh"
@@ -188,11 +189,11 @@ def check(mutant: Mutant) -> str | None:
         kernels = Path(tmp) / "logits_processor"
         shutil.copytree(ROOT / "logits_processor", kernels)
         (kernels / Path(mutant.source).name).write_text(text.replace(mutant.old, mutant.new))
-        variants = build_emulation([mutant.flavor], OUT / "mutants" / mutant.name, kernels, quiet=True)
+        variant = build_mutant(mutant.flavor, mutant.name, kernels, mutant.source)
     # One run decides: the fibers' schedules are fixed, and ThreadSanitizer's verdict does not
     # depend on them (the emulation gives it happens-before from synchronisation alone).
     env = {**os.environ, **emulation_environment(mutant.flavor),
-           "LP_EMULATION_BUILD": str(variants[mutant.flavor].parent)}
+           "LP_EMULATION_BUILD": str(variant.parent)}
     run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                           "--capture=sys", "-m", "emulation", mutant.test_file,
                           "-k", mutant.tests],
@@ -214,6 +215,7 @@ def main() -> None:
     wanted = sys.argv[1:]
     mutants = [m for m in MUTANTS if not wanted or m.name in wanted]
     escaped = []
+    build_mutant_base(sorted({m.flavor for m in mutants}))
     # Several at a time (each builds its kernel, then runs its tests); reported in list order.
     with ThreadPoolExecutor(max_workers=int(JOBS)) as pool:
         for mutant, (problem, seconds) in zip(mutants, pool.map(timed_check, mutants)):
