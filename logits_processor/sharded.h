@@ -13,16 +13,23 @@
 // `sample` on the gathered logits, bit for bit.
 //
 // The stages, each one collective round (the driver, _sharded.py, runs them in order):
-//   scan:      picks  [greedy pack: pack_argmax(key(x), id) over the candidates]   (all_gather)
+//   scan:      picks  [greedy pack: pack_argmax(key(x), id) over the candidates    (all_gather)
+//                      | the raw maximum's pack over every logit]                 (raw logprobs)
 //              sums   [candidate count]                                           (all_reduce)
 //   select s:  sums   [top-k count histogram, 2 bins a word | top-p Z, mass histogram]
 //              for s = 1 .. selects: the digits of the cutoff keys, most significant first
-//   draw:      picks  [drawn pack | its score key, the top-N packs]                (logprobs)
-//              sums   [ln Z's digits H, L]                                        (logprobs)
+//   draw:      picks  [drawn pack | its score key, the top-N packs                 (logprobs)
+//                      | the K largest kept packs]                                (return_kept)
+//              sums   [ln Z's digits H, L                                          (logprobs)
+//                      | the kept set's size]                                     (return_kept)
+//              kept   [the kept set's bitmask words, this shard's bits]   (return_kept, summed)
 //   rank:      sums   [count of scores above the token's]                          (logprobs)
 // and `finish` (no exchange) writes the outputs. Top-k and top-p in "joint" order select at
 // the same time (5 stages); in "top_k_first" order top-p starts when top-k's cutoff is known
-// (10 stages), its mass then only that of the tokens top-k keeps.
+// (10 stages), its mass then only that of the tokens top-k keeps. With logprobs_mode "raw" the
+// draw's ln Z, top-N and token key and the rank's count are those of the raw scores
+// (raw_score: every logit at temperature 1, no bitmask, penalty or filter), whose maximum the
+// scan finds.
 #pragma once
 
 #include "sampling.h"
@@ -38,13 +45,25 @@ LP_HOST_DEVICE int digit_shift(int level) { return level < 2 ? 25 - 7 * level : 
 LP_HOST_DEVICE int digit_bins(int level) { return 1 << digit_bits(level); }
 
 // What a call can need, from its host arguments: which filters some row may have, their
-// order, and whether log-probabilities are asked for (num_logprobs < 0: not).
+// order, and whether log-probabilities are asked for (num_logprobs < 0: not), and of which
+// distribution (raw_logprobs: the raw one; only with num_logprobs >= 0), and whether the kept
+// set is (kept_k = K >= 1: return_kept, its ids listed where it has at most K tokens; 0: not).
 struct ShardPlan {
   bool top_k;
   bool top_p;
   bool top_k_first;
   int64_t num_logprobs;
+  bool raw_logprobs;
+  int64_t kept_k;
 };
+
+// The draw stage's words: its sums [ln Z's H, L (logprobs) | the kept size (return_kept)] and
+// picks [drawn pack | token key, top-N (logprobs) | K kept packs (return_kept)], from the
+// plan's num_logprobs n and kept_k.
+LP_HOST_DEVICE int64_t kept_sums_word(int64_t n) { return n < 0 ? 0 : 2; }
+LP_HOST_DEVICE int64_t draw_sums_width(int64_t n, int64_t kept_k) { return kept_sums_word(n) + (kept_k > 0 ? 1 : 0); }
+LP_HOST_DEVICE int64_t kept_picks_word(int64_t n) { return n < 0 ? 1 : 2 + n; }
+LP_HOST_DEVICE int64_t draw_picks_width(int64_t n, int64_t kept_k) { return kept_picks_word(n) + kept_k; }
 
 LP_HOST_DEVICE bool sequential_selects(const ShardPlan& plan) { return plan.top_k_first && plan.top_k && plan.top_p; }
 
@@ -78,13 +97,14 @@ LP_HOST_DEVICE int64_t shard_sums_width(const ShardPlan& plan, int stage) {
     const int p_level = top_p_level(plan, stage);
     return top_k_words(plan, stage) + (p_level < 0 ? 0 : 1 + digit_bins(p_level));
   }
-  return plan.num_logprobs < 0 ? 0 : (stage == draw_stage(plan) ? 2 : 1);
+  if (stage == draw_stage(plan)) return draw_sums_width(plan.num_logprobs, plan.kept_k);
+  return plan.num_logprobs < 0 ? 0 : 1;
 }
 
 LP_HOST_DEVICE int64_t shard_picks_width(const ShardPlan& plan, int stage) {
-  if (stage == 0) return 1;
+  if (stage == 0) return plan.raw_logprobs ? 2 : 1;
   if (stage != draw_stage(plan)) return 0;
-  return plan.num_logprobs < 0 ? 1 : 2 + plan.num_logprobs;
+  return draw_picks_width(plan.num_logprobs, plan.kept_k);
 }
 
 // One radix select's progress (a row's top-k or top-p cutoff).
@@ -103,7 +123,7 @@ struct ShardRow {
   uint64_t greedy;     // the merged greedy pack (kNoToken: no candidate)
   int64_t candidates;  // the candidates over the whole row
   ShardSelect top_k, top_p;
-  float logprob_s_max;  // the log-probabilities' s_max (draw stage on)
+  float logprob_s_max;  // the log-probabilities' s_max (draw stage on; raw: stage 1 on)
   int64_t greedy_row;   // 1 if the row is greedy
 };
 
@@ -189,6 +209,10 @@ LP_HOST_DEVICE ShardScores shard_scores(const RowParams& r, uint64_t greedy, boo
   return s;
 }
 
+// A logit's score in the raw distribution (logprobs_mode "raw": sampling_cpu.cpp's
+// Scores::Raw): temperature 1, no bitmask, penalty or filter; -inf for NaN.
+LP_HOST_DEVICE float raw_score(float logit) { return logit > kNegInf ? score(logit, 1.0f) : kNegInf; }
+
 // The scan's results merged into a fresh state (stage 1's start): the selects armed.
 LP_HOST_DEVICE ShardRow start_shard_row(const RowParams& r, const ShardPlan& plan, uint64_t greedy,
                                         int64_t candidates) {
@@ -258,6 +282,8 @@ struct ShardStep {
   int64_t picks_in_width;
   int64_t* sums;   // this stage's [rows, shard_sums_width]
   int64_t* picks;  // [rows, shard_picks_width]
+  int32_t* kept_words;  // the draw's kept set [rows, ceil(V / 32)] (return_kept: kept_words_for)
+  int64_t kept_width;
 };
 
 // The widest sums of a stage: top-k's first digit (128 bins, 2 a word), top-p's Z and masses.
@@ -287,10 +313,19 @@ LP_HOST_DEVICE ShardRow absorb_stage(const ShardStep& a, const RowParams& r, int
       greedy = pack > greedy ? pack : greedy;
     }
     s = start_shard_row(r, a.plan, greedy, merged[0]);
+    if (a.plan.raw_logprobs) {  // the raw maximum's score (packed by its score key)
+      uint64_t raw = kNoToken;
+      for (int64_t q = 0; q < a.ranks; ++q) {
+        const uint64_t pack = static_cast<uint64_t>(picks[q * stride + 1]);
+        raw = pack > raw ? pack : raw;
+      }
+      s.logprob_s_max = raw == kNoToken ? 0.0f : row_max_score(static_cast<uint32_t>(raw >> 32));
+    }
   } else if (a.stage <= draw) {
     absorb_select_sums(s, a.plan, a.stage - 1, r, merged);
   }
-  if (a.stage == draw) s.logprob_s_max = s.greedy == kNoToken ? 0.0f : shard_scores(r, s.greedy, s.greedy_row != 0).s_max;
+  if (a.stage == draw && !a.plan.raw_logprobs)
+    s.logprob_s_max = s.greedy == kNoToken ? 0.0f : shard_scores(r, s.greedy, s.greedy_row != 0).s_max;
   if (a.stage > draw) {
     int64_t winner = -1;
     drawn_pack(s, a.ranks, picks, stride, &winner);
@@ -325,14 +360,18 @@ LP_HOST_DEVICE void add_select_sums(const ShardRow& s, const ShardPlan& plan, in
 struct ShardDrawRow {
   ShardScores sc;
   bool unit;  // a greedy row: its token is the scan's, its log-probabilities at T = 1
+  bool raw;   // the log-probabilities are the raw scores' (logprob_score)
   uint64_t greedy;
-  float floor;   // the kept set's lowest score
-  float origin;  // the draw's origin (draw_origin)
+  float floor;          // the kept set's lowest score
+  float origin;         // the draw's origin (draw_origin)
+  float logprob_s_max;  // the log-probabilities' s_max
 };
 
-LP_HOST_DEVICE ShardDrawRow shard_draw_row(const RowParams& r, const ShardRow& s) {
+LP_HOST_DEVICE ShardDrawRow shard_draw_row(const RowParams& r, const ShardRow& s, const ShardPlan& plan) {
   ShardDrawRow d;
   d.unit = s.greedy_row != 0;
+  d.raw = plan.raw_logprobs;
+  d.logprob_s_max = s.logprob_s_max;
   d.greedy = s.greedy;
   d.sc = shard_scores(r, s.greedy, d.unit);
   const uint32_t threshold = d.unit ? kNoKey : shard_threshold(s, d.sc);
@@ -343,25 +382,55 @@ LP_HOST_DEVICE ShardDrawRow shard_draw_row(const RowParams& r, const ShardRow& s
 
 LP_HOST_DEVICE bool draw_keeps(const ShardDrawRow& d, float x) { return x > kNegInf && x >= d.floor; }
 
+// A token's score in the log-probabilities' distribution, from its draw score x and its raw
+// score (read only in raw mode): processed, x where the draw keeps it; -inf outside.
+LP_HOST_DEVICE float logprob_score(const ShardDrawRow& d, float x, float raw) {
+  return d.raw ? raw : (draw_keeps(d, x) ? x : kNegInf);
+}
+
 struct ShardDrawPart {
   uint64_t best;      // the best perturbed pack (greedy: the scan's pack, where it lies here)
   uint32_t best_key;  // its token's score key
   FineMass z;         // the kept set's fine masses (log-probabilities)
 };
 
-// A kept candidate (value v, score x, global id; noise() its Philox word) offered to the draw.
+// Whether the draw's kept set holds a token (candidate value v, draw score x, global id): at
+// or above the floor, a greedy row's token alone (sampling_cpu.cpp's write_kept).
+LP_HOST_DEVICE bool in_kept_set(const ShardDrawRow& d, float v, float x, int64_t id) {
+  return d.unit ? v > kNegInf && pack_argmax(score_key(v), id) == d.greedy : draw_keeps(d, x);
+}
+
+// Word w of the row's kept-set bitmask in XGrammar's layout (global ids), this shard's bits
+// only (0 outside it: the ranks' words summed are the whole row's, their bits disjoint);
+// kept(j) says whether the shard's column j is in the set.
+template <typename Kept>
+LP_HOST_DEVICE uint32_t kept_word(const ShardStep& a, int64_t w, Kept&& kept) {
+  const int64_t begin = 32 * w > a.vocab_offset ? 32 * w : a.vocab_offset;
+  const int64_t shard_end = a.vocab_offset + a.params.vocab;
+  const int64_t end = 32 * w + 32 < shard_end ? 32 * w + 32 : shard_end;
+  uint32_t bits = 0;
+  for (int64_t id = begin; id < end; ++id)
+    if (kept(id - a.vocab_offset)) bits |= 1u << (id & 31);
+  return bits;
+}
+
+// A token (candidate value v, draw score x, log-probability score l = logprob_score, global
+// id; noise() its Philox word) offered to the draw where it is kept, and to ln Z where l is
+// in the log-probabilities' distribution.
 template <typename Noise>
-LP_HOST_DEVICE void offer_draw(const RowParams& r, const ShardDrawRow& d, float v, float x, int64_t id, Noise&& noise,
-                               bool logprobs, ShardDrawPart& part) {
-  const uint32_t key = score_key(x);
-  if (d.unit) {
-    if (pack_argmax(score_key(v), id) == d.greedy) part.best = d.greedy, part.best_key = key;
-  } else {
-    const uint64_t pack = pack_argmax(score_key(perturbed_score(x, d.origin, token_gumbel(r, id, noise()))), id);
-    if (pack > part.best) part.best = pack, part.best_key = key;
+LP_HOST_DEVICE void offer_draw(const RowParams& r, const ShardDrawRow& d, float v, float x, float l, int64_t id,
+                               Noise&& noise, bool logprobs, ShardDrawPart& part) {
+  if (draw_keeps(d, x)) {
+    const uint32_t key = score_key(l);
+    if (d.unit) {
+      if (pack_argmax(score_key(v), id) == d.greedy) part.best = d.greedy, part.best_key = key;
+    } else {
+      const uint64_t pack = pack_argmax(score_key(perturbed_score(x, d.origin, token_gumbel(r, id, noise()))), id);
+      if (pack > part.best) part.best = pack, part.best_key = key;
+    }
   }
-  if (!logprobs) return;
-  const FineMass m = fine_mass(x, d.sc.s_max);
+  if (!logprobs || !(l > kNegInf)) return;
+  const FineMass m = fine_mass(l, d.logprob_s_max);
   part.z.high += m.high, part.z.low += m.low;
 }
 
@@ -370,13 +439,16 @@ struct ShardOutputs {
   int64_t rows;
   int64_t ranks;
   int64_t num_logprobs;  // < 0: tokens only
-  const int64_t* draw_picks;  // [ranks, rows, picks width]
-  const int64_t* draw_sums;   // [rows, 2]
+  int64_t kept_k;        // 0: no kept set
+  const int64_t* draw_picks;  // [ranks, rows, draw_picks_width]
+  const int64_t* draw_sums;   // [rows, draw_sums_width]
   const int64_t* rank_sums;   // [rows, 1]
   int64_t* tokens;
   float* logprobs;
   int64_t* token_ids;
   int64_t* token_ranks;
+  int64_t* kept_ids;   // [rows, kept_k]
+  int64_t* kept_size;  // [rows]
 };
 
 // The largest pack below `bound` of the ranks' top-N lists (list q at picks[q * stride]: n
@@ -396,25 +468,43 @@ LP_HOST_DEVICE uint64_t next_top(const int64_t* picks, int64_t ranks, int64_t st
   return best;
 }
 
-// Row `row`'s outputs: the token, and with log-probabilities its log-probability and rank and
-// the merged top-N (the largest of the ranks' lists, in turn).
+// The kept set's size and, where it has at most K tokens, its ids: the largest of the ranks'
+// lists in turn (a rank's list is complete then: it holds at most K of the set).
+LP_HOST_DEVICE void finish_kept(const ShardOutputs& out, const int64_t* picks, int64_t stride, int64_t row) {
+  const int64_t k = out.kept_k;
+  const int64_t size = out.draw_sums[row * draw_sums_width(out.num_logprobs, k) + kept_sums_word(out.num_logprobs)];
+  int64_t* ids = out.kept_ids + row * k;
+  for (int64_t c = 0; c < k; ++c) ids[c] = -1;
+  out.kept_size[row] = size;
+  if (size > k) return;  // (its ids are in the bitmask only, as sample_with_logprobs')
+  uint64_t bound = ~uint64_t{0};
+  for (int64_t j = 0; j < size; ++j) {
+    bound = next_top(picks + kept_picks_word(out.num_logprobs), out.ranks, stride, k, bound);
+    if (bound == kNoToken) break;
+    ids[j] = unpack_index(bound);
+  }
+}
+
+// Row `row`'s outputs: the token, with log-probabilities its log-probability and rank and the
+// merged top-N (the largest of the ranks' lists, in turn), with return_kept the kept set's.
 LP_HOST_DEVICE void finish_shard_row(const ShardOutputs& out, const int64_t* state, int64_t row) {
   const int64_t n = out.num_logprobs;
-  const int64_t width = n < 0 ? 1 : 2 + n;
+  const int64_t width = draw_picks_width(n, out.kept_k);
   const int64_t stride = out.rows * width;
   const ShardRow s = load_shard_row(state + row * kShardStateWords);
   int64_t winner = -1;
   const int64_t* picks = out.draw_picks + row * width;
   const int64_t token = unpack_or_none(drawn_pack(s, out.ranks, picks, stride, &winner));
   out.tokens[row] = token;
+  if (out.kept_k > 0) finish_kept(out, picks, stride, row);
   if (n < 0) return;
   float* logprobs = out.logprobs + row * (1 + n);
   int64_t* ids = out.token_ids + row * (1 + n);
   for (int64_t c = 0; c <= n; ++c) logprobs[c] = kNegInf, ids[c] = -1;
   out.token_ranks[row] = kNoRank;
   if (token < 0 || winner < 0) return;
-  const double log_z = log_normaliser(
-      {static_cast<uint64_t>(out.draw_sums[2 * row]), static_cast<uint64_t>(out.draw_sums[2 * row + 1])});
+  const int64_t* sums = out.draw_sums + row * draw_sums_width(n, out.kept_k);
+  const double log_z = log_normaliser({static_cast<uint64_t>(sums[0]), static_cast<uint64_t>(sums[1])});
   const uint32_t token_key = static_cast<uint32_t>(picks[winner * stride + 1]);
   logprobs[0] = token_logprob(key_score(token_key), s.logprob_s_max, log_z);
   ids[0] = token;

@@ -23,6 +23,13 @@ void load_values(const void* logits, int64_t n, float* __restrict values) {
   }
 }
 
+// The raw scores (raw_score) of every logit.
+template <Dtype D>
+void load_raw_scores(const void* logits, int64_t n, float* __restrict raw) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) raw[j] = raw_score(load_logit<D>(logits, j));
+}
+
 // s = score(value, T, x_o) for the candidates, -inf for the others.
 void score_values(const float* __restrict values, int64_t n, float temperature, float x_origin,
                   float* __restrict scores) {
@@ -34,10 +41,12 @@ void score_values(const float* __restrict values, int64_t n, float temperature, 
 }
 
 struct ShardBuffers {
-  explicit ShardBuffers(int64_t n) : values(n), scores(n) {}
+  explicit ShardBuffers(int64_t n) : values(n), scores(n), raw(n) {}
   std::vector<float> values;  // the candidates' logits (penalised), -inf for the others
   std::vector<float> scores;  // a stage's scores
-  std::vector<uint64_t> top;  // the top-N packs
+  std::vector<float> raw;     // the raw scores (raw log-probabilities: scan, draw and rank)
+  std::vector<uint64_t> top;   // the top-N packs
+  std::vector<uint64_t> kept;  // the kept set's packs
 };
 
 template <Dtype D>
@@ -45,11 +54,12 @@ class ShardRowSampler {
  public:
   ShardRowSampler(const ShardStep& a, int64_t row, ShardBuffers& buffers)
       : p_(a.params), offset_(a.vocab_offset), r_(row_params(p_, row)), values_(buffers.values.data()),
-        scores_(buffers.scores.data()), top_(buffers.top) {
+        scores_(buffers.scores.data()), raw_(buffers.raw.data()), top_(buffers.top), kept_(buffers.kept) {
     const SamplingParams& p = a.params;
     const RowPenaltyView penalty = row_penalty_view(p.penalties, row);
     const void* logits = logits_row(p, row);
     const int32_t* bitmask = row_bitmask(p, row);
+    if (a.plan.raw_logprobs && (a.stage == 0 || a.stage >= draw_stage(a.plan))) load_raw_scores<D>(logits, p.vocab, raw_);
     if (penalty.enabled) {
       for (int64_t j = 0; j < p.vocab; ++j) values_[j] = shard_value<D>(a, penalty, logits, bitmask, j);
       return;
@@ -64,8 +74,8 @@ class ShardRowSampler {
 
   const RowParams& params() const { return r_; }
 
-  // scan: the greedy pack and the candidate count.
-  void scan(int64_t* sums, int64_t* picks) const {
+  // scan: the greedy pack and the candidate count (raw log-probabilities: the raw maximum's pack).
+  void scan(const ShardPlan& plan, int64_t* sums, int64_t* picks) const {
     uint64_t best = kNoToken;
     int64_t candidates = 0;
     for (int64_t j = 0; j < p_.vocab; ++j) {
@@ -75,6 +85,11 @@ class ShardRowSampler {
     }
     sums[0] = candidates;
     picks[0] = static_cast<int64_t>(best);
+    if (!plan.raw_logprobs) return;
+    uint64_t raw = kNoToken;
+    for (int64_t j = 0; j < p_.vocab; ++j)
+      if (raw_[j] > kNegInf) raw = std::max(raw, pack_argmax(score_key(raw_[j]), offset_ + j));
+    picks[1] = static_cast<int64_t>(raw);
   }
 
   // A select stage's histograms: top-k's counts of the keys in its domain, top-p's Z and masses.
@@ -92,14 +107,17 @@ class ShardRowSampler {
   }
 
   // The draw: the shard's best perturbed score over the kept set; with log-probabilities the
-  // distribution's ln Z digits and top-N, and the score key of the shard's pick.
-  void draw(const ShardRow& s, const ShardPlan& plan, int64_t* sums, int64_t* picks) {
-    const int64_t n = plan.num_logprobs;
-    const int64_t width = shard_picks_width(plan, draw_stage(plan));
-    std::fill(picks, picks + width, static_cast<int64_t>(kNoToken));
-    if (n >= 0) sums[0] = sums[1] = 0;
+  // distribution's ln Z digits and top-N, and the score key of the shard's pick; with
+  // return_kept the kept set's size here, its K largest packs (where it has at most K tokens
+  // here) and its bitmask words (`kept`, the row's).
+  void draw(const ShardStep& a, const ShardRow& s, int64_t* sums, int64_t* picks, int32_t* kept) {
+    const ShardPlan& plan = a.plan;
+    const int64_t n = plan.num_logprobs, k = plan.kept_k;
+    std::fill(picks, picks + draw_picks_width(n, k), static_cast<int64_t>(kNoToken));
+    std::fill(sums, sums + draw_sums_width(n, k), int64_t{0});
+    if (k > 0) std::fill(kept, kept + a.kept_width, 0);
     if (s.greedy == kNoToken) return;
-    const ShardDrawRow d = shard_draw_row(r_, s);
+    const ShardDrawRow d = shard_draw_row(r_, s, plan);
     ShardDrawPart part{kNoToken, kNoKey, {0, 0}};
     int64_t group = -1;
     Philox4 bits{};
@@ -107,35 +125,55 @@ class ShardRowSampler {
     score_values(values_, p_.vocab, d.sc.temperature, d.sc.x_origin, scores_);
     for (int64_t j = 0; j < p_.vocab; ++j) {
       const float x = scores_[j];
-      if (!draw_keeps(d, x)) continue;
+      const float l = logprob_score(d, x, raw_[j]);
+      if (!(l > kNegInf) && !draw_keeps(d, x)) continue;
       const int64_t id = offset_ + j;
       const auto noise = [&] {
         if ((id >> 2) != group) group = id >> 2, bits = noise_bits(r_, group);  // one call per 4 tokens
         return bits.v[id & 3];
       };
-      offer_draw(r_, d, values_[j], x, id, noise, n >= 0, part);
-      if (n > 0) top_.push_back(pack_argmax(score_key(x), id));
+      offer_draw(r_, d, values_[j], x, l, id, noise, n >= 0, part);
+      if (n > 0 && l > kNegInf) top_.push_back(pack_argmax(score_key(l), id));
     }
     picks[0] = static_cast<int64_t>(part.best);
+    if (k > 0) draw_kept(a, d, sums + kept_sums_word(n), picks + kept_picks_word(n), kept);
     if (n < 0) return;
     picks[1] = part.best_key;
     sums[0] = static_cast<int64_t>(part.z.high), sums[1] = static_cast<int64_t>(part.z.low);
-    const int64_t kept = std::min<int64_t>(n, static_cast<int64_t>(top_.size()));
-    std::partial_sort(top_.begin(), top_.begin() + kept, top_.end(), std::greater<uint64_t>());
-    std::copy(top_.begin(), top_.begin() + kept, picks + 2);
+    const int64_t listed = std::min<int64_t>(n, static_cast<int64_t>(top_.size()));
+    std::partial_sort(top_.begin(), top_.begin() + listed, top_.end(), std::greater<uint64_t>());
+    std::copy(top_.begin(), top_.begin() + listed, picks + 2);
   }
 
-  // rank: how many of the shard's scores are above the drawn token's (its key from the
-  // draw's picks, `token_key`).
-  void rank(const ShardRow& s, uint32_t token_key, int64_t* sums) const {
+  // The kept set's part of the draw (scores_ holds the draw's scores).
+  void draw_kept(const ShardStep& a, const ShardDrawRow& d, int64_t* size, int64_t* packs, int32_t* words) {
+    const auto in_set = [&](int64_t j) { return in_kept_set(d, values_[j], scores_[j], offset_ + j); };
+    kept_.clear();
+    for (int64_t j = 0; j < p_.vocab; ++j)
+      if (in_set(j)) kept_.push_back(pack_argmax(score_key(scores_[j]), offset_ + j));
+    *size = static_cast<int64_t>(kept_.size());
+    for (int64_t w = offset_ / 32; 32 * w < offset_ + p_.vocab; ++w)
+      words[w] = static_cast<int32_t>(kept_word(a, w, in_set));
+    if (*size > a.plan.kept_k) return;  // (the set is larger than K: no ids are listed)
+    std::sort(kept_.begin(), kept_.end(), std::greater<uint64_t>());
+    std::copy(kept_.begin(), kept_.end(), packs);
+  }
+
+  // rank: how many of the shard's scores (raw log-probabilities: raw scores) are above the
+  // drawn token's (its key from the draw's picks, `token_key`).
+  void rank(const ShardRow& s, const ShardPlan& plan, uint32_t token_key, int64_t* sums) const {
     sums[0] = 0;
     if (s.greedy == kNoToken) return;
-    const ShardScores sc = shard_scores(r_, s.greedy, s.greedy_row != 0);
-    score_values(values_, p_.vocab, sc.temperature, sc.x_origin, scores_);
+    const float* scores = raw_;
+    if (!plan.raw_logprobs) {
+      const ShardScores sc = shard_scores(r_, s.greedy, s.greedy_row != 0);
+      score_values(values_, p_.vocab, sc.temperature, sc.x_origin, scores_);
+      scores = scores_;
+    }
     const float token_score = key_score(token_key);
     int64_t above = 0;
 #pragma omp simd reduction(+ : above)
-    for (int64_t j = 0; j < p_.vocab; ++j) above += scores_[j] > token_score;
+    for (int64_t j = 0; j < p_.vocab; ++j) above += scores[j] > token_score;
     sums[0] = token_key == 0xffffffffu ? 0 : above;
   }
 
@@ -145,7 +183,9 @@ class ShardRowSampler {
   const RowParams r_;
   float* values_;
   float* scores_;
+  float* raw_;
   std::vector<uint64_t>& top_;
+  std::vector<uint64_t>& kept_;
 };
 
 }  // namespace
@@ -165,15 +205,15 @@ void sample_shard_cpu(const ShardStep& a, const ParallelFor& parallel_for) {
         int64_t* row_sums = a.sums + row * sums_width;
         int64_t* row_picks = a.picks + row * picks_width;
         if (stage == 0) {
-          sampler.scan(row_sums, row_picks);
+          sampler.scan(plan, row_sums, row_picks);
           continue;
         }
         uint32_t token_key = 0;
         const ShardRow s = absorb_stage(a, sampler.params(), row, &token_key);
         store_shard_row(a.state + row * kShardStateWords, s);
         if (stage < draw_stage(plan)) sampler.select(s, plan, stage, row_sums);
-        else if (stage == draw_stage(plan)) sampler.draw(s, plan, row_sums, row_picks);
-        else sampler.rank(s, token_key, row_sums);
+        else if (stage == draw_stage(plan)) sampler.draw(a, s, row_sums, row_picks, plan.kept_k > 0 ? a.kept_words + row * a.kept_width : nullptr);
+        else sampler.rank(s, plan, token_key, row_sums);
       }
     });
   });

@@ -1,6 +1,7 @@
 // The CUDA side of sample_sharded (sharded.h): one stage of one shard, a block per row
 // (grid-stride), and the outputs, a thread per row. A stage reads the shard's logits once (a
-// top-N over kTopChunk tokens: once more per kTopChunk); every decision is sharded.h's, made
+// top-N or kept list over kTopChunk tokens: once more per kTopChunk; the kept set's bitmask
+// words: once more); every decision is sharded.h's, made
 // by the same host/device functions as the CPU's, so both return the same bits. Sums are
 // integers (shared 32-bit atomics, key_bins.cuh's add_to_bin) and picks maxima: the order in
 // which threads add them does not matter.
@@ -47,21 +48,37 @@ struct ShardRowView {
   __device__ float score_of(float v, const ShardScores& sc) const {
     return v > kNegInf ? score(v, sc.temperature, sc.x_origin) : kNegInf;
   }
+
+  // Column j's candidate value (shard_value), for a pass that visits columns on its own.
+  __device__ float value_at(int64_t j) const { return shard_value<D>(a, penalty, logits, bitmask, j); }
+
+  // Column j's raw score (the raw log-probabilities; a second read of the logit, from cache).
+  __device__ float raw_at(int64_t j) const { return raw_score(load_logit<D>(logits, j)); }
 };
 
-// scan: the candidate count and the greedy pack.
+// scan: the candidate count and the greedy pack (raw log-probabilities: the raw maximum's pack).
 template <Dtype D>
 __device__ void scan_shard(const ShardRowView<D>& row, int64_t* sums, int64_t* picks, ShardShared& sh) {
-  uint64_t count = 0, best = kNoToken;
+  const bool raw = row.a.plan.raw_logprobs;
+  uint64_t count = 0, best = kNoToken, raw_best = kNoToken;
   row.each([&](int64_t j, float v) {
+    const int64_t id = row.a.vocab_offset + j;
+    if (raw) {
+      const float x = row.raw_at(j);
+      const uint64_t pack = x > kNegInf ? pack_argmax(score_key(x), id) : kNoToken;
+      raw_best = pack > raw_best ? pack : raw_best;
+    }
     if (!(v > kNegInf)) return;
     ++count;
-    const uint64_t pack = pack_argmax(score_key(v), row.a.vocab_offset + j);
+    const uint64_t pack = pack_argmax(score_key(v), id);
     best = pack > best ? pack : best;
   });
   count = block_sum(count, sh.sampler);
   best = block_max(best, sh.sampler);
   if (threadIdx.x == 0) sums[0] = static_cast<int64_t>(count), picks[0] = static_cast<int64_t>(best);
+  if (!raw) return;
+  raw_best = block_max(raw_best, sh.sampler);
+  if (threadIdx.x == 0) picks[1] = static_cast<int64_t>(raw_best);
 }
 
 // A select stage's sums, gathered in shared memory (zeroed first, barrier, added, barrier).
@@ -87,64 +104,115 @@ __device__ void select_shard(const ShardRowView<D>& row, const ShardRow& s, int6
   for (int64_t w = threadIdx.x; w < width; w += kThreads) sums[w] = static_cast<int64_t>(bins[w]);
 }
 
-// The draw: the block's best perturbed pack and its score key; with log-probabilities the kept
-// set's fine masses and its top-N packs, largest first (kTopChunk a pass: merge_top).
+// The block's n largest packs of pack_of(j, v) (kNoToken: not offered), largest first, into
+// out[0, n) (kNoToken past the last: the caller's defaults), kTopChunk a pass (merge_top).
+// `list` already holds this thread's offers of the first pass where `offered` (made in the
+// caller's own pass over the shard).
+template <Dtype D, typename PackOf>
+__device__ void top_packs(const ShardRowView<D>& row, int64_t n, PackOf&& pack_of, TopList& list, bool offered,
+                          int64_t* out, ShardShared& sh) {
+  int chunk = static_cast<int>(n < kTopChunk ? n : kTopChunk);
+  if (chunk <= 0) return;
+  uint64_t bound = ~uint64_t{0};  // (above every pack: scores are finite, so no key is all ones)
+  for (int64_t done = 0;;) {
+    if (!offered) {
+      list.clear();
+      row.each([&](int64_t j, float v) {
+        const uint64_t pack = pack_of(j, v);
+        if (pack != kNoToken && pack < bound) list.offer(pack, chunk);
+      });
+    }
+    offered = false;
+    const int found = merge_top(list, chunk, sh.sampler);
+    if (threadIdx.x < found) out[done + threadIdx.x] = static_cast<int64_t>(sh.sampler.top[threadIdx.x]);
+    done += found;
+    if (found < chunk || done == n) break;
+    bound = sh.sampler.top[chunk - 1];
+    __syncthreads();  // every thread has read sh.top before the next chunk writes it
+    chunk = static_cast<int>(n - done < kTopChunk ? n - done : kTopChunk);
+  }
+  // (A later merge_top writes sh.top only past its block_max's barrier, which every thread
+  // reaches after reading it here.)
+}
+
+// The kept set's part of the draw (return_kept), from its size here (`count`, this thread's):
+// the block's size, the row's bitmask words (a thread a word; this shard's bits, 0 elsewhere)
+// and, where the set has at most K tokens here, its K largest packs.
+template <Dtype D>
+__device__ void draw_kept(const ShardRowView<D>& row, const ShardDrawRow& d, uint64_t count, int64_t* size,
+                          int64_t* packs, int32_t* words, TopList& list, ShardShared& sh) {
+  const ShardStep& a = row.a;
+  const auto in_set = [&](int64_t j, float v) { return in_kept_set(d, v, row.score_of(v, d.sc), a.vocab_offset + j); };
+  count = block_sum(count, sh.sampler);
+  if (threadIdx.x == 0) *size = static_cast<int64_t>(count);
+  for (int64_t w = threadIdx.x; w < a.kept_width; w += kThreads)
+    words[w] = static_cast<int32_t>(kept_word(a, w, [&](int64_t j) { return in_set(j, row.value_at(j)); }));
+  if (count > static_cast<uint64_t>(a.plan.kept_k)) return;  // (no ids are listed; the same for the block)
+  top_packs(row, a.plan.kept_k, [&](int64_t j, float v) {
+    return in_set(j, v) ? pack_argmax(score_key(row.score_of(v, d.sc)), a.vocab_offset + j) : kNoToken;
+  }, list, false, packs, sh);
+}
+
+// The draw: the block's best perturbed pack and its score key; with log-probabilities the
+// distribution's fine masses and its top-N packs, largest first; with return_kept the kept
+// set's (draw_kept).
 template <Dtype D>
 __device__ void draw_shard(const ShardRowView<D>& row, const ShardRow& s, int64_t* sums, int64_t* picks,
-                           ShardShared& sh) {
-  const int64_t n = row.a.plan.num_logprobs;
-  const int64_t width = shard_picks_width(row.a.plan, row.a.stage);
-  for (int64_t c = threadIdx.x; c < width; c += kThreads) picks[c] = static_cast<int64_t>(kNoToken);
-  if (threadIdx.x == 0 && n >= 0) sums[0] = sums[1] = 0;
+                           int32_t* kept, ShardShared& sh) {
+  const ShardPlan& plan = row.a.plan;
+  const int64_t n = plan.num_logprobs, k = plan.kept_k;
+  for (int64_t c = threadIdx.x; c < draw_picks_width(n, k); c += kThreads) picks[c] = static_cast<int64_t>(kNoToken);
+  for (int64_t c = threadIdx.x; c < draw_sums_width(n, k); c += kThreads) sums[c] = 0;
   __syncthreads();  // the defaults before any result
-  if (s.greedy == kNoToken) return;  // (the same for the whole block)
-  const ShardDrawRow d = shard_draw_row(row.r, s);
+  if (s.greedy == kNoToken) {  // (the same for the whole block)
+    for (int64_t w = threadIdx.x; k > 0 && w < row.a.kept_width; w += kThreads) kept[w] = 0;
+    return;
+  }
+  const ShardDrawRow d = shard_draw_row(row.r, s, plan);
   const int64_t offset = row.a.vocab_offset;
   ShardDrawPart part{kNoToken, kNoKey, {0, 0}};
   NoiseWords noise;
   TopList list;
-  int chunk = static_cast<int>(n < kTopChunk ? (n > 0 ? n : 0) : kTopChunk);
+  const int chunk = static_cast<int>(n < kTopChunk ? (n > 0 ? n : 0) : kTopChunk);
   if (chunk > 0) list.clear();
+  uint64_t kept_count = 0;
+  // The log-probabilities' score of column j (draw score x).
+  const auto logprob_of = [&](int64_t j, float x) { return logprob_score(d, x, d.raw ? row.raw_at(j) : kNegInf); };
   row.each([&](int64_t j, float v) {
     const float x = row.score_of(v, d.sc);
-    if (!draw_keeps(d, x)) return;
+    const float l = logprob_of(j, x);
+    if (!(l > kNegInf) && !draw_keeps(d, x)) return;
     const int64_t id = offset + j;
-    offer_draw(row.r, d, v, x, id, [&] { return noise(row.r, id); }, n >= 0, part);
-    if (chunk > 0) list.offer(pack_argmax(score_key(x), id), chunk);
+    offer_draw(row.r, d, v, x, l, id, [&] { return noise(row.r, id); }, n >= 0, part);
+    if (chunk > 0 && l > kNegInf) list.offer(pack_argmax(score_key(l), id), chunk);
+    if (k > 0) kept_count += in_kept_set(d, v, x, id);
   });
   const uint64_t best = block_max(part.best, sh.sampler);
   if (threadIdx.x == 0) picks[0] = static_cast<int64_t>(best);
-  if (n < 0) return;
-  const uint64_t best_key = block_max(part.best == best ? part.best_key : kNoKey, sh.sampler);
-  const uint64_t high = block_sum(part.z.high, sh.sampler), low = block_sum(part.z.low, sh.sampler);
-  if (threadIdx.x == 0) picks[1] = static_cast<int64_t>(best_key), sums[0] = static_cast<int64_t>(high),
-                        sums[1] = static_cast<int64_t>(low);
-  for (int64_t done = 0; chunk > 0;) {
-    const int found = merge_top(list, chunk, sh.sampler);
-    if (threadIdx.x < found) picks[2 + done + threadIdx.x] = static_cast<int64_t>(sh.sampler.top[threadIdx.x]);
-    done += found;
-    if (found < chunk || done == n) break;
-    const uint64_t bound = sh.sampler.top[chunk - 1];
-    __syncthreads();  // every thread has read sh.top before the next chunk writes it
-    chunk = static_cast<int>(n - done < kTopChunk ? n - done : kTopChunk);
-    list.clear();
-    row.each([&](int64_t j, float v) {
-      const float x = row.score_of(v, d.sc);
-      const uint64_t pack = pack_argmax(score_key(x), offset + j);
-      if (draw_keeps(d, x) && pack < bound) list.offer(pack, chunk);
-    });
+  if (n >= 0) {
+    const uint64_t best_key = block_max(part.best == best ? part.best_key : kNoKey, sh.sampler);
+    const uint64_t high = block_sum(part.z.high, sh.sampler), low = block_sum(part.z.low, sh.sampler);
+    if (threadIdx.x == 0) picks[1] = static_cast<int64_t>(best_key), sums[0] = static_cast<int64_t>(high),
+                          sums[1] = static_cast<int64_t>(low);
+    top_packs(row, n, [&](int64_t j, float v) {
+      const float l = logprob_of(j, row.score_of(v, d.sc));
+      return l > kNegInf ? pack_argmax(score_key(l), offset + j) : kNoToken;
+    }, list, true, picks + 2, sh);
   }
+  if (k > 0) draw_kept(row, d, kept_count, sums + kept_sums_word(n), picks + kept_picks_word(n), kept, list, sh);
 }
 
-// rank: how many of the shard's scores are above the drawn token's.
+// rank: how many of the shard's scores (raw log-probabilities: raw scores) are above the
+// drawn token's.
 template <Dtype D>
 __device__ void rank_shard(const ShardRowView<D>& row, const ShardRow& s, uint32_t token_key, int64_t* sums,
                            ShardShared& sh) {
   uint64_t above = 0;
   if (s.greedy != kNoToken) {  // (the same for the whole block)
+    const bool raw = row.a.plan.raw_logprobs;
     const ShardScores sc = shard_scores(row.r, s.greedy, s.greedy_row != 0);
     const float token_score = key_score(token_key);
-    row.each([&](int64_t, float v) { above += row.score_of(v, sc) > token_score; });
+    row.each([&](int64_t j, float v) { above += (raw ? row.raw_at(j) : row.score_of(v, sc)) > token_score; });
     above = block_sum(above, sh.sampler);
   }
   if (threadIdx.x == 0) sums[0] = s.greedy == kNoToken || token_key == 0xffffffffu ? 0 : static_cast<int64_t>(above);
@@ -177,7 +245,8 @@ __global__ void __launch_bounds__(kThreads) sample_shard_kernel(const __grid_con
     const uint32_t token_key = sh.token_key;
     __syncthreads();  // read by all before the next row's thread 0 writes them
     if (a.stage < draw_stage(a.plan)) select_shard(view, s, sums, sh);
-    else if (a.stage == draw_stage(a.plan)) draw_shard(view, s, sums, picks, sh);
+    else if (a.stage == draw_stage(a.plan))
+      draw_shard(view, s, sums, picks, a.plan.kept_k > 0 ? a.kept_words + row * a.kept_width : nullptr, sh);
     else rank_shard(view, s, token_key, sums, sh);
   }
 }

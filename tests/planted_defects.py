@@ -67,7 +67,7 @@ def _shard_step_with(**changed) -> Callable:
 
         def op(*args):
             call = dict(zip(names, args))
-            real(**(call | {name: call[name].clone() for name in ("state", "sums", "picks")}))
+            real(**(call | {name: call[name].clone() for name in ("state", "sums", "picks", "kept_bitmask")}))
             real(**(call | changed))
 
         return op

@@ -43,7 +43,8 @@ def case_logits(case: dict) -> torch.Tensor:
 
 
 def case_inputs(case: dict, lp) -> dict:
-    """The keyword arguments of `sample` for the case (the whole rows' bitmask and penalties)."""
+    """The keyword arguments of `sample` (or `sample_with_logprobs`) for the case (the whole rows'
+    bitmask and penalties)."""
     rows, vocab = case["rows"], case["vocab"]
     g = torch.Generator().manual_seed(case["gen"] + 1)
     kwargs: dict = {}
@@ -74,7 +75,22 @@ def case_inputs(case: dict, lp) -> dict:
                                            logit_bias_values=bias_values)
     if case.get("filter_apply_order"):
         kwargs["filter_apply_order"] = case["filter_apply_order"]
+    for name in ("logprobs_mode", "return_kept"):  # (sample_with_logprobs' and sample_sharded's)
+        if case.get(name):
+            kwargs[name] = case[name]
     return kwargs
+
+
+def result_fields(result, case: dict) -> tuple:
+    """sample_sharded's result for the case as a flat tuple: the tokens (or the four fields of
+    SampleWithLogprobs), then with return_kept the KeptSet's three."""
+    main, kept = result if case.get("return_kept") else (result, ())
+    return ((main,) if case.get("num_logprobs") is None else tuple(main)) + tuple(kept)
+
+
+def field_names(case: dict) -> tuple:
+    names = ("tokens",) if case.get("num_logprobs") is None else ("tokens", "logprobs", "logprob_token_ids", "ranks")
+    return names + (("kept bitmask", "kept ids", "kept size") if case.get("return_kept") else ())
 
 
 def run_rank(rank: int, world: int, store: str, cases: list[dict], out: str) -> None:
@@ -106,7 +122,7 @@ def run_rank(rank: int, world: int, store: str, cases: list[dict], out: str) -> 
         except ValueError as e:
             results.append(("error", str(e)))
             continue
-        results.append(tuple(result) if case.get("num_logprobs") is not None else (result,))
+        results.append(result_fields(result, case))
     dist.destroy_process_group()
     torch.save(results, out)
 

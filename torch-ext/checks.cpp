@@ -138,7 +138,11 @@ int choice_index(const std::string& value, const char* name, std::initializer_li
 void check_output(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype,
                   int64_t columns) {
   CHECK_ARG(t.scalar_type() == dtype, name, " must be ",
-            dtype == ScalarType::Long ? "int64" : dtype == ScalarType::Double ? "float64" : "float32", ", got ",
+            dtype == ScalarType::Long     ? "int64"
+            : dtype == ScalarType::Int    ? "int32"
+            : dtype == ScalarType::Double ? "float64"
+                                          : "float32",
+            ", got ",
             t.scalar_type());
   CHECK_ARG(t.device() == logits.device(), name, " must be on the logits' device (",
             device_name(logits.device()), "), got ", device_name(t.device()));

@@ -90,16 +90,11 @@ void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArgume
   call.params.penalties = call.penalty.penalties;
 }
 
-namespace {
-
-// "raw" or "processed": whether the log-probabilities are the raw ones.
 bool raw_logprobs(const std::string& logprobs_mode) {
   CHECK_ARG(logprobs_mode == "raw" || logprobs_mode == "processed",
             "logprobs_mode must be 'raw' or 'processed', got '", logprobs_mode, "'");
   return logprobs_mode == "raw";
 }
-
-}  // namespace
 
 void sample(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
             const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)

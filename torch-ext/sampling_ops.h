@@ -3,6 +3,7 @@
 // The sampler's validation (penalties included), which verify_draft shares with the sampler ops.
 
 #include <optional>
+#include <string>
 
 #include "../logits_processor/sampling.h"
 #include "penalty_ops.h"
@@ -36,5 +37,9 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
 // every one of them with the state (prompt_mask and output_counts), none without it. `vocab`:
 // the state's width (-1: the logits').
 void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& args, int64_t vocab = -1);
+
+// A logprobs_mode argument, checked: true for "raw", false for "processed" (the sampler ops'
+// and sample_shard_step's).
+bool raw_logprobs(const std::string& logprobs_mode);
 
 HIDDEN_NAMESPACE_END(binding)

@@ -28,9 +28,9 @@ void check_words(const Tensor& t, const Tensor& like, const char* name, std::ini
             shape_name(t.sizes()));
 }
 
-lp::ShardPlan shard_plan(const FilterArguments& f, int64_t num_logprobs) {
+lp::ShardPlan shard_plan(const FilterArguments& f, int64_t num_logprobs, bool raw_logprobs, int64_t kept_k) {
   return {f.top_k.has_value() || f.top_k_value > 0, f.top_p.has_value() || f.top_p_value < 1.0,
-          f.filter_apply_order == "top_k_first", num_logprobs};
+          f.filter_apply_order == "top_k_first", num_logprobs, num_logprobs >= 0 && raw_logprobs, kept_k};
 }
 
 void check_num_logprobs(int64_t num_logprobs, int64_t vocab_size) {
@@ -38,13 +38,20 @@ void check_num_logprobs(int64_t num_logprobs, int64_t vocab_size) {
             "] (the vocabulary), or -1 for none, got ", num_logprobs);
 }
 
+// kept_k is sample_sharded's return_kept (0: none).
+void check_kept_k(int64_t kept_k, int64_t vocab_size) {
+  CHECK_ARG(kept_k >= 0 && kept_k <= vocab_size, "return_kept must be in [1, ", vocab_size,
+            "] (K, the kept ids per row), got ", kept_k);
+}
+
 }  // namespace
 
 void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab_size,
                        LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
                        const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
-                       int64_t num_logprobs, int64_t stage, const Tensor& state, const Tensor& sums_in,
-                       const Tensor& picks_in, const Tensor& sums, const Tensor& picks) {
+                       int64_t num_logprobs, const std::string& logprobs_mode, int64_t kept_k, int64_t stage,
+                       const Tensor& state, const Tensor& sums_in, const Tensor& picks_in, const Tensor& sums,
+                       const Tensor& picks, const Tensor& kept_bitmask) {
   const FilterArguments filters{LP_FILTER_ARGUMENTS(LP_FORWARD)};
   SamplingCall call = sampling_call(logits, filters, {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask);
   CHECK_ARG(vocab_size >= 1 && vocab_size < (int64_t{1} << 31), "vocab_size must be in [1, 2^31), got ",
@@ -54,7 +61,8 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
             vocab_size - shard, "] (vocab_size - the shard's ", shard, " columns), got ", vocab_offset);
   add_penalties(call, logits, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)}, vocab_size);
   check_num_logprobs(num_logprobs, vocab_size);
-  const lp::ShardPlan plan = shard_plan(filters, num_logprobs);
+  check_kept_k(kept_k, vocab_size);
+  const lp::ShardPlan plan = shard_plan(filters, num_logprobs, raw_logprobs(logprobs_mode), kept_k);
   const int64_t stages = lp::shard_stages(plan);
   CHECK_ARG(stage >= 0 && stage < stages, "stage must be in [0, ", stages, ") for these filters, got ", stage);
   const int s = static_cast<int>(stage);
@@ -69,6 +77,8 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
   }
   check_words(sums, logits, "sums", {rows, lp::shard_sums_width(plan, s)});
   check_words(picks, logits, "picks", {rows, lp::shard_picks_width(plan, s)});
+  const int64_t kept_width = kept_k > 0 ? (vocab_size + 31) / 32 : 0;
+  check_output(kept_bitmask, logits, "kept_bitmask", ScalarType::Int, kept_width);
   const lp::ShardStep step{call.params,
                            vocab_offset,
                            plan,
@@ -80,7 +90,9 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
                            ranks,
                            s > 0 ? picks_in.size(2) : 0,
                            sums.mutable_data_ptr<int64_t>(),
-                           picks.mutable_data_ptr<int64_t>()};
+                           picks.mutable_data_ptr<int64_t>(),
+                           kept_width > 0 ? kept_bitmask.mutable_data_ptr<int32_t>() : nullptr,
+                           kept_width};
   if (!uses_cuda_kernels(logits)) return lp::sample_shard_cpu(step, run_parallel_for);
 #if defined(CUDA_KERNEL)
   const CudaLaunchContext context(logits);
@@ -89,34 +101,41 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
 }
 
 void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Tensor& draw_sums,
-                         const Tensor& rank_sums, int64_t num_logprobs, const Tensor& tokens,
-                         const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks) {
+                         const Tensor& rank_sums, int64_t num_logprobs, int64_t kept_k, const Tensor& tokens,
+                         const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks,
+                         const Tensor& kept_ids, const Tensor& kept_size) {
   CHECK_ARG(state.dim() == 2, "state must be 2-D [batch, ", lp::kShardStateWords, "], got ", state.dim(), "-D");
   const int64_t rows = state.size(0);
   check_words(state, state, "state", {rows, lp::kShardStateWords});
   check_num_logprobs(num_logprobs, int64_t{1} << 31);
+  check_kept_k(kept_k, int64_t{1} << 31);
   CHECK_ARG(draw_picks.dim() == 3 && draw_picks.size(0) >= 1, "draw_picks must be 3-D [ranks, ", rows,
             ", width], got shape ", shape_name(draw_picks.sizes()));
   const int64_t n = num_logprobs;
   const int64_t group = draw_picks.size(0);
-  check_words(draw_picks, state, "draw_picks", {group, rows, n < 0 ? 1 : 2 + n});
-  check_words(draw_sums, state, "draw_sums", {rows, n < 0 ? 0 : 2});
+  check_words(draw_picks, state, "draw_picks", {group, rows, lp::draw_picks_width(n, kept_k)});
+  check_words(draw_sums, state, "draw_sums", {rows, lp::draw_sums_width(n, kept_k)});
   check_words(rank_sums, state, "rank_sums", {rows, n < 0 ? 0 : 1});
   check_output(tokens, state, "tokens", ScalarType::Long);
   const int64_t columns = n < 0 ? 0 : 1 + n;
   check_output(logprobs, state, "logprobs", ScalarType::Float, columns);
   check_output(logprob_token_ids, state, "logprob_token_ids", ScalarType::Long, columns);
   check_output(ranks, state, "ranks", ScalarType::Long);
+  check_output(kept_ids, state, "kept_ids", ScalarType::Long, kept_k);
+  check_output(kept_size, state, "kept_size", ScalarType::Long);
   const lp::ShardOutputs out{rows,
                              group,
                              n,
+                             kept_k,
                              draw_picks.const_data_ptr<int64_t>(),
                              draw_sums.const_data_ptr<int64_t>(),
                              rank_sums.const_data_ptr<int64_t>(),
                              tokens.mutable_data_ptr<int64_t>(),
                              logprobs.mutable_data_ptr<float>(),
                              logprob_token_ids.mutable_data_ptr<int64_t>(),
-                             ranks.mutable_data_ptr<int64_t>()};
+                             ranks.mutable_data_ptr<int64_t>(),
+                             kept_ids.mutable_data_ptr<int64_t>(),
+                             kept_size.mutable_data_ptr<int64_t>()};
   if (!uses_cuda_kernels(state)) return lp::finish_shard_cpu(out, state.const_data_ptr<int64_t>(), run_parallel_for);
 #if defined(CUDA_KERNEL)
   const CudaLaunchContext context(state);

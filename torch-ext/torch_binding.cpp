@@ -102,12 +102,15 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "Tensor? bitmask, "
           LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "int num_logprobs, "
+          "str logprobs_mode, "
+          "int kept_k, "
           "int stage, "
           "Tensor(a!) state, "
           "Tensor sums_in, "
           "Tensor picks_in, "
           "Tensor(b!) sums, "
-          "Tensor(c!) picks"
+          "Tensor(c!) picks, "
+          "Tensor(d!) kept_bitmask"
           ") -> ()");
   ops.def("sample_shard_finish("
           "Tensor state, "
@@ -115,10 +118,13 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "Tensor draw_sums, "
           "Tensor rank_sums, "
           "int num_logprobs, "
+          "int kept_k, "
           "Tensor(a!) tokens, "
           "Tensor(b!) logprobs, "
           "Tensor(c!) logprob_token_ids, "
-          "Tensor(d!) ranks"
+          "Tensor(d!) ranks, "
+          "Tensor(e!) kept_ids, "
+          "Tensor(f!) kept_size"
           ") -> ()");
   ops.def("support_logprobs("
           LP_SUPPORT_ARGUMENTS(LP_SCHEMA_ARGUMENT)

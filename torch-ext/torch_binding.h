@@ -139,10 +139,12 @@ void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, con
 void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab_size,
                        LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
                        const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
-                       int64_t num_logprobs, int64_t stage, const Tensor& state, const Tensor& sums_in,
-                       const Tensor& picks_in, const Tensor& sums, const Tensor& picks);
+                       int64_t num_logprobs, const std::string& logprobs_mode, int64_t kept_k, int64_t stage,
+                       const Tensor& state, const Tensor& sums_in, const Tensor& picks_in, const Tensor& sums,
+                       const Tensor& picks, const Tensor& kept_bitmask);
 void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Tensor& draw_sums,
-                         const Tensor& rank_sums, int64_t num_logprobs, const Tensor& tokens,
-                         const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks);
+                         const Tensor& rank_sums, int64_t num_logprobs, int64_t kept_k, const Tensor& tokens,
+                         const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks,
+                         const Tensor& kept_ids, const Tensor& kept_size);
 
 HIDDEN_NAMESPACE_END(binding)

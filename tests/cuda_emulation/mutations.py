@@ -172,7 +172,12 @@ MUTANTS = [
     # by the shard's column, not the global id.
     Mutant("shard-select-barrier", SHARDED, "bins[w] = 0;\n  __syncthreads();\n", "bins[w] = 0;\n", "fibers",
            AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py"),
-    Mutant("shard-top-bound", SHARDED, "draw_keeps(d, x) && pack < bound", "draw_keeps(d, x) && pack <= bound",
+    Mutant("shard-top-bound", SHARDED, "pack != kNoToken && pack < bound", "pack != kNoToken && pack <= bound",
+           "fibers", AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py"),
+    Mutant("shard-raw-rank", SHARDED, "(raw ? row.raw_at(j) : row.score_of(v, sc)) > token_score",
+           "row.score_of(v, sc) > token_score", "fibers", AGREEMENT, "shard_kernels",
+           "tests/cuda_emulation/test_sharded_cuda.py"),
+    Mutant("shard-kept-count", SHARDED, "kept_count += in_kept_set(d, v, x, id)", "kept_count += draw_keeps(d, x)",
            "fibers", AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py"),
     Mutant("shard-noise-id", SHARDED, "[&] { return noise(row.r, id); }", "[&] { return noise(row.r, j); }",
            "fibers", AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py"),

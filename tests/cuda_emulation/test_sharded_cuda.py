@@ -14,39 +14,42 @@ from sharded_cases import case_inputs, case_logits, shard_bounds
 
 def stage_arguments(lp, kwargs: dict, num_logprobs: int) -> tuple:
     """The driver's own argument handling (the package's _sharded module): the op's
-    sampler and penalty arguments, and the plan."""
+    sampler and penalty arguments, the filter order, logprobs mode and K, and the plan."""
     sharded = lp._sharded
     defaults = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, offset=0)  # (sample_sharded's)
     arguments = sharded.sampler_arguments(**{k: kwargs.get(k, v) for k, v in defaults.items()})
     penalty = sharded.fused_penalty_arguments(kwargs.get("penalties"))
-    order = kwargs.get("filter_apply_order", "joint")
-    plan = sharded._Plan(arguments["top_k"] is not None or arguments["top_k_value"] > 0,
-                         arguments["top_p"] is not None or arguments["top_p_value"] < 1.0,
-                         order == "top_k_first", num_logprobs)
-    return arguments, penalty, order, plan
+    order, mode = kwargs.get("filter_apply_order", "joint"), kwargs.get("logprobs_mode", "processed")
+    k = kwargs.get("return_kept", 0)
+    return arguments, penalty, order, mode, k, sharded._plan(arguments, order, num_logprobs, mode, k)
 
 
 def run_stages(lp, shards, cuts, vocab, kwargs, num_logprobs, check=None):
     """Every stage of every shard through `lp`'s ops, merged as the driver merges them; then
-    finish. check(stage, q, outputs) sees each shard's (state, sums, picks)."""
+    finish. check(stage, q, outputs) sees each shard's (state, sums, picks, kept bitmask)."""
     sharded = lp._sharded
-    arguments, penalty, order, plan = stage_arguments(lp, kwargs, num_logprobs)
+    arguments, penalty, order, mode, k, plan = stage_arguments(lp, kwargs, num_logprobs)
     rows, world = shards[0].shape[0], len(shards)
     words = lambda *shape: torch.full(shape, -7, dtype=torch.int64)  # noqa: E731 (garbage, not zeros)
     states = [words(rows, sharded._STATE_WORDS) for _ in shards]
     sums_in, picks_in = words(rows, 0), words(world, rows, 0)
     draw_picks = draw_sums = None
+    kept_width = (vocab + 31) // 32 if k else 0
+    merged_kept = torch.zeros(rows, kept_width, dtype=torch.int32)
     for stage in range(plan.stages):
         sums_width, picks_width = plan.widths(stage)
         merged_sums, gathered = torch.zeros(rows, sums_width, dtype=torch.int64), []
         for q, shard in enumerate(shards):
             sums, picks = words(rows, sums_width), words(rows, picks_width)
+            kept = torch.full((rows, kept_width), -7, dtype=torch.int32)
             sharded.call(sharded.ops, "sample_shard_step", logits=shard, vocab_offset=cuts[q], vocab_size=vocab,
                          **arguments, filter_apply_order=order, bitmask=kwargs.get("bitmask"), **penalty,
-                         num_logprobs=num_logprobs, stage=stage, state=states[q], sums_in=sums_in,
-                         picks_in=picks_in, sums=sums, picks=picks)
+                         num_logprobs=num_logprobs, logprobs_mode=mode, kept_k=k, stage=stage, state=states[q],
+                         sums_in=sums_in, picks_in=picks_in, sums=sums, picks=picks, kept_bitmask=kept)
             if check:
-                check(stage, q, (states[q].clone(), sums, picks))
+                check(stage, q, (states[q].clone(), sums, picks, kept if stage == plan.draw else None))
+            if stage == plan.draw:
+                merged_kept += kept
             merged_sums += sums
             gathered.append(picks)
         sums_in, picks_in = merged_sums, torch.stack(gathered)
@@ -54,13 +57,15 @@ def run_stages(lp, shards, cuts, vocab, kwargs, num_logprobs, check=None):
             draw_picks, draw_sums = picks_in, sums_in
     n = num_logprobs
     out = lp.SampleWithLogprobs(words(rows), torch.full((rows, 1 + n), 5.0), words(rows, 1 + n), words(rows))
-    sharded.call(sharded.ops, "sample_shard_finish", *out, state=states[0], draw_picks=draw_picks,
-                 draw_sums=draw_sums, rank_sums=sums_in, num_logprobs=n)
-    return out, plan
+    kept_set = lp.KeptSet(merged_kept, words(rows, k), words(rows))
+    sharded.call(sharded.ops, "sample_shard_finish", *out, kept_set.ids, kept_set.size, state=states[0],
+                 draw_picks=draw_picks, draw_sums=draw_sums, rank_sums=sums_in if n >= 0 else words(rows, 0),
+                 num_logprobs=n, kept_k=k)
+    return out, kept_set, plan
 
 
 CASES = [
-    # (name, case, world, num_logprobs)
+    # (name, case, world, num_logprobs: -1 for tokens only)
     ("per_row", {"gen": 21, "rows": 14, "vocab": 3001}, 3, 4),
     ("top_k_first", {"gen": 22, "rows": 14, "vocab": 2500, "filter_apply_order": "top_k_first"}, 2, 2),
     ("ties_bf16", {"gen": 23, "rows": 7, "vocab": 2000, "kind": "ties", "dtype": "bfloat16", "top_k": 10,
@@ -71,10 +76,29 @@ CASES = [
                            "top_k": 20, "top_p": 0.9}, 2, 45),  # the top-N: 20 + 20 + 5
     ("greedy_bitmask", {"gen": 26, "rows": 5, "vocab": 2500, "bitmask": True, "temperature": 0.0}, 3, 4),
     ("unfiltered", {"gen": 27, "rows": 4, "vocab": 1000}, 2, 0),
+    # Raw log-probabilities: the raw scores' ln Z, top-N (past one kTopChunk pass) and rank,
+    # outside the bitmask and the filters too, greedy and special rows among them.
+    ("raw_bitmask_penalties", {"gen": 28, "rows": 6, "vocab": 2500, "bitmask": True, "penalties": True,
+                               "temperature": [1.0, 0.0, 0.5, 2.0, 0.7, 1.0], "top_k": 20, "top_p": 0.9,
+                               "logprobs_mode": "raw"}, 3, 40),
+    ("raw_special_fp16", {"gen": 29, "rows": 6, "vocab": 1500, "kind": "special", "dtype": "float16",
+                          "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_p": 0.9, "logprobs_mode": "raw"},
+     2, 3),
+    # return_kept: the bitmask words, the size and the ids (K past two kTopChunk passes) of every
+    # path's kept set; greedy rows, sets over K (no ids), nothing allowed, tokens only.
+    ("kept_per_row", {"gen": 30, "rows": 14, "vocab": 3001, "return_kept": 45}, 3, 2),
+    ("kept_special_tokens", {"gen": 31, "rows": 6, "vocab": 1500, "kind": "special", "dtype": "float16",
+                             "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_p": 0.5, "return_kept": 40},
+     2, -1),
+    ("kept_two_passes", {"gen": 32, "rows": 3, "vocab": 700, "top_k": 45, "return_kept": 45,  # 20 + 20 + 5
+                         "logprobs_mode": "raw"}, 1, 2),
 ]
+PER_ROW = ("per_row", "top_k_first", "kept_per_row")  # (per-row parameters: row_params)
 if SANITIZED:
     CASES = [(name, {**case, "rows": min(case["rows"], 6), "vocab": min(case["vocab"], 700)}, world, n)
-             for name, case, world, n in CASES[:5]]
+             for name, case, world, n in CASES
+             if name in ("per_row", "top_k_first", "ties_bf16", "special_fp16", "bitmask_penalties",
+                         "raw_special_fp16", "kept_per_row", "kept_special_tokens", "kept_two_passes")]
 
 
 @pytest.mark.emulation
@@ -84,7 +108,7 @@ def test_cuda_shard_kernels_agree_with_cpu(emulation, lp_cpu, sms, name, case, w
     logits = case_logits(case)
     rows, vocab = case["rows"], case["vocab"]
     per_row = row_params(rows, torch.Generator().manual_seed(case["gen"])) if "gen" in case and (
-        name == "per_row" or name == "top_k_first") else {}
+        name in PER_ROW) else {}
     kwargs = {**case_inputs(case, lp_cpu), **per_row}
     emulated_kwargs = {**case_inputs(case, emulation.lp), **per_row}  # (its own Penalties type)
     cuts = shard_bounds(vocab, world, case["gen"])
@@ -98,17 +122,23 @@ def test_cuda_shard_kernels_agree_with_cpu(emulation, lp_cpu, sms, name, case, w
     mismatches = []
 
     def check(stage, q, outputs):
-        for what, got, want in zip(("state", "sums", "picks"), outputs, expected[(stage, q)]):
-            if not torch.equal(got, want):
+        for what, got, want in zip(("state", "sums", "picks", "kept bitmask"), outputs, expected[(stage, q)]):
+            if want is not None and not torch.equal(got, want):
                 mismatches.append((stage, q, what, (got != want).nonzero()[:4].tolist()))
 
     before = emulation.launches()
     with emulation.gpu(sms):
-        got, plan = run_stages(emulation.lp, shards, cuts, vocab, emulated_kwargs, num_logprobs, check=check)
+        got, kept, plan = run_stages(emulation.lp, shards, cuts, vocab, emulated_kwargs, num_logprobs, check=check)
     assert emulation.launches() == before + plan.stages * world + 1  # a launch per stage and shard, one to finish
     assert not mismatches, mismatches
-    reference = lp_cpu.sample_with_logprobs(logits, num_logprobs=num_logprobs, **kwargs)
+    reference = lp_cpu.sample_with_logprobs(logits, num_logprobs=max(num_logprobs, 0), **kwargs)
+    if "return_kept" in kwargs:
+        reference, reference_kept = reference
+        for what, a, b in zip(("bitmask", "ids", "size"), kept, reference_kept):
+            assert torch.equal(a, b), (what, a, b)
     assert torch.equal(got.tokens, reference.tokens), (got.tokens, reference.tokens)
+    if num_logprobs < 0:
+        return
     assert torch.equal(got.logprobs.view(torch.int32), reference.logprobs.view(torch.int32))
     assert torch.equal(got.logprob_token_ids, reference.logprob_token_ids)
     assert torch.equal(got.ranks, reference.ranks)

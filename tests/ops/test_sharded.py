@@ -15,7 +15,7 @@ import torch
 
 from conftest import SANITIZED
 from harness import names_as_subject, same_bits
-from sharded_cases import case_inputs, case_logits
+from sharded_cases import case_inputs, case_logits, field_names, result_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "sharded_cases.py"
@@ -50,6 +50,19 @@ CASES = [
      "top_k": 20, "top_p": 0.9, "num_logprobs": 2},
     {"name": "greedy_bitmask", "gen": 12, "rows": 5, "vocab": 2500, "bitmask": True, "temperature": 0.0,
      "num_logprobs": 4},
+    {"name": "raw_per_row", "gen": 14, "rows": 6, "vocab": 4099, **ROW_PARAMETERS, "bitmask": True,
+     "penalties": True, "logprobs_mode": "raw", "num_logprobs": 7},
+    {"name": "raw_special", "gen": 15, "rows": 6, "vocab": 1500, "kind": "special", "dtype": "bfloat16",
+     "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_k": 3, "logprobs_mode": "raw", "num_logprobs": 4},
+    # return_kept: greedy rows, sets of 1 and 5 and over K (ids -1), nothing allowed, tokens only,
+    # and with raw log-probabilities (the kept set is still the draw's).
+    {"name": "kept_per_row", "gen": 16, "rows": 6, "vocab": 4099, **ROW_PARAMETERS, "return_kept": 128,
+     "num_logprobs": 2},
+    {"name": "kept_special_tokens", "gen": 17, "rows": 6, "vocab": 1500, "kind": "special", "dtype": "float16",
+     "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_p": 0.5, "return_kept": 40},
+    {"name": "kept_bitmask_penalties_raw", "gen": 18, "rows": 5, "vocab": 2500, "bitmask": True, "penalties": True,
+     "top_k": 20, "top_p": 0.9, "filter_apply_order": "top_k_first", "logprobs_mode": "raw", "num_logprobs": 3,
+     "return_kept": 20},
     {"name": "llama_vocab", "gen": 13, "rows": 2, "vocab": 128256, "top_k": 50, "top_p": 0.95, "num_logprobs": 1},
 ]
 
@@ -59,8 +72,7 @@ def test_one_process_is_the_unsharded_sampler(lp_cpu):
     for case in CASES[:-1]:
         kwargs = case_inputs(case, lp_cpu)
         got = lp_cpu.sample_sharded(case_logits(case), 0, case["vocab"], **kwargs, num_logprobs=case.get("num_logprobs"))
-        got = (got,) if case.get("num_logprobs") is None else tuple(got)
-        for name, a, b in zip(("tokens", "logprobs", "logprob_token_ids", "ranks"), got, reference(lp_cpu, case)):
+        for name, a, b in zip(field_names(case), result_fields(got, case), reference(lp_cpu, case), strict=True):
             assert same_bits(a, b), f"{case['name']}: {name}\n{a}\n!=\n{b}"
 
 
@@ -79,10 +91,14 @@ def run_world(world: int, cases: list[dict], tmp_path: Path) -> list[list[tuple]
 
 
 def reference(lp, case: dict) -> tuple:
+    """The unsharded result, as result_fields lays out sample_sharded's."""
     logits, kwargs = case_logits(case), case_inputs(case, lp)
-    if case.get("num_logprobs") is None:
+    if case.get("num_logprobs") is None and not case.get("return_kept"):
         return (lp.sample(logits, **kwargs),)
-    return tuple(lp.sample_with_logprobs(logits, **kwargs, num_logprobs=case["num_logprobs"]))
+    result = lp.sample_with_logprobs(logits, **kwargs, num_logprobs=case.get("num_logprobs") or 0)
+    if case.get("num_logprobs") is None:  # (the tokens and the kept set)
+        return (result[0].tokens, *result[1])
+    return result_fields(result, case)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
@@ -94,7 +110,7 @@ def test_every_rank_gets_the_unsharded_result(lp_cpu, world, tmp_path):
         expected = reference(lp_cpu, case)
         for rank in range(world):
             got = results[rank][i]
-            for name, a, b in zip(("tokens", "logprobs", "logprob_token_ids", "ranks"), got, expected):
+            for name, a, b in zip(field_names(case), got, expected, strict=True):
                 assert same_bits(a, b), f"{case['name']}, rank {rank} of {world}: {name}\n{a}\n!=\n{b}"
 
 
@@ -126,6 +142,9 @@ def test_shards_must_tile_the_vocabulary(lp_cpu):
     ({"num_logprobs": -1}, "num_logprobs"),
     ({"vocab_size": 2**31}, "vocab_size"),
     ({"top_p": 1.5}, "top_p"),
+    ({"num_logprobs": 2, "logprobs_mode": "log"}, "logprobs_mode"),
+    ({"return_kept": 0}, "return_kept"),
+    ({"return_kept": 101}, "return_kept"),
     ({"bitmask": torch.zeros(3, 4, dtype=torch.int64)}, "bitmask"),
 ])
 def test_bad_arguments_are_named(lp_cpu, bad, argument):
@@ -148,6 +167,7 @@ def plan_bytes(lp, **filters) -> int:
     {"top_k": True, "top_p": True, "top_k_first": False, "num_logprobs": -1},
     {"top_k": True, "top_p": True, "top_k_first": True, "num_logprobs": -1},
     {"top_k": True, "top_p": True, "top_k_first": False, "num_logprobs": 20},
+    {"top_k": True, "top_p": True, "top_k_first": False, "num_logprobs": 20, "raw_logprobs": True},
 ])
 def test_bytes_per_row_within_two_percent_of_the_gather(lp_cpu, filters):
     """At V = 128256 the gather moves 4V bytes of fp32 logits per row; every path sends at most 2% of that."""

@@ -14,7 +14,7 @@ from ._args import Param, call, sampler_arguments
 from ._fakes import register_fakes
 from ._ops import ops
 from ._penalties import Penalties, fused_penalty_arguments
-from ._sampling import SampleWithLogprobs
+from ._sampling import KeptSet, SampleWithLogprobs
 
 # sharded.h's layout of the exchanged words (the op checks every shape against its own).
 _SELECT_LEVELS = 5
@@ -32,6 +32,8 @@ class _Plan(NamedTuple):
     top_p: bool
     top_k_first: bool
     num_logprobs: int  # -1: tokens only
+    raw_logprobs: bool = False  # (only with num_logprobs >= 0)
+    kept_k: int = 0  # return_kept's K; 0: no kept set
 
     @property
     def selects(self) -> int:
@@ -54,14 +56,23 @@ class _Plan(NamedTuple):
     def widths(self, stage: int) -> tuple[int, int]:
         """(sums, picks) words per row at `stage`."""
         if stage == 0:
-            return 1, 1
+            return 1, 2 if self.raw_logprobs else 1
         if stage < self.draw:
             k = self._level(stage, 0, self.top_k)
             p = self._level(stage, _SELECT_LEVELS if self.selects == 2 * _SELECT_LEVELS else 0, self.top_p)
             return (_digit_bins(k) // 2 if k >= 0 else 0) + (1 + _digit_bins(p) if p >= 0 else 0), 0
-        if self.num_logprobs < 0:
-            return 0, (1 if stage == self.draw else 0)
-        return (2, 2 + self.num_logprobs) if stage == self.draw else (1, 0)
+        n, kept = self.num_logprobs, 1 if self.kept_k > 0 else 0
+        if stage == self.draw:  # (sharded.h's draw_sums_width, draw_picks_width)
+            return (0 if n < 0 else 2) + kept, (1 if n < 0 else 2 + n) + self.kept_k
+        return 0 if n < 0 else 1, 0
+
+
+def _plan(arguments: dict, filter_apply_order: str, num_logprobs: int, logprobs_mode: str, kept_k: int = 0) -> _Plan:
+    """The plan of a call with these sampler arguments (`sampler_arguments`')."""
+    return _Plan(arguments["top_k"] is not None or arguments["top_k_value"] > 0,
+                 arguments["top_p"] is not None or arguments["top_p_value"] < 1.0,
+                 filter_apply_order == "top_k_first", num_logprobs, num_logprobs >= 0 and logprobs_mode == "raw",
+                 kept_k)
 
 
 def _world(group) -> tuple[int, int]:
@@ -94,7 +105,8 @@ def _check_shards(logits: torch.Tensor, vocab_offset: int, vocab_size: int, plan
                   world: int, group) -> None:
     """The ranks' shapes, plans and scalar parameters agree and their shards tile [0, vocab_size):
     one all_gather of a few words, read on the host (graph capture: check_shards=False)."""
-    names = ["local_logits' batch size", "vocab_size", "the filters (top_k, top_p, filter_apply_order, num_logprobs)",
+    names = ["local_logits' batch size", "vocab_size",
+             "the filters (top_k, top_p, filter_apply_order, num_logprobs, logprobs_mode, return_kept)",
              *(name.removesuffix("_value") for name in scalars)]
     mine = [logits.shape[0], vocab_size, hash(plan) & (2**62 - 1), *(_bits(v) for v in scalars.values())]
     words = torch.tensor([vocab_offset, logits.shape[1], *mine], dtype=torch.int64, device=logits.device)
@@ -129,6 +141,8 @@ def sample_sharded(
     penalties: Optional[Penalties] = None,
     filter_apply_order: str = "joint",
     num_logprobs: Optional[int] = None,
+    logprobs_mode: str = "processed",
+    return_kept: Optional[int] = None,
     check_shards: bool = True,
 ):
     """`sample` (or `sample_with_logprobs`) on logits split by vocabulary over the ranks of
@@ -154,14 +168,19 @@ def sample_sharded(
             rank (each reads its columns; the updates, from the tokens, are the same everywhere).
         filter_apply_order (str): as in `sample`; default ``"joint"``.
         num_logprobs (int, optional): N >= 0: return `sample_with_logprobs`' result (the
-            processed log-probabilities, the N most likely tokens); default None: the tokens.
+            log-probabilities, the N most likely tokens); default None: the tokens.
+        logprobs_mode (str): ``"processed"`` (default) or ``"raw"``, as in `sample_with_logprobs`.
+        return_kept (int, optional): K >= 1: also return the kept set each token was drawn from
+            (`KeptSet`, as `sample_with_logprobs` returns it: the whole row's bitmask on every
+            rank, one more all_reduce of its ceil(V / 32) words); default None.
         check_shards (bool): first exchange the shapes, plan and scalar parameters and raise if
             the ranks disagree or the shards do not tile the vocabulary (a host read: pass
             False to capture the call in a CUDA graph); default True.
 
     Returns:
         torch.Tensor: int64 ``[B]``, the tokens (as `sample`); with `num_logprobs`, a
-        `SampleWithLogprobs` (as `sample_with_logprobs`), on every rank.
+        `SampleWithLogprobs` (as `sample_with_logprobs`), on every rank; with `return_kept`, the
+        pair (that, `KeptSet`).
     """
     if isinstance(vocab_offset, bool) or not isinstance(vocab_offset, int):
         raise TypeError(f"vocab_offset must be an int, got {type(vocab_offset).__name__}")
@@ -176,10 +195,14 @@ def sample_sharded(
     if not isinstance(local_logits, torch.Tensor) or local_logits.dim() != 2:
         raise ValueError(f"local_logits must be a 2-D tensor [batch, V_shard], got "
                          f"{getattr(local_logits, 'shape', type(local_logits).__name__)}")
+    if return_kept is not None and (isinstance(return_kept, bool) or not isinstance(return_kept, int)
+                                    or return_kept < 1):
+        raise ValueError(f"return_kept must be None or an int K >= 1 (the kept ids per row), got {return_kept!r}")
+    if logprobs_mode not in ("processed", "raw"):
+        raise ValueError(f"logprobs_mode must be 'raw' or 'processed', got {logprobs_mode!r}")
     n = -1 if num_logprobs is None else num_logprobs
-    plan = _Plan(arguments["top_k"] is not None or arguments["top_k_value"] > 0,
-                 arguments["top_p"] is not None or arguments["top_p_value"] < 1.0,
-                 filter_apply_order == "top_k_first", n)
+    kept_k = return_kept or 0
+    plan = _plan(arguments, filter_apply_order, n, logprobs_mode, kept_k)
     world, _ = _world(group)
     if check_shards:
         scalars = {name: value for name, value in arguments.items() if name.endswith("_value")}
@@ -188,24 +211,29 @@ def sample_sharded(
     words = lambda *shape: torch.empty(shape, dtype=torch.int64, device=device)  # noqa: E731
     state = words(rows, _STATE_WORDS)
     sums_in, picks_in = words(rows, 0), words(world, rows, 0)
+    kept_bitmask = torch.empty(rows, (vocab_size + 31) // 32 if kept_k else 0, dtype=torch.int32, device=device)
     draw_picks = draw_sums = rank_sums = None
     for stage in range(plan.stages):
         sums_width, picks_width = plan.widths(stage)
         sums, picks = words(rows, sums_width), words(rows, picks_width)
         call(ops, "sample_shard_step", logits=local_logits, vocab_offset=vocab_offset, vocab_size=vocab_size,
              **arguments, filter_apply_order=filter_apply_order, bitmask=bitmask, **penalty_arguments,
-             num_logprobs=n, stage=stage, state=state, sums_in=sums_in, picks_in=picks_in, sums=sums, picks=picks)
+             num_logprobs=n, logprobs_mode=logprobs_mode, kept_k=kept_k, stage=stage, state=state, sums_in=sums_in,
+             picks_in=picks_in, sums=sums, picks=picks, kept_bitmask=kept_bitmask)
         _all_reduce(sums, world, group)
         sums_in, picks_in = sums, _all_gather(picks, world, group)
         if stage == plan.draw:
             draw_picks, draw_sums = picks_in, sums_in
+            _all_reduce(kept_bitmask, world, group)  # (each rank's bits are disjoint: the sum is their union)
     rank_sums = sums_in if n >= 0 else words(rows, 0)
     columns = 1 + n if n >= 0 else 0
     out = SampleWithLogprobs(words(rows), torch.empty(rows, columns, dtype=torch.float32, device=device),
                              words(rows, columns), words(rows))
-    call(ops, "sample_shard_finish", *out, state=state, draw_picks=draw_picks, draw_sums=draw_sums,
-         rank_sums=rank_sums, num_logprobs=n)
-    return out if num_logprobs is not None else out.tokens
+    kept = KeptSet(kept_bitmask, words(rows, kept_k), words(rows))
+    call(ops, "sample_shard_finish", *out, kept.ids, kept.size, state=state,
+         draw_picks=draw_picks, draw_sums=draw_sums, rank_sums=rank_sums, num_logprobs=n, kept_k=kept_k)
+    result = out if num_logprobs is not None else out.tokens
+    return result if return_kept is None else (result, kept)
 
 
 register_fakes("sample_shard_step")
