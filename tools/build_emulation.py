@@ -12,14 +12,13 @@ Flavors (a block's threads run as fibers in each, runtime.cpp):
   concurrent  tsan's, with a launch's blocks running at the same time on OS threads
   asan     the kernels and the runtime under AddressSanitizer + UBSan
 The binding and the CPU oracle's sources are compiled once, uninstrumented, for all of them;
-the kernels of fibers, tsan and asan carry gcov counters (COVERAGE), a mutant's none.
+the kernels of fibers, tsan and asan carry gcov counters (COVERAGE). The kernels of every flavor
+but traffic are compiled from the mutant schemata (tests/cuda_emulation/mutations.py:
+build-emulation/.schema/logits_processor/, every planted bug behind a switch that is off unless
+LP_MUTANT names it); traffic's from logits_processor/ itself, since a switch's read would be
+counted as global memory.
 
   python tools/build_emulation.py [FLAVOR ...]        (default: all)
-  python tools/build_emulation.py --mutant NAME --flavor F --kernels DIR
-      a variant whose kernels are compiled from DIR, a changed copy of logits_processor/ (the
-      mutation check: a change to a .cu or to a header it includes), into
-      build-emulation/mutants/NAME/, reusing everything else of the flavor's build (the
-      binding and the CPU sources are compiled from logits_processor/ itself)
 
 Environment: MAX_JOBS (parallel compiles), CXX (default c++).
 """
@@ -37,13 +36,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import build  # noqa: E402  (tools/build.py: the variant layout and the build.toml reading)
+
+sys.path.insert(0, str(build.ROOT / "tests" / "cuda_emulation"))
+import mutations  # noqa: E402  (the mutants, written into the schema the kernels compile from)
 from torch.utils import cpp_extension  # noqa: E402
 
 ROOT = build.ROOT
 EMULATION = ROOT / "tests" / "cuda_emulation"
 OUT = ROOT / "build-emulation"
 SHARED_OBJ = OUT / ".obj" / "shared"
-MUTANT_BASE = OUT / "mutants" / ".base"
+SCHEMA = OUT / ".schema" / "logits_processor"  # the kernels with the mutants' switches
 # The venv's ninja (requirements-dev.txt), as torch's extension builds use, else PATH's.
 NINJA = shutil.which("ninja", path=str(Path(sys.executable).parent)) or "ninja"
 
@@ -53,28 +55,31 @@ SANITIZE_ADDRESS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
 # (tests/cuda_emulation/coverage.py compares the sanitizer runs' with the fibers runs'). The
 # kernels of those flavors are all built at -O2 -g: gcov counts a line in the function it was
 # inlined into early, which depends on the optimisation level.
-COVERAGE = ["--coverage", f"-fprofile-filter-files={ROOT / 'logits_processor'}/"]
+COVERAGE = ["--coverage", f"-fprofile-filter-files={SCHEMA}/"]
+MUTANT_SWITCH = ["-include", str(EMULATION / "mutant_switch.h")]
 FLAVORS = {
     # kernels, runtime: the flags of the kernels and of the emulation's runtime; link: of the
-    # .so; extra: sources of the flavor's own; coverage: how its kernels count lines
+    # .so; extra: sources of the flavor's own; coverage: how its kernels count lines (of the
+    # schema's copies, which keep the sources' lines); schema: its kernels carry the mutants
     "fibers": dict(kernels=["-O2", "-g"], runtime=["-O2"], link=[], extra=[],
-                   coverage=COVERAGE + ["-fprofile-update=single"]),
+                   coverage=COVERAGE + ["-fprofile-update=single"], schema=True),
     # The kernels compiled with ThreadSanitizer's instrumentation but linked with traffic.cpp
     # instead of the sanitizer: its hooks count the global-memory bytes. (-Wno-tsan: the
     # instrumentation ignores __threadfence, which only orders writes between blocks.)
     "traffic": dict(kernels=["-O2", "-fsanitize=thread", "-Wno-tsan"], runtime=["-O2"], link=[],
-                    extra=["tests/cuda_emulation/traffic.cpp"], coverage=[]),
+                    extra=["tests/cuda_emulation/traffic.cpp"], coverage=[], schema=False),
     # The runtime is not instrumented: it tells ThreadSanitizer what the block's threads, its
     # fibers, synchronise on (runtime.cpp). Coverage counters are updated atomically: the
     # threads' plain increments would be races to it.
     "tsan": dict(kernels=["-O2", "-g", "-fsanitize=thread", "-Wno-tsan"], runtime=["-O1", "-g", "-DLP_EMULATION_TSAN"],
-                 link=["-fsanitize=thread"], extra=[], coverage=COVERAGE + ["-fprofile-update=atomic"]),
+                 link=["-fsanitize=thread"], extra=[], coverage=COVERAGE + ["-fprofile-update=atomic"], schema=True),
     # tsan's, with each block on an OS thread of its own, blocks at the same time (runtime.cpp).
     "concurrent": dict(kernels=["-O2", "-g", "-fsanitize=thread", "-Wno-tsan", "-DLP_EMULATION_CONCURRENT"],
                        runtime=["-O1", "-g", "-DLP_EMULATION_TSAN", "-DLP_EMULATION_CONCURRENT"],
-                       link=["-fsanitize=thread"], extra=[], coverage=[]),
+                       link=["-fsanitize=thread"], extra=[], coverage=[], schema=True),
     "asan": dict(kernels=["-O2", "-g"] + SANITIZE_ADDRESS, runtime=["-O1", "-g"] + SANITIZE_ADDRESS,
-                 link=["-fsanitize=address,undefined"], extra=[], coverage=COVERAGE + ["-fprofile-update=single"]),
+                 link=["-fsanitize=address,undefined"], extra=[], coverage=COVERAGE + ["-fprofile-update=single"],
+                 schema=True),
 }
 
 
@@ -94,7 +99,7 @@ def shared_sources(cfg: dict) -> list[str]:
 
 
 def sources_ending(cfg: dict, backend: str, suffix: str) -> list[str]:
-    """`backend`'s sources ending in `suffix`, relative to the root (as --mutant names them).
+    """`backend`'s sources ending in `suffix`, relative to the root.
     Their objects are named by stem, so two of one stem would overwrite each other's."""
     files = [p.relative_to(ROOT).as_posix() for p in build.sources(cfg, backend) if p.suffix == suffix]
     stems = [Path(f).stem for f in files]
@@ -105,7 +110,7 @@ def sources_ending(cfg: dict, backend: str, suffix: str) -> list[str]:
 
 
 def ops_name(cfg: dict, flags: list[str]) -> str:
-    """One name for every flavor and mutant: they share the binding's object."""
+    """One name for every flavor: they share the binding's object."""
     files = build.sources(cfg, "cuda") + sorted(p for p in EMULATION.rglob("*") if p.suffix in (".h", ".cuh", ".cpp"))
     return f"_logits_processor_emulated_{build.source_hash(files, flags)}"
 
@@ -123,10 +128,7 @@ def common_flags(cfg: dict) -> list[str]:
             + [f"-isystem{sysconfig.get_paths()['include']}"])
 
 
-def ninja_file(cfg: dict, cxx: str, flags: list[str], ops: str, flavors: list[str], out_root: Path,
-               kernel_dir: Path, with_shared_rules: bool, coverage: bool,
-               reused: dict[str, Path] | None = None) -> str:
-    """reused: objects already built (a mutant's unchanged ones, by source): linked, not compiled."""
+def ninja_file(cfg: dict, cxx: str, flags: list[str], ops: str, flavors: list[str]) -> str:
     lines = [
         f"cxx = {cxx}",
         f"flags = {' '.join(flags)} -DTORCH_EXTENSION_NAME={ops}",
@@ -140,72 +142,28 @@ def ninja_file(cfg: dict, cxx: str, flags: list[str], ops: str, flavors: list[st
     ]
     shared_files = shared_sources(cfg)
     shared = [SHARED_OBJ / (Path(s).stem + ".o") for s in shared_files]
-    if with_shared_rules:
-        for source, obj in zip(shared_files, shared):
-            lines += [f"build {obj}: compile {ROOT / source}", "  extra = -O2", ""]
+    for source, obj in zip(shared_files, shared):
+        lines += [f"build {obj}: compile {ROOT / source}", "  extra = -O2", ""]
     torch_lib = Path(cpp_extension.include_paths()[0]).parent / "lib"
     for flavor in flavors:
         spec = FLAVORS[flavor]
-        obj_dir = out_root / ".obj" / flavor
+        obj_dir = OUT / ".obj" / flavor
         objects = list(shared)
         kernels = emulated_kernels(cfg)
+        kernel_dir = SCHEMA if spec["schema"] else ROOT / "logits_processor"
         for source in kernels + ["tests/cuda_emulation/runtime.cpp"] + spec["extra"]:
-            if reused and source in reused:
-                objects.append(reused[source])
-                continue
             obj = obj_dir / (Path(source).stem + ".o")
-            # (A kernel's quoted includes resolve next to it first: a copy's headers are the copy's.)
+            # (A kernel's quoted includes resolve next to it first: the schema's headers are the schema's.)
             path = kernel_dir / Path(source).name if source in kernels else ROOT / source
             kind = "runtime" if source.startswith("tests/") else "kernels"
             language = "-x c++ " if path.suffix == ".cu" else ""
-            measured = spec["coverage"] if coverage and kind == "kernels" else []
-            lines += [f"build {obj}: compile {path}", f"  extra = {language}{' '.join(spec[kind] + measured)}", ""]
+            own = spec["coverage"] + (MUTANT_SWITCH if spec["schema"] else []) if kind == "kernels" else []
+            lines += [f"build {obj}: compile {path}", f"  extra = {language}{' '.join(spec[kind] + own)}", ""]
             objects.append(obj)
-        linked = ["--coverage"] if coverage and spec["coverage"] else []
+        linked = ["--coverage"] if spec["coverage"] else []
         lines += [f"build {obj_dir / (ops + '.so')}: link {' '.join(map(str, objects))}",
                   f"  ldflags = -L{torch_lib} -lc10 -ltorch_cpu -ltorch {' '.join(spec['link'] + linked)}", ""]
     return "\n".join(lines)
-
-
-def build_mutant_base(flavors: list[str]) -> None:
-    """MUTANT_BASE: the flavors' objects as a mutant would compile them (no coverage), from
-    logits_processor/ itself, for build_mutant to link those a mutation does not change."""
-    build_emulation(flavors, MUTANT_BASE, coverage=False, quiet=True)
-
-
-def build_mutant(flavor: str, name: str, kernel_dir: Path, changed: str) -> Path:
-    """The mutant `name` of `flavor` into MUTANT_BASE's sibling `name`/; returns its variant
-    dir. Only the sources whose compilation read `changed` (a file of logits_processor/, by
-    the compiler's own record of the base's build: build_mutant_base first) are compiled, from
-    kernel_dir, the mutated copy; the rest is the base's objects."""
-    changed_path = str(ROOT / changed)
-    obj_dir = MUTANT_BASE / ".obj" / flavor
-    reads = compiled_reads(MUTANT_BASE)
-    sources = emulated_kernels(config()) + ["tests/cuda_emulation/runtime.cpp"] + FLAVORS[flavor]["extra"]
-    reused = {}
-    for source in sources:
-        obj = obj_dir / (Path(source).stem + ".o")
-        if str(obj) not in reads:
-            raise SystemExit(f"[emulation] the mutant base has no record of {obj}: build_mutant_base first")
-        if changed_path not in reads[str(obj)]:
-            reused[source] = obj
-    return build_emulation([flavor], MUTANT_BASE.parent / name, kernel_dir, quiet=True, coverage=False,
-                           reused=reused)[flavor]
-
-
-def compiled_reads(out_root: Path) -> dict[str, set[str]]:
-    """Each object of out_root's build -> the files its compilation read (ninja's deps log,
-    the compiler's -MMD output)."""
-    listing = subprocess.run([NINJA, "-C", str(out_root), "-t", "deps"], check=True, capture_output=True,
-                             text=True).stdout
-    reads: dict[str, set[str]] = {}
-    current = None
-    for line in listing.splitlines():
-        if line and not line[0].isspace():
-            current = reads.setdefault(line.split(":")[0], set())
-        elif line.strip() and current is not None:
-            current.add(str(Path(line.strip()).resolve()))
-    return reads
 
 
 def undefined_symbols(so: Path) -> list[str]:
@@ -214,44 +172,34 @@ def undefined_symbols(so: Path) -> list[str]:
     return [line.split()[-1] for line in out.splitlines()]
 
 
-def build_emulation(flavors: list[str], out_root: Path = OUT,
-                    kernel_dir: Path = ROOT / "logits_processor", quiet: bool = False,
-                    coverage: bool | None = None, reused: dict[str, Path] | None = None) -> dict[str, Path]:
-    """Builds the flavors into out_root/<flavor>/<variant>/, the kernels from kernel_dir (a
-    copy of logits_processor/ for a mutant); returns the variant dirs. (quiet: no progress
-    lines, for builds running side by side. coverage: gcov counters in the flavors that count,
-    by default only for the kernels of logits_processor/ itself. reused: see ninja_file.)"""
-    if coverage is None:
-        coverage = kernel_dir == ROOT / "logits_processor"  # (a mutant's coverage is nobody's)
+def build_emulation(flavors: list[str]) -> dict[str, Path]:
+    """Builds the flavors into build-emulation/<flavor>/<variant>/; returns the variant dirs."""
     cfg = config()
     flags = common_flags(cfg)
     ops = ops_name(cfg, flags)
     include = OUT / ".obj" / "include"
     include.mkdir(parents=True, exist_ok=True)
     registration = include / "registration.h"
-    if not registration.exists() or registration.read_text() != build.REGISTRATION_H:  # (mutants build concurrently)
+    if not registration.exists() or registration.read_text() != build.REGISTRATION_H:
         registration.write_text(build.REGISTRATION_H)
-    out_root.mkdir(parents=True, exist_ok=True)
+    mutations.write_schema(SCHEMA)
     cxx = os.environ.get("CXX", "c++")
-    (out_root / "build.ninja").write_text(
-        ninja_file(cfg, cxx, flags, ops, flavors, out_root, kernel_dir, with_shared_rules=out_root == OUT,
-                   coverage=coverage, reused=reused))
+    (OUT / "build.ninja").write_text(ninja_file(cfg, cxx, flags, ops, flavors))
     jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
-    if not quiet:
-        print(f"[emulation] {', '.join(flavors)} into {out_root.relative_to(ROOT)}", flush=True)
-    subprocess.run([NINJA, "-C", str(out_root), "-j", jobs, "--quiet"], check=True)
+    print(f"[emulation] {', '.join(flavors)} into {OUT.relative_to(ROOT)}", flush=True)
+    subprocess.run([NINJA, "-C", str(OUT), "-j", jobs, "--quiet"], check=True)
     stable = build.stable_abi(cfg, "cuda")
     variants = {}
     for flavor in flavors:
-        so = out_root / ".obj" / flavor / f"{ops}.so"
+        so = OUT / ".obj" / flavor / f"{ops}.so"
         if flavor == "traffic":
             # Every instrumentation hook the kernels call must come from traffic.cpp, or the
             # loader would fail (or, worse, find a sanitizer's).
             missing = [s for s in undefined_symbols(so) if s.startswith("__tsan_")]
             if missing:
                 raise SystemExit(f"[emulation] traffic.cpp lacks the hooks {', '.join(missing)}")
-        variant_dir = out_root / flavor / build.variant_name("cpu", stable)
-        build.write_variant(cfg, variant_dir, so, ops, {"type": "cpu"}, strip=False, quiet=quiet)
+        variant_dir = OUT / flavor / build.variant_name("cpu", stable)
+        build.write_variant(cfg, variant_dir, so, ops, {"type": "cpu"}, strip=False)
         variants[flavor] = variant_dir
     return variants
 
@@ -259,17 +207,7 @@ def build_emulation(flavors: list[str], out_root: Path = OUT,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("flavors", nargs="*", help="fibers, traffic, tsan, concurrent, asan (default: all)")
-    parser.add_argument("--mutant", help="build a mutant of --flavor into build-emulation/mutants/NAME")
-    parser.add_argument("--flavor", default="fibers")
-    parser.add_argument("--kernels", type=Path, help="with --mutant: the changed copy of logits_processor/")
     args = parser.parse_args()
-    if args.mutant:
-        if args.kernels is None or args.flavors:
-            raise SystemExit("--mutant takes --kernels DIR (and --flavor), no flavors")
-        out_root = OUT / "mutants" / args.mutant
-        shutil.rmtree(out_root, ignore_errors=True)
-        build_emulation([args.flavor], out_root, args.kernels.resolve())
-        return
     unknown = set(args.flavors) - set(FLAVORS)
     if unknown:
         raise SystemExit(f"unknown flavors {sorted(unknown)}; known: {list(FLAVORS)}")

@@ -3,7 +3,7 @@
 template instance), that the emulated tests reach on fibers is reached under ThreadSanitizer
 and under AddressSanitizer + UBSan too, on their smaller cases.
 
-The emulation's kernels are built with gcov's counters in every flavor (tools/build_emulation.py);
+The emulation's kernels are built with gcov's counters in these flavors (tools/build_emulation.py);
 each run adds to its flavor's .gcda files. `reset` removes them (before the runs), `check`
 compares them (after) and fails listing each line missed, unless EXCEPTIONS names it.
 
@@ -20,11 +20,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
-from build_emulation import OUT, config, emulated_kernels  # noqa: E402
+from build_emulation import OUT, SCHEMA, config, emulated_kernels  # noqa: E402
 
 REFERENCE = "fibers"
 SANITIZED = ["tsan", "asan"]
 SOURCES = ROOT / "logits_processor"
+# Those flavors compile the kernels from the mutant schemata's copy, line for line the sources.
+COMPILED = SCHEMA
 
 # (file relative to the root, line) -> why a sanitizer run need not reach it. Keep it short:
 # a line belongs here only if reaching it under a sanitizer costs far more than it could find.
@@ -56,9 +58,9 @@ def lines(flavor: str) -> tuple[set[Line], set[Line]]:
         for document in report.splitlines():
             for source in json.loads(document)["files"]:
                 path = Path(source["file"])
-                if not path.is_relative_to(SOURCES):
+                if not path.is_relative_to(COMPILED):
                     continue
-                name = path.relative_to(ROOT).as_posix()
+                name = (SOURCES / path.relative_to(COMPILED)).relative_to(ROOT).as_posix()
                 for entry in source["lines"]:
                     line = (name, entry.get("function_name", ""), entry["line_number"])
                     instrumented.add(line)

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -27,6 +28,7 @@
 #endif
 
 #include "cuda_emulation.h"
+#include "mutant_switch.h"
 #include "runtime.h"
 
 #if defined(LP_EMULATION_CONCURRENT)
@@ -36,6 +38,14 @@
 #endif
 
 namespace cuda_emulation {
+
+// The mutation check's choice (mutant_switch.h), fixed when the library loads: a kernel reads it
+// after the launch that orders it after this write.
+int active_mutant = [] {
+  const char* id = std::getenv("LP_MUTANT");
+  return id ? std::atoi(id) : 0;
+}();
+
 namespace {
 
 enum class Schedule { kFibersForward = 0, kFibersReversed = 1 };
