@@ -23,6 +23,7 @@ emulation's parts). Any failure or sanitizer report fails the run. Tests run on 
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -90,13 +91,21 @@ GROUPS = {
 }
 
 
-def table(times: dict[str, float], failed: str | None) -> str:
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def table(times: dict[str, tuple[float, float]], failed: str | None) -> str:
+    """Each part's wall seconds and the CPU seconds its processes used (user + system): their
+    ratio over the core count says how busy the machine was kept."""
     width = max(len(p) for p in PARTS)
-    rows = [f"[test] {part:<{width}}  {seconds:6.0f} s" for part, seconds in times.items()]
-    total = sum(times.values())
+    rows = [f"[test] {part:<{width}}  {wall:6.0f} s  {cpu:7.0f} s" for part, (wall, cpu) in times.items()]
+    total = sum(wall for wall, _ in times.values())
+    cpu = sum(c for _, c in times.values())
     verdict = f"FAILED in {failed}" if failed else "passed"
-    return "\n".join(["[test] part" + " " * (width - 3) + "  seconds", *rows,
-                      f"[test] {'total':<{width}}  {total:6.0f} s ({total / 60:.1f} min): {verdict}"])
+    return "\n".join(["[test] part" + " " * (width - 3) + "    wall      cpu", *rows,
+                      f"[test] {'total':<{width}}  {total:6.0f} s  {cpu:7.0f} s ({total / 60:.1f} min): {verdict}"])
 
 
 def main() -> None:
@@ -106,7 +115,7 @@ def main() -> None:
         raise SystemExit(f"unknown parts {unknown}; parts: {list(PARTS)}; groups: {list(GROUPS)}")
     selected = {p for w in wanted for p in GROUPS.get(w, [w])}
     parts = [p for p in PARTS if p in selected]
-    times: dict[str, float] = {}
+    times: dict[str, tuple[float, float]] = {}
     for part in parts:
         if part == "forward":
             # (the runs' coverage starts here: the fibers runs' counts, then the sanitizers')
@@ -114,9 +123,9 @@ def main() -> None:
         command, env = PARTS[part]
         print(f"[test] {part}: {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(command[1:])}",
               flush=True)
-        start = time.monotonic()
+        start, start_cpu = time.monotonic(), children_cpu_seconds()
         result = subprocess.run(command, cwd=ROOT, env={**os.environ, **env})
-        times[part] = time.monotonic() - start
+        times[part] = (time.monotonic() - start, children_cpu_seconds() - start_cpu)
         if result.returncode != 0:
             print(table(times, part), flush=True)
             raise SystemExit(f"[test] {part} failed (exit status {result.returncode})")
