@@ -6,7 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: build test demo bench clean sanitize certify artifact certify-dryrun emulation-build emulate traffic portability
+.PHONY: build test demo bench clean sanitize certify artifact certify-dryrun emulation-build emulate traffic portability \
+	vllm-env test-vllm bench-vllm
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +33,25 @@ bench: build emulation-build
 	$(PY) benchmarks/bench_replay.py
 	$(PY) benchmarks/bench_tree.py
 	$(PY) benchmarks/bench_sharded.py
+	$(MAKE) bench-vllm
+
+# The vLLM integration (integrations/vllm/): its own environment .venv-vllm (vLLM's CPU build
+# from PyPI with torch 2.13.0+cpu, pinned in integrations/vllm/requirements.txt, the plugin
+# installed editable; a no-op when up to date), then vLLM's real engine with and without the
+# plugin on a tiny random Llama, against this checkout's CPU variant in build/.
+vllm-env:
+	integrations/vllm/setup_env.sh
+
+test-vllm: $(STAMP) vllm-env
+	LP_BACKENDS=cpu $(PY) tools/build.py
+	.venv-vllm/bin/python -m pytest -c integrations/vllm/pytest.ini --rootdir integrations/vllm integrations/vllm/tests
+
+# The sampling step, vLLM's Sampler vs the plugin's on the same SamplingMetadata, and engine
+# tokens per second with and without the plugin.
+bench-vllm: $(STAMP) vllm-env
+	LP_BACKENDS=cpu $(PY) tools/build.py
+	.venv-vllm/bin/python integrations/vllm/bench_sampler.py
+	.venv-vllm/bin/python integrations/vllm/bench_engine.py
 
 clean:
 	rm -rf build build-asan build-emulation build-ci build-matrix

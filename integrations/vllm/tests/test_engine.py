@@ -1,0 +1,250 @@
+"""vLLM's V1 engine (in-process) with and without the plugin, on the tiny random Llama."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections import Counter
+
+import jsonschema
+import pytest
+import torch
+import vllm
+from vllm import SamplingParams
+from vllm.sampling_params import StructuredOutputsParams
+from vllm.v1.sample.logits_processor import LogitsProcessor
+
+import vllm_logits_processor as vlp
+from helpers import (PROMPTS, chi_square_p, compare_logprob_dicts, compare_shadow, generate, plugin_stats,
+                     token_ids)
+
+LOGPROBS_MODES = ["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
+
+
+def test_greedy_identical_with_and_without_plugin(engines):
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=5)
+    reference = generate(engines.get(False), PROMPTS, params, "greedy, vLLM's sampler")
+    outputs = generate(engines.get(True), PROMPTS, params, "greedy, plugin")
+    assert token_ids(outputs) == token_ids(reference)
+    worst = max(compare_logprob_dicts(o.outputs[0].logprobs, r.outputs[0].logprobs)
+                for o, r in zip(outputs, reference))
+    print(f"greedy raw logprobs: largest difference to vLLM's {worst:.2e}")
+    s = plugin_stats()
+    assert s["batches"] >= 32 and not s["fallbacks"]
+
+
+def seeded(seed, **kw):
+    args = dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.02, max_tokens=24, ignore_eos=True)
+    args.update(kw)
+    return SamplingParams(seed=seed, **args)
+
+
+def test_seeded_requests_are_independent_of_the_batch(engines):
+    llm = engines.get(True)
+    prompt, params = PROMPTS[2], seeded(1234)
+    alone = token_ids(generate(llm, [prompt], [params], "seeded, alone"))[0]
+    others = [(PROMPTS[0], seeded(7)), (PROMPTS[1] * 3, SamplingParams(temperature=1.0, max_tokens=30)),
+              (PROMPTS[3], SamplingParams(temperature=0, max_tokens=5)),
+              (PROMPTS[4], seeded(99, repetition_penalty=1.3, frequency_penalty=0.5)),
+              (PROMPTS[5] * 5, SamplingParams(temperature=0.7, top_p=0.8, max_tokens=40))]
+    for arrangement in (others[:2] + [(prompt, params)] + others[2:], [(prompt, params)] + others[::-1],
+                        others + [(prompt, params), (prompt, seeded(1234))]):
+        outputs = generate(llm, [p for p, _ in arrangement], [sp for _, sp in arrangement], "seeded, in a batch")
+        for (p, sp), tokens in zip(arrangement, token_ids(outputs)):
+            if sp.seed == 1234:
+                assert tokens == alone
+    # a different seed gives a different draw; unseeded requests each get their own seed
+    assert token_ids(generate(llm, [prompt], [seeded(1235)], "seeded, other seed"))[0] != alone
+    free = token_ids(generate(llm, [prompt] * 2, SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True),
+                              "unseeded twice"))
+    assert free[0] != free[1]
+    assert not plugin_stats()["fallbacks"]
+
+
+def test_first_token_frequencies_match_vllms_distribution(engines):
+    """One prompt drawn N times under N seeds by the plugin, against the distribution vLLM's
+    own sampler reports for it (processed logprobs: temperature, top-k, top-p); the same counts
+    against the distribution without top-p must fail, so the test can fail."""
+    n, prompt = 4000, PROMPTS[0]
+    common = dict(temperature=1.0, top_k=50, max_tokens=1)
+    llm = engines.get(False, logprobs_mode="processed_logprobs", max_logprobs=-1)
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    out = generate(llm, [prompt, prompt], [SamplingParams(top_p=0.9, logprobs=vocab, seed=0, **common),
+                                           SamplingParams(top_p=1.0, logprobs=vocab, seed=0, **common)],
+                   "vLLM's distribution")
+    expected, control = ({t: math.exp(l.logprob) for t, l in o.outputs[0].logprobs[0].items()
+                          if math.isfinite(l.logprob)} for o in out)
+    llm = engines.get(True)
+    outputs = generate(llm, [prompt] * n, [SamplingParams(top_p=0.9, seed=s, **common) for s in range(n)],
+                       "first tokens, plugin")
+    counts = Counter(o.outputs[0].token_ids[0] for o in outputs)
+    assert set(counts) <= set(expected), "a token outside vLLM's kept set was drawn"
+    statistic, dof, p = chi_square_p(counts, expected, n)
+    bad_statistic, bad_dof, bad_p = chi_square_p(counts, control, n)
+    print(f"chi-square vs vLLM's distribution: {statistic:.1f} on {dof} dof, p = {p:.3g}; "
+          f"vs the one without top-p: {bad_statistic:.1f} on {bad_dof} dof, p = {bad_p:.3g}; "
+          f"{len(expected)} tokens kept")
+    assert p > 1e-4
+    assert bad_p < 1e-6
+
+
+@pytest.mark.parametrize("mode", LOGPROBS_MODES)
+def test_logprobs_equal_vllms_in_each_mode(engines, mode, monkeypatch):
+    """Every step, both samplers on the same logits and SamplingMetadata (the plugin's shadow
+    mode): the same full distribution within 1e-5, vLLM's ranks, the greedy rows' tokens."""
+    monkeypatch.setenv("LOGITS_PROCESSOR_SHADOW", "1")
+    llm = engines.get(True, logprobs_mode=mode, max_logprobs=-1)
+    params = [SamplingParams(temperature=0, max_tokens=10, logprobs=5),
+              seeded(3, max_tokens=10, logprobs=5),
+              SamplingParams(temperature=0.6, top_p=0.7, seed=4, max_tokens=10, logprobs=3),
+              seeded(5, max_tokens=10, logprobs=5, repetition_penalty=1.4, presence_penalty=0.3,
+                     logit_bias={11: 4.0, 12: -2.0}),
+              SamplingParams(temperature=0, max_tokens=10, logprobs=2, frequency_penalty=0.8)]
+    outputs = generate(llm, PROMPTS[:5], params, f"logprobs {mode}, shadowed")
+    for o in outputs:
+        for position in o.outputs[0].logprobs:
+            assert all(0 <= t < 1024 for t in position)
+    seen = compare_shadow(vlp.shadow_records(), logits_mode=mode.endswith("logits"))
+    print(f"{mode}: {seen}")
+    assert seen["rows"] >= 40 and seen["greedy_rows"] >= 16
+    assert not plugin_stats()["fallbacks"]
+    engines.close()  # the shadow setting lives with this engine
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_penalties_bias_min_tokens_allowed_ids_bad_words_match_vllms_sampler(engines, monkeypatch, dtype):
+    """Each feature greedy and seeded, both samplers on the same SamplingMetadata every step:
+    greedy rows give vLLM's tokens, every row the same processed distribution; with the
+    model's logits in float32 and in bfloat16 (vLLM penalises a float32 copy)."""
+    monkeypatch.setenv("LOGITS_PROCESSOR_SHADOW", "1")
+    llm = engines.get(True, logprobs_mode="processed_logprobs", max_logprobs=-1, dtype=dtype)
+    tokenizer = llm.get_tokenizer()
+    eos = tokenizer.eos_token_id
+    allowed = list(range(100, 160)) + [eos]
+    bad = [" the", "ing"]
+    bad_ids = [tokenizer.encode(w, add_special_tokens=False) for w in bad]
+    features = {
+        "penalties": dict(repetition_penalty=1.5, frequency_penalty=0.7, presence_penalty=0.4),
+        "logit bias": dict(logit_bias={101: 6.0, 102: -50.0, 7: 3.5}),
+        "min tokens": dict(min_tokens=12, stop_token_ids=[13, 14]),
+        "allowed ids": dict(allowed_token_ids=allowed),
+        "bad words": dict(bad_words=bad),
+        "all": dict(repetition_penalty=1.2, frequency_penalty=0.3, presence_penalty=0.2,
+                    logit_bias={101: 2.0}, min_tokens=6, allowed_token_ids=allowed, bad_words=bad),
+    }
+    prompts, params = [], []
+    for k, (name, f) in enumerate(features.items()):
+        for greedy in (True, False):
+            prompts.append(PROMPTS[k % len(PROMPTS)])
+            sp = dict(max_tokens=16, **f)
+            sp.update(temperature=0) if greedy else sp.update(temperature=0.8, top_k=30, seed=100 + k)
+            params.append(SamplingParams(**sp))
+    outputs = generate(llm, prompts, params, f"penalties etc., {dtype}, shadowed")
+    seen = compare_shadow(vlp.shadow_records())
+    print(f"penalties etc. ({dtype}): {seen}")
+    assert seen["greedy_rows"] >= 6 * 12
+    # each feature took effect
+    for (name, f), k in zip(features.items(), range(0, 12, 2)):
+        for out in (outputs[k], outputs[k + 1]):
+            ids = list(out.outputs[0].token_ids)
+            if "allowed_token_ids" in f:
+                assert set(ids) <= set(allowed)
+            if "min_tokens" in f:
+                assert len(ids) >= f["min_tokens"]
+                assert not set(ids[: f["min_tokens"] - 1]) & {13, 14, eos}
+            if "bad_words" in f:
+                for word in bad_ids:
+                    assert not any(ids[i:i + len(word)] == word for i in range(len(ids)))
+    assert not plugin_stats()["fallbacks"]
+    engines.close()
+
+
+USER = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{1,11}$"},
+                   "age": {"type": "integer", "minimum": 0, "maximum": 120}, "admin": {"type": "boolean"}},
+    "required": ["name", "age", "admin"],
+}
+SCORES = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 100}, "minItems": 2, "maxItems": 5}
+DATE = r"(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
+
+
+def structured_requests():
+    # Without whitespace: the random model would fill the budget with it.
+    json_user = StructuredOutputsParams(json=USER, disable_any_whitespace=True)
+    json_scores = StructuredOutputsParams(json=SCORES, disable_any_whitespace=True)
+    date = StructuredOutputsParams(regex=DATE)
+    base = dict(max_tokens=200, logprobs=5)
+    return [
+        (PROMPTS[0], SamplingParams(temperature=0, structured_outputs=json_user, **base), USER),
+        (PROMPTS[1], SamplingParams(temperature=0.8, top_k=50, seed=2, structured_outputs=json_user, **base), USER),
+        (PROMPTS[2], SamplingParams(temperature=1.0, seed=3, structured_outputs=json_scores, **base), SCORES),
+        (PROMPTS[3], SamplingParams(temperature=0.7, top_p=0.95, seed=5, structured_outputs=date, **base), DATE),
+        (PROMPTS[4], SamplingParams(temperature=0, structured_outputs=date, **base), DATE),
+        # min_tokens past what the grammar allows: vLLM keeps the stop token once nothing else is left
+        (PROMPTS[5], SamplingParams(temperature=0, structured_outputs=date, min_tokens=40, **base), DATE),
+    ]
+
+
+def check_structured(outputs, requests):
+    for out, (_, _, spec) in zip(outputs, requests):
+        text = out.outputs[0].text
+        if isinstance(spec, dict):
+            jsonschema.validate(json.loads(text), spec)
+        else:
+            assert re.fullmatch(spec, text), text
+        for position in out.outputs[0].logprobs:  # every id real: the detokenizer decoded them all
+            assert len(position) >= 5 and all(0 <= t < 1024 for t in position)
+
+
+def test_structured_outputs_with_logprobs_are_valid(engines):
+    """JSON schemas and a regex, sampled and greedy, with logprobs: every output valid. The
+    greedy requests run alone (the same batches with and without the plugin: the model's own
+    float32 logits depend on the batch) and give vLLM's tokens and logprobs."""
+    requests = structured_requests()
+    greedy = [r for r in requests if r[1].temperature == 0]
+    runs = {}
+    for plugin in (False, True):
+        llm = engines.get(plugin)
+        name = "plugin" if plugin else "vLLM's sampler"
+        runs[plugin] = generate(llm, [r[0] for r in greedy], [r[1] for r in greedy], f"structured greedy, {name}")
+        check_structured(runs[plugin], greedy)
+        check_structured(generate(llm, [r[0] for r in requests], [r[1] for r in requests], f"structured, {name}"),
+                         requests)
+    assert token_ids(runs[True]) == token_ids(runs[False])
+    for mine, theirs in zip(runs[True], runs[False]):
+        compare_logprob_dicts(mine.outputs[0].logprobs, theirs.outputs[0].logprobs)
+    s = plugin_stats()
+    print(f"structured outputs: {s}")
+    assert not s["fallbacks"]
+    # the grammar left fewer than 5 tokens at some steps: the columns past them had id -1
+    assert s["workarounds"].get("rows with -1 logprob ids filled", 0) > 0
+
+
+class NoOpArgmaxInvariant(LogitsProcessor):
+    """A custom logits processor (it changes nothing): the plugin cannot fuse an unknown one."""
+
+    def __init__(self, vllm_config, device, is_pin_memory):
+        pass
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def update_state(self, batch_update):
+        pass
+
+    def apply(self, logits):
+        return logits
+
+
+def test_unsupported_batch_falls_back_and_is_counted(engines):
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    reference = token_ids(generate(engines.get(False), PROMPTS[:3], params, "greedy, vLLM's sampler"))
+    llm = engines.get(True, logits_processors=[NoOpArgmaxInvariant])
+    outputs = token_ids(generate(llm, PROMPTS[:3], params, "greedy, plugin with a custom logits processor"))
+    assert outputs == reference
+    s = plugin_stats()
+    assert s["batches"] == 0
+    assert s["fallbacks"] == {"custom logits processor NoOpArgmaxInvariant": 16}
