@@ -349,8 +349,9 @@ LP_HOST_DEVICE float token_logprob(float s, float s_max, double log_z) {
 }
 
 // Top-N order: the larger score first, the lower index on ties, as packed by pack_argmax.
-// Columns past the support hold id -1 and -inf; a row with nothing allowed has token -1,
-// every logprob -inf, every id -1 and rank 0.
+// Columns past the support hold -inf and the lowest ids outside it, in order (written after
+// the kernels: logprob_ids.h); a row with nothing allowed has token -1, every logprob -inf,
+// ids 0..N-1 in columns 1..N and rank 0.
 constexpr int64_t kNoRank = 0;
 
 void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for);

@@ -150,6 +150,7 @@ void run_sample_with_logprobs(const Tensor& logits, const FilterArguments& filte
     p.logprobs.kept_size = kept->size.mutable_data_ptr<int64_t>();
   }
   run_sampling(p, logits);
+  fill_ids_past_support(logprob_token_ids, num_logprobs);
 }
 
 }  // namespace
@@ -196,6 +197,14 @@ void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARG
 }
 
 // --- the CPU or CUDA kernels -----------------------------------------------------------------
+
+void fill_ids_past_support(const Tensor& ids, int64_t n) {
+  const lp::LogprobIds p{ids.mutable_data_ptr<int64_t>(), ids.size(0), n};
+  if (!uses_cuda_kernels(ids)) return lp::fill_ids_past_support_cpu(p, run_parallel_for);
+#if defined(CUDA_KERNEL)
+  lp::fill_ids_past_support_cuda(p, CudaLaunchContext(ids).stream());
+#endif
+}
 
 static void run_sampling(const lp::SamplingParams& p, const Tensor& logits) {
   if (!uses_cuda_kernels(logits)) return lp::sample_cpu(p, run_parallel_for);

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "../logits_processor/logprob_ids.h"
 #include "../logits_processor/sampling.h"
 #include "penalty_ops.h"
 #include "torch_binding.h"
@@ -41,5 +42,10 @@ void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArgume
 // A logprobs_mode argument, checked: true for "raw", false for "processed" (the sampler ops'
 // and sample_shard_step's).
 bool raw_logprobs(const std::string& logprobs_mode);
+
+// The top-N ids past each row's support given real ids (logprob_ids.h), on the device of
+// `ids` ([rows, 1 + n], written by the kernel before; the same stream): sample_with_logprobs's
+// and sample_shard_finish's last step.
+void fill_ids_past_support(const Tensor& ids, int64_t n);
 
 HIDDEN_NAMESPACE_END(binding)

@@ -136,11 +136,15 @@ void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Te
                              ranks.mutable_data_ptr<int64_t>(),
                              kept_ids.mutable_data_ptr<int64_t>(),
                              kept_size.mutable_data_ptr<int64_t>()};
-  if (!uses_cuda_kernels(state)) return lp::finish_shard_cpu(out, state.const_data_ptr<int64_t>(), run_parallel_for);
+  if (!uses_cuda_kernels(state)) {
+    lp::finish_shard_cpu(out, state.const_data_ptr<int64_t>(), run_parallel_for);
+  } else {
 #if defined(CUDA_KERNEL)
-  const CudaLaunchContext context(state);
-  lp::finish_shard_cuda(out, state.const_data_ptr<int64_t>(), context.stream());
+    const CudaLaunchContext context(state);
+    lp::finish_shard_cuda(out, state.const_data_ptr<int64_t>(), context.stream());
 #endif
+  }
+  if (n > 0) fill_ids_past_support(logprob_token_ids, n);
 }
 
 HIDDEN_NAMESPACE_END(binding)

@@ -87,6 +87,8 @@ inline uint4 __ldg(const uint4* address) {
   return uint4{v[0], v[1], v[2], v[3]};
 }
 
+inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+
 using cudaStream_t = struct CUstream_st*;
 
 enum cudaError_t {

@@ -44,6 +44,7 @@ VERIFY = "logits_processor/verify_cuda.cuh"
 TREE = "logits_processor/verify_tree_cuda.cu"
 BLOCK_VERIFY = "logits_processor/verify_block_cuda.cu"
 SHARDED = "logits_processor/sharded_cuda.cu"
+LOGPROB_IDS = "logits_processor/logprob_ids_cuda.cu"
 TREE_LINKS = "logits_processor/verify_tree.h"
 AGREEMENT = "AssertionError"
 
@@ -188,6 +189,10 @@ MUTANTS = [
            "tests/cuda_emulation/test_sharded_cuda.py"),
     Mutant("shard-kept-count", SHARDED, "kept_count += in_kept_set(d, v, x, id)", "kept_count += draw_keeps(d, x)",
            "fibers", AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py"),
+    # The ids past a support: each thread's ids placed after its own slice instead of before it.
+    Mutant("ids-fill-offset", LOGPROB_IDS, "next + static_cast<int64_t>(inclusive - mine)",
+           "next + static_cast<int64_t>(inclusive)", "fibers", AGREEMENT, "ids_past_the_support",
+           "tests/cuda_emulation/test_logprobs_cuda.py"),
     Mutant("shard-noise-id", SHARDED, "noise(row.r, id)", "noise(row.r, j)",
            "fibers", AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py",
            within="[&] { return noise(row.r, id); }"),

@@ -174,3 +174,28 @@ def test_cuda_graph_capture(lp, lp_cpu):
                                            offset=3, num_logprobs=5)
     assert_same(out, expected)
     assert torch.equal(bits(recomputed.cpu()), bits(expected.logprobs[:, 0]))
+
+
+@pytest.mark.parametrize("vocab,num_logprobs", [(40, 8), (3001, 3001)] + ([] if SANITIZED else [(70003, 70001)]))
+def test_ids_past_the_support_agree_with_cpu(cuda_target, lp_cpu, vocab, num_logprobs):
+    """Rows whose support is smaller than N (nothing allowed, one token, a few, N - 1, N, and
+    listed ids above N), the rest of the columns the lowest ids outside it (logprob_ids.h):
+    the CPU's ids, and beyond 65536 candidates the CUDA fill's chunks of its shared bitmap."""
+    g = torch.Generator().manual_seed(vocab)
+    rows = 6
+    logits = torch.randn(rows, vocab, generator=g)
+    allowed = torch.zeros(rows, vocab, dtype=torch.bool)
+    allowed[1, vocab - 1] = True  # one token, at the end
+    allowed[2, torch.randperm(vocab, generator=g)[:5]] = True
+    allowed[3, torch.randperm(vocab, generator=g)[:num_logprobs - 1]] = True
+    allowed[4, torch.randperm(vocab, generator=g)[:num_logprobs]] = True
+    allowed[5] = True
+    logits[~allowed] = float("-inf")  # row 0: nothing allowed
+    device = cuda_target.device
+    for mode in MODES:
+        expected = lp_cpu.sample_with_logprobs(logits, seed=3, num_logprobs=num_logprobs, logprobs_mode=mode)
+        got = cuda_target.lp.sample_with_logprobs(logits.to(device), seed=3, num_logprobs=num_logprobs,
+                                                  logprobs_mode=mode)
+        assert_same(got, expected, mode)
+        ids = expected.logprob_token_ids[:, 1:]
+        assert (ids >= 0).all() and all(len(set(r)) == num_logprobs for r in ids.tolist())

@@ -43,15 +43,11 @@ def unambiguous_rows(logits, mode, **kwargs):
 
 
 def expected_top(ref, scores, n):
-    """(logprobs, ids) of the n most likely tokens: the highest score first, ties by lowest id;
-    past the support -inf and -1."""
-    rows, vocab = ref.shape
+    """(logprobs, ids) of the n most likely tokens of the whole vocabulary: the highest score
+    first, ties by lowest id, the tokens outside the support (score -inf) tied below it, so the
+    lowest ids outside it come in increasing order at -inf (logits_processor/logprob_ids.h)."""
     order = torch.sort(-scores, dim=-1, stable=True).indices[:, :n]
-    values = ref.gather(1, order)
-    ids = torch.where(values > -math.inf, order, -1)
-    pad = max(0, n - vocab)
-    return (torch.nn.functional.pad(values, (0, pad), value=-math.inf),
-            torch.nn.functional.pad(ids, (0, pad), value=-1))
+    return ref.gather(1, order), order
 
 
 def check_against_reference(result, logits, n, mode, rows_checked_min=0.8, **kwargs):
@@ -154,16 +150,20 @@ def test_padding_and_rows_with_nothing_allowed(lp):
     logits[2] = float("nan")
     logits[3, 5:] = float("-inf")  # five candidates
     result = lp.sample_with_logprobs(logits, top_k=3, seed=1, num_logprobs=8)
-    for row in (1, 2):
+    for row in (1, 2):  # nothing allowed: token -1, and the columns the lowest ids, at -inf
         assert result.tokens[row] == -1 and result.ranks[row] == 0
-        assert (result.logprobs[row] == -math.inf).all() and (result.logprob_token_ids[row] == -1).all()
-    # top_k = 3 keeps three tokens: the other five columns are padding.
+        assert (result.logprobs[row] == -math.inf).all() and result.logprob_token_ids[row, 0] == -1
+        assert result.logprob_token_ids[row, 1:].tolist() == list(range(8))
+    # top_k = 3 keeps three tokens: the other five columns are the lowest ids outside them.
     for row in (0, 3):
-        assert (result.logprob_token_ids[row, 1:4] >= 0).all() and (result.logprob_token_ids[row, 4:] == -1).all()
+        listed = result.logprob_token_ids[row, 1:4].tolist()
+        assert min(listed) >= 0 and len(set(listed)) == 3
+        assert result.logprob_token_ids[row, 4:].tolist() == [v for v in range(8) if v not in listed][:5]
         assert (result.logprobs[row, 4:] == -math.inf).all()
         assert torch.logsumexp(result.logprobs[row, 1:4].double(), 0).abs() < 1e-6  # the whole support
     raw = lp.sample_with_logprobs(logits, top_k=3, seed=1, num_logprobs=8, logprobs_mode="raw")
-    assert (raw.logprob_token_ids[3, 6:] == -1).all() and (raw.logprob_token_ids[3, 1:6] >= 0).all()
+    assert sorted(raw.logprob_token_ids[3, 1:6].tolist()) == [0, 1, 2, 3, 4]  # its five finite logits
+    assert raw.logprob_token_ids[3, 6:].tolist() == [5, 6, 7] and (raw.logprobs[3, 6:] == -math.inf).all()
     empty = lp.sample_with_logprobs(torch.empty(0, 10), num_logprobs=2)
     assert empty.logprobs.shape == (0, 3)
 

@@ -46,7 +46,9 @@ def check_call(lp, logits, kwargs, num_logprobs, mode) -> None:
         assert same_bits(kwargs[k], v), f"{k} changed"
 
     none = result.tokens < 0
-    assert (result.logprobs[none] == -math.inf).all() and (result.logprob_token_ids[none] == -1).all()
+    assert (result.logprobs[none] == -math.inf).all() and (result.logprob_token_ids[none, 0] == -1).all()
+    columns = result.logprob_token_ids.shape[1] - 1
+    assert (result.logprob_token_ids[none, 1:] == torch.arange(columns)).all()
     assert (result.ranks[none] == 0).all()
     drawn = ~none
     first = result.logprobs[drawn, 0]
@@ -54,10 +56,13 @@ def check_call(lp, logits, kwargs, num_logprobs, mode) -> None:
     assert torch.equal(result.logprob_token_ids[drawn, 0], result.tokens[drawn])
     assert (result.ranks[drawn] >= 1).all()
     top, ids = result.logprobs[drawn, 1:], result.logprob_token_ids[drawn, 1:]
-    padding = ids == -1
-    assert torch.equal(padding, top == -math.inf)
-    assert ((ids >= -1) & (ids < vocab)).all()
+    padding = top == -math.inf  # past the support: the lowest ids outside it, in order
+    assert ((ids >= 0) & (ids < vocab)).all()
     assert (padding[:, :-1] <= padding[:, 1:]).all(), "padding before a token"
+    for row_ids, row_padding in zip(ids.tolist(), padding.tolist()):
+        listed = [i for i, p in zip(row_ids, row_padding) if not p]
+        assert [i for i, p in zip(row_ids, row_padding) if p] == [v for v in range(len(row_ids)) if v not in listed][
+            :len(row_ids) - len(listed)], "the ids past the support"
     assert (top[:, :-1] >= top[:, 1:]).all(), "top-N not in order"
     if top.shape[1]:
         assert (torch.logsumexp(top.double(), dim=1) <= 1e-5).all(), "the top-N's probabilities exceed 1"

@@ -179,10 +179,12 @@ def sample_with_logprobs(
         SampleWithLogprobs: (`out`) ``tokens`` int64 ``[B]``; ``logprobs`` float32 and
         ``logprob_token_ids`` int64 ``[B, 1 + N]``: column 0 the sampled token, columns 1.. the N
         most likely tokens, most likely first, ties by lowest id; columns past the
-        distribution's support hold id -1 and logprob -inf; ``ranks`` int64 ``[B]``: 1 + the
-        number of tokens strictly more likely than the sampled one. A row with nothing allowed
-        returns token -1, every logprob -inf, every id -1 and rank 0. With `return_kept`, the
-        pair ``(SampleWithLogprobs, KeptSet)``.
+        distribution's support hold logprob -inf and the lowest ids outside the support, in
+        increasing order (the rest of the vocabulary, tied at -inf), so columns 1.. never hold
+        -1; ``ranks`` int64 ``[B]``: 1 + the number of tokens strictly more likely than the
+        sampled one. A row with nothing allowed returns token -1, every logprob -inf, ids
+        0..N-1 in columns 1..N and rank 0. With `return_kept`, the pair
+        ``(SampleWithLogprobs, KeptSet)``.
     """
     if return_kept is not None:
         if isinstance(return_kept, bool) or not isinstance(return_kept, int):

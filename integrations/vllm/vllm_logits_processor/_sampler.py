@@ -424,8 +424,8 @@ class PackageSampler:
                                              logprobs_mode="raw" if mode.startswith("raw") else "processed")
             tokens = result.tokens
             logprobs_tensors = self._logprobs_tensors(logits, result, mode, temperature, bitmask, penalties, md)
-        # TEMPORARY until the package documents a fill for a row with nothing allowed that
-        # consumers can use: -1 would index out of range downstream; vLLM's argmax gives 0.
+        # A row with nothing allowed: the package's token is -1, vLLM's argmax over an all -inf
+        # row gives 0 (and the scheduler indexes with it): vLLM's convention.
         if bool((tokens < 0).any()):
             self.stats["rows with nothing allowed"] += int((tokens < 0).sum())
             tokens = torch.where(tokens < 0, torch.zeros_like(tokens), tokens)
@@ -437,20 +437,8 @@ class PackageSampler:
         ids = result.logprob_token_ids
         values = result.logprobs
         ranks = result.ranks
-        # TEMPORARY until the package fills the columns past a row's support with real ids:
-        # it writes id -1 there (at -inf), which vLLM's detokenizer cannot decode. vLLM's own
-        # topk fills them with other ids at -inf; use the smallest ids the row does not list.
-        empty = ids < 0
-        if bool(empty.any()):
-            self.stats["rows with -1 logprob ids filled"] += int(empty.any(-1).sum())
-            ids = ids.clone()
-            width = ids.shape[1]
-            candidates = torch.arange(2 * width, device=ids.device).expand(ids.shape[0], -1)
-            listed = (candidates.unsqueeze(-1) == ids.unsqueeze(1)).any(-1)
-            unused = torch.where(listed, torch.full_like(candidates, 1 << 40), candidates)
-            fill = unused.sort(dim=1).values[:, :width]
-            order = torch.cumsum(empty.to(torch.int64), dim=1) - 1
-            ids[empty] = fill.gather(1, order.clamp(min=0))[empty]
+        # (Past a row's support the package lists the lowest ids outside it at -inf, as vLLM's
+        # topk lists other ids there: every id decodes.)
         tokens = ids[:, :1]
         if mode == "raw_logits":
             values = torch.where(torch.isneginf(values), values, logits.float().gather(1, ids))
