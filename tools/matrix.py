@@ -26,6 +26,7 @@ Environment: LP_CUDA_HOME_<MM> (a local CUDA toolkit, see toolkits.py), MAX_JOBS
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import shlex
 import shutil
@@ -185,7 +186,15 @@ def build_variant(config: dict, spec: Spec, out_root: Path, archs: list[str] | N
     """Build `spec` into out_root/<variant>/ (objects in out_root/.obj/<variant>/) and return
     that folder; up to date when its ops name (a hash of sources and flags) already exists.
     `archs` narrows the CUDA capabilities; `quick` makes a check build: PTX only, unoptimised
-    (compile_flags), written with no archs in metadata.json (it has no word for PTX alone)."""
+    (compile_flags), written with no archs in metadata.json (it has no word for PTX alone).
+    Builds of one variant wait for each other (test workers in parallel share out_root)."""
+    (out_root / ".obj").mkdir(parents=True, exist_ok=True)
+    with open(out_root / ".obj" / f"{spec.name(config)}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_variant(config, spec, out_root, archs, quick)
+
+
+def _build_variant(config: dict, spec: Spec, out_root: Path, archs: list[str] | None, quick: bool) -> Path:
     reason = unavailable(spec)
     if reason:
         raise RuntimeError(f"{spec.name(config)}: {reason}")

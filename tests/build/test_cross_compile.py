@@ -37,7 +37,12 @@ OLDEST = next(iter(toolkits.TOOLKITS))  # "12.5"
 
 # Under ASan's LD_PRELOAD nvcc itself segfaults; these tests build with other toolchains and run
 # no op of this machine's build, so ASan has nothing to see in them.
-pytestmark = pytest.mark.no_sanitize("cross-compiles with other toolchains and runs no op of this machine's build")
+pytestmark = [
+    pytest.mark.no_sanitize("cross-compiles with other toolchains and runs no op of this machine's build"),
+    # one worker for the module: its fixtures build each variant once (matrix.build_variant
+    # also locks a variant against a second build of it)
+    pytest.mark.xdist_group("cross-compile"),
+]
 
 
 @pytest.fixture(scope="module")
