@@ -148,6 +148,44 @@ def test_the_checks_can_fail():
     assert problem("tests/ops/no_such_file.py")
     assert problem("test_no_such_test")
     assert problem("no_such_header.h")
+    signature = public_signatures()["sample"]  # what the API table's rows are held to
+    assert signature.startswith("sample(logits, temperature, top_k,") and ", *, bitmask," in signature
     assert problem("tests/ops/test_sampling.py::test_determinism_and_offset") is None
     assert problem("test_cuda_build_carries_all_architectures") is None  # (in tests/build/)
     assert slug("## `make test`: the procedure".lstrip("# ")) == "make-test-the-procedure"
+
+
+def public_signatures() -> dict[str, str]:
+    """From the package's source: each function's signature as `name(a, b, *, c)`, each named
+    tuple's fields as `(a, b)`."""
+    found = {}
+    for path in sorted((ROOT / "torch-ext" / "logits_processor").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef):
+                a = node.args
+                names = [x.arg for x in a.posonlyargs + a.args]
+                names += [f"*{a.vararg.arg}"] if a.vararg else ["*"] if a.kwonlyargs else []
+                names += [x.arg for x in a.kwonlyargs] + ([f"**{a.kwarg.arg}"] if a.kwarg else [])
+                found[node.name] = f"{node.name}({', '.join(names)})"
+            elif isinstance(node, ast.ClassDef):
+                fields = [x.target.id for x in node.body if isinstance(x, ast.AnnAssign)]
+                found[node.name] = f"({', '.join(fields)})"
+    return found
+
+
+def test_api_table_gives_each_signature_as_the_code_has_it():
+    """A function's row opens with its whole signature, a named tuple's row names its fields in
+    order, both as the source defines them."""
+    signatures = public_signatures()
+    problems = []
+    for row in re.findall(r"^\| `.*$", api_table(ROOT / "README.md"), re.M):
+        shown = row.split("`")[1]
+        name = re.match(r"\w+", shown).group(0)
+        expected = signatures.get(name)
+        if expected is None:
+            continue  # a constant (bitmask_dtype)
+        if expected.startswith(name + "(") and shown != expected:
+            problems.append(f"{name}: the table has `{shown}`, the code `{expected}`")
+        elif expected.startswith("(") and f"`{expected}`" not in row:
+            problems.append(f"{name}: its fields `{expected}` are not in its row")
+    assert not problems, "\n".join(problems)

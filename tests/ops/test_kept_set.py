@@ -91,16 +91,17 @@ def test_kept_set_with_penalties(lp):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_replay_of_the_kept_set_is_the_samplers_logprob(lp, dtype):
-    """The whole loop: the kept set passed back as support (either layout) replays column 0 bit
-    for bit on the rollout's logits, for every row that is not greedy (a greedy row's column 0
-    is over its unfiltered distribution, its kept set the token alone: logprob 0)."""
+    """The whole loop: the kept set passed back as support (the KeptSet itself, or either of its
+    layouts) replays column 0 bit for bit on the rollout's logits, for every row that is not
+    greedy (a greedy row's column 0 is over its unfiltered distribution, its kept set the token
+    alone: logprob 0)."""
     g = torch.Generator().manual_seed(20 + DTYPES.index(dtype))
     rows, vocab = 40, 3000
     x, temperature, bitmask = case(rows, vocab, dtype, g)
     out, kept = lp.sample_with_logprobs(x, temperature, top_k=50, top_p=0.9, min_p=0.01, seed=4, bitmask=bitmask,
                                         return_kept=64)
     sampled = (temperature > 0) & (out.tokens >= 0)
-    for support in (kept.bitmask, kept.ids):
+    for support in (kept, kept.bitmask, kept.ids):
         replayed = lp.token_logprobs(x, out.tokens, temperature, support=support)
         assert torch.equal(replayed[sampled].view(torch.int32), out.logprobs[sampled, 0].view(torch.int32))
         assert (replayed[~sampled & (out.tokens >= 0)] == 0).all()
@@ -125,3 +126,22 @@ def test_a_set_larger_than_k_fills_the_bitmask_only(lp):
 def test_bad_k_raises(lp, k, error, message):
     with pytest.raises(error, match=message):
         lp.sample_with_logprobs(torch.randn(2, 100), return_kept=k)
+
+
+def test_out_takes_the_pair_the_call_returns(lp):
+    """With return_kept, `out=` is the (SampleWithLogprobs, KeptSet) pair: written in place, the
+    same bits as a call without it; a lone SampleWithLogprobs or a kept set of the wrong K is
+    refused, naming `out` or the kept output."""
+    g = torch.Generator().manual_seed(77)
+    x = torch.randn(6, 500, generator=g)
+    fresh, fresh_kept = lp.sample_with_logprobs(x, 0.8, top_k=30, top_p=0.9, seed=5, num_logprobs=3, return_kept=16)
+    out = lp.SampleWithLogprobs(*(torch.full_like(t, 7) for t in fresh))
+    kept = lp.KeptSet(*(torch.full_like(t, 7) for t in fresh_kept))
+    result, result_kept = lp.sample_with_logprobs(x, 0.8, top_k=30, top_p=0.9, seed=5, num_logprobs=3,
+                                                  return_kept=16, out=(out, kept))
+    assert all(a is b for a, b in zip(result + result_kept, out + kept))
+    assert all(torch.equal(a, b) for a, b in zip(out + kept, fresh + fresh_kept))
+    with pytest.raises(TypeError, match="out: with return_kept, the pair"):
+        lp.sample_with_logprobs(x, 0.8, num_logprobs=3, return_kept=16, out=out)
+    with pytest.raises(RuntimeError, match="kept_ids"):
+        lp.sample_with_logprobs(x, 0.8, num_logprobs=3, return_kept=8, out=(out, kept))

@@ -9,12 +9,31 @@ logits_processor/support_logprobs.h.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from ._fakes import check_devices, register_fakes
 from ._ops import add_op_namespace_prefix, ops
+
+class KeptSet(NamedTuple):
+    """The set each row's token was drawn from (`sample_with_logprobs(..., return_kept=K)`):
+    bitmask ∩ penalised ∩ top-k ∩ top-p ∩ min-p; a greedy row's token alone; empty for a row
+    with nothing allowed. Pass it back as `token_logprobs(..., support=)` (its bitmask is read).
+
+    Attributes:
+        bitmask (torch.Tensor): int32 ``[B, ceil(V / 32)]``, XGrammar's layout (usable wherever
+            a bitmask goes).
+        ids (torch.Tensor): int64 ``[B, K]``: a set of at most K tokens, most likely first
+            (ties by lowest id), -1 padded; a row whose set is larger than K has every id -1 (its
+            set is in `bitmask` alone: replay such rows from the bitmask).
+        size (torch.Tensor): int64 ``[B]``, the number of kept tokens (may exceed K).
+    """
+
+    bitmask: torch.Tensor
+    ids: torch.Tensor
+    size: torch.Tensor
+
 
 register_fakes("support_logprobs")
 register_fakes("support_logprobs_backward", anchor="logits")
@@ -84,17 +103,20 @@ def _backward(ctx, grad_logprobs, grad_entropy, grad_normaliser):
 replay_logprobs.register_autograd(_backward, setup_context=_setup_context)
 
 
-def support_arguments(support: torch.Tensor) -> dict:
-    """`support` as the op's arguments: an int32 tensor is a packed bitmask, any other an id list
-    (the op checks its dtype, shape and device)."""
+def support_arguments(support) -> dict:
+    """`support` as the op's arguments: a KeptSet is its bitmask (whole for every row, whatever
+    its K), an int32 tensor a packed bitmask, any other an id list (the op checks its dtype,
+    shape and device)."""
+    if isinstance(support, KeptSet):
+        support = support.bitmask
     if not isinstance(support, torch.Tensor):
-        raise TypeError(f"support must be an int32 bitmask or an int64 tensor of token ids, "
+        raise TypeError(f"support must be a KeptSet, an int32 bitmask or an int64 tensor of token ids, "
                         f"got {type(support).__name__}")
     is_bitmask = support.dtype == torch.int32
     return {"support_bitmask": support if is_bitmask else None, "support_ids": None if is_bitmask else support}
 
 
-def replay(logits: torch.Tensor, token_ids: torch.Tensor, temperature, support: torch.Tensor
+def replay(logits: torch.Tensor, token_ids: torch.Tensor, temperature, support
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprobs, entropy) over `support`; `temperature` a number or a per-row tensor."""
     if not isinstance(token_ids, torch.Tensor):

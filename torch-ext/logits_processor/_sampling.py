@@ -11,7 +11,7 @@ from ._args import Param, call, sampler_arguments
 from ._fakes import register_fakes
 from ._ops import ops
 from ._penalties import FUSED_PENALTY_ARGUMENTS, Penalties, fused_penalty_arguments
-from ._replay import replay
+from ._replay import KeptSet, replay
 
 
 def sample(
@@ -43,8 +43,10 @@ def sample(
     (one request per row). Numbers are checked (a NaN temperature, top_p outside [0, 1], min_p
     above 1 or NaN raise); per-row tensors are not read on the host: their top_p and min_p are
     clamped to [0, 1], and a NaN temperature is greedy. With `out` given and every parameter a
-    number or a device tensor, the CUDA op neither synchronises nor allocates, so a decoding
-    step can be captured in a CUDA graph.
+    number or a contiguous device tensor of the op's dtype (float32 temperature, top_p, min_p;
+    int64 top_k, seed, offset: another dtype is converted, a new tensor each call), the CUDA op
+    does not synchronise and allocates only a small batch's split-row scratch, from PyTorch's
+    caching allocator, so a decoding step can be captured in a CUDA graph.
 
     Args:
         logits (torch.Tensor): ``[B, V]``, float32/float16/bfloat16; not modified.
@@ -90,7 +92,10 @@ def sample(
 
 
 class SampleWithLogprobs(NamedTuple):
-    """What `sample_with_logprobs` returns (the layout of vLLM's LogprobsTensors).
+    """What `sample_with_logprobs` returns. vLLM's LogprobsTensors holds the same columns in
+    another order and dtype, ``(logprob_token_ids int32, logprobs, selected_token_ranks)``
+    (vllm/v1/outputs.py, vLLM 0.32), and counts a rank with ties (the tokens at least as likely
+    as the sampled one, itself included): the vLLM plugin converts (integrations/vllm/NOTES.md).
 
     Attributes:
         tokens (torch.Tensor): int64 ``[B]``, the sampled tokens.
@@ -104,25 +109,6 @@ class SampleWithLogprobs(NamedTuple):
     logprobs: torch.Tensor
     logprob_token_ids: torch.Tensor
     ranks: torch.Tensor
-
-
-class KeptSet(NamedTuple):
-    """The set each row's token was drawn from (`sample_with_logprobs(..., return_kept=K)`):
-    bitmask ∩ penalised ∩ top-k ∩ top-p ∩ min-p; a greedy row's token alone; empty for a row
-    with nothing allowed. Pass `bitmask` (or `ids`) back as `token_logprobs(..., support=)`.
-
-    Attributes:
-        bitmask (torch.Tensor): int32 ``[B, ceil(V / 32)]``, XGrammar's layout (usable wherever
-            a bitmask goes).
-        ids (torch.Tensor): int64 ``[B, K]``: a set of at most K tokens, most likely first
-            (ties by lowest id), -1 padded; a row whose set is larger than K has every id -1 (its
-            set is in `bitmask` alone: replay such rows from the bitmask).
-        size (torch.Tensor): int64 ``[B]``, the number of kept tokens (may exceed K).
-    """
-
-    bitmask: torch.Tensor
-    ids: torch.Tensor
-    size: torch.Tensor
 
 
 def sample_with_logprobs(
@@ -170,7 +156,8 @@ def sample_with_logprobs(
             temperature 1, without the filters (their argmax is the most likely token there).
             ``"raw"``: log_softmax of the logits as given: no penalties, temperature, filter or bitmask.
         out (SampleWithLogprobs, optional): preallocated tensors of the shapes below (for CUDA
-            graphs); default new tensors.
+            graphs); with `return_kept`, the pair ``(SampleWithLogprobs, KeptSet)`` the call
+            returns; default new tensors.
         return_kept (int, optional): K >= 1: also return the kept set each token was drawn from
             (`KeptSet`: with its ids where it has at most K tokens), for a trainer to replay with
             `token_logprobs(..., support=)`; the tokens and logprobs are unchanged.
@@ -186,9 +173,15 @@ def sample_with_logprobs(
         0..N-1 in columns 1..N and rank 0. With `return_kept`, the pair
         ``(SampleWithLogprobs, KeptSet)``.
     """
+    kept = None
     if return_kept is not None:
         if isinstance(return_kept, bool) or not isinstance(return_kept, int):
             raise TypeError(f"return_kept must be an int K >= 1 (the kept ids per row), got {return_kept!r}")
+        if out is not None:
+            if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], KeptSet)):
+                raise TypeError("out: with return_kept, the pair (SampleWithLogprobs, KeptSet) that the call "
+                                f"returns, got {type(out).__name__}")
+            out, kept = out
     arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                   offset=offset)
     if out is None:
@@ -207,10 +200,11 @@ def sample_with_logprobs(
              bitmask=bitmask, **penalty_arguments,
              num_logprobs=num_logprobs, logprobs_mode=logprobs_mode)
         return out
-    rows, vocab = (logits.shape[0], logits.shape[-1]) if logits.dim() == 2 else (0, 0)
-    kept = KeptSet(torch.empty(rows, (vocab + 31) // 32, dtype=torch.int32, device=logits.device),
-                   torch.empty(rows, max(return_kept, 0), dtype=torch.int64, device=logits.device),
-                   torch.empty(rows, dtype=torch.int64, device=logits.device))
+    if kept is None:
+        rows, vocab = (logits.shape[0], logits.shape[-1]) if logits.dim() == 2 else (0, 0)
+        kept = KeptSet(torch.empty(rows, (vocab + 31) // 32, dtype=torch.int32, device=logits.device),
+                       torch.empty(rows, max(return_kept, 0), dtype=torch.int64, device=logits.device),
+                       torch.empty(rows, dtype=torch.int64, device=logits.device))
     call(ops, "sample_with_kept", *out, *kept, logits=logits, **arguments, filter_apply_order=filter_apply_order,
          bitmask=bitmask, **penalty_arguments, num_logprobs=num_logprobs, logprobs_mode=logprobs_mode, kept_k=return_kept)
     return out, kept
@@ -254,9 +248,10 @@ def token_logprobs(
         filter_apply_order (str): as in `sample`; default ``"joint"``.
         logprobs_mode (str): ``"processed"`` (default) or ``"raw"``, as in `sample_with_logprobs`.
         out (torch.Tensor, optional): float32 ``[B]``, where to write the result; default a new tensor.
-        support (torch.Tensor, optional): the tokens each row's distribution is over, replacing
-            the filters (top_k, top_p, min_p, bitmask, penalties, logprobs_mode and out must
-            stay at their defaults): a packed bitmask, int32 ``[B, ceil(V / 32)]`` (XGrammar's
+        support (KeptSet or torch.Tensor, optional): the tokens each row's distribution is
+            over, replacing the filters (top_k, top_p, min_p, bitmask, penalties, logprobs_mode
+            and out must stay at their defaults): the `KeptSet` the sampler returned (its
+            bitmask is read), a packed bitmask, int32 ``[B, ceil(V / 32)]`` (XGrammar's
             layout), or ids, int64 ``[B, K]``, K >= 1, -1 padded (ids outside [0, V) are
             skipped, repeats count once), on the logits' device. Rows may be the tokens of
             many sequences (B = sequences x length). A token outside its row's support gets
