@@ -1,4 +1,5 @@
-// The CPU kernels' floating-point mode (sampling_cpu.cpp, support_logprobs_cpu.cpp).
+// The CPU kernels' floating-point mode (sampling_cpu.cpp, support_logprobs_cpu.cpp, sharded_cpu.cpp,
+// penalties_cpu.cpp).
 #pragma once
 
 #include <cstdint>

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstring>
 
+#include "ieee_float_mode.h"
 #include "penalties.h"
 
 namespace logits_processor {
@@ -95,6 +96,7 @@ void apply_penalties_cpu(const LogitsView& logits, const Penalties& penalties, c
   if (chunks == 0) return;
   dispatch_dtype(logits.dtype, [&]<Dtype D>() {
     parallel_for(0, logits.rows * chunks, kMinItemsPerThread, [&](int64_t first, int64_t last) {
+      const IeeeFloatMode mode;  // (subnormal logits and results as on the GPU)
       for (int64_t item = first; item < last; ++item) {
         const int64_t row = item / chunks;
         const RowPenaltyView q = row_penalty_view(penalties, row);

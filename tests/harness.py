@@ -7,6 +7,7 @@ LP_HYPOTHESIS_PROFILE  "ci" (default: a fixed, derandomised example count) or "l
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -47,6 +48,19 @@ def names_as_subject(message: str, argument: str) -> bool:
     substring would accept a message that blames another argument ("bitmask must be on the
     logits' device")."""
     return re.match(rf"{re.escape(argument)}[ :]", message) is not None or f"argument '{argument}'" in message
+
+
+def computed_flushing_denormals(compute):
+    """`compute()` while the calling thread flushes subnormals (torch.set_flush_denormal(True):
+    flush-to-zero and denormals-are-zero), checking that the caller's mode is restored after it;
+    its result. (A call on few rows runs on the calling thread, whose mode this sets.)"""
+    assert torch.set_flush_denormal(True), "this CPU cannot flush denormals"
+    try:
+        result = compute()
+        assert (torch.tensor([1e-39]) * 1.0).item() == 0.0, "the op did not restore the caller's mode"
+        return result
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

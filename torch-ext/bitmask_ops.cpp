@@ -30,8 +30,8 @@ uint32_t fill_bits(double fill_value, ScalarType dtype) {
   const bool beyond_float = std::isfinite(fill_value) && std::fabs(fill_value) > FLT_MAX;
   CHECK_ARG(!(beyond_float && dtype == ScalarType::Float),
             "fill_value cannot be converted to float32 without overflow, got ", fill_value);
-  const float value = beyond_float ? std::copysign(INFINITY, static_cast<float>(fill_value))
-                                   : static_cast<float>(fill_value);
+  const float value = beyond_float ? std::copysign(INFINITY, ieee_float(fill_value))
+                                   : ieee_float(fill_value);
   if (dtype == ScalarType::Half) return torch::headeronly::Half(value).x;
   if (dtype == ScalarType::BFloat16) return torch::headeronly::BFloat16(value).x;
   return lp::float_bits(value);

@@ -4,7 +4,17 @@
 
 #include <algorithm>
 
+#include "../logits_processor/ieee_float_mode.h"
+
 HIDDEN_NAMESPACE_BEGIN(binding)
+
+float ieee_float(double value) {
+  const logits_processor::IeeeFloatMode mode;
+  // Both volatile: the compiler would otherwise round after the destructor restores the mode.
+  const volatile double given = value;
+  const volatile float rounded = static_cast<float>(given);
+  return rounded;
+}
 
 std::string device_name(const torch::stable::Device& device) {
   using torch::headeronly::DeviceType;

@@ -35,6 +35,11 @@ template <typename... Args>
     if (!(cond)) ::binding::fail(__VA_ARGS__); \
   } while (false)
 
+// A number argument as the kernels' float, rounded in IEEE mode whatever the calling thread's
+// (under torch.set_flush_denormal(True) a subnormal value would otherwise become 0 here, where
+// the GPU reads it whole): logits_processor/ieee_float_mode.h.
+float ieee_float(double value);
+
 // Printed as c10::Device prints itself: "cpu", "cuda:0".
 std::string device_name(const torch::stable::Device& device);
 

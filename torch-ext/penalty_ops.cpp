@@ -154,15 +154,15 @@ PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args, int
   call.repetition = penalty_parameter(args.repetition_penalty, args.repetition_penalty_value, logits,
                                       "repetition_penalty", true);
   p.repetition = optional_data<float>(call.repetition);
-  p.repetition_value = static_cast<float>(args.repetition_penalty_value);
+  p.repetition_value = ieee_float(args.repetition_penalty_value);
   call.frequency = penalty_parameter(args.frequency_penalty, args.frequency_penalty_value, logits,
                                      "frequency_penalty", false);
   p.frequency = optional_data<float>(call.frequency);
-  p.frequency_value = static_cast<float>(args.frequency_penalty_value);
+  p.frequency_value = ieee_float(args.frequency_penalty_value);
   call.presence = penalty_parameter(args.presence_penalty, args.presence_penalty_value, logits,
                                     "presence_penalty", false);
   p.presence = optional_data<float>(call.presence);
-  p.presence_value = static_cast<float>(args.presence_penalty_value);
+  p.presence_value = ieee_float(args.presence_penalty_value);
 
   if (args.logit_bias_ids.has_value() || args.logit_bias_values.has_value()) {
     CHECK_ARG(args.logit_bias_ids.has_value(), "logit_bias_ids must be given with logit_bias_values");

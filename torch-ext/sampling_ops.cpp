@@ -59,13 +59,13 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   }
   static_cast<lp::LogitsView&>(p) = logits_view(logits, lv);
   p.temperature = optional_data<float>(call.temperature);
-  p.temperature_value = static_cast<float>(filters.temperature_value);
+  p.temperature_value = ieee_float(filters.temperature_value);
   p.top_k = optional_data<int64_t>(call.top_k);
   p.top_k_value = filters.top_k_value;
   p.top_p = optional_data<float>(call.top_p);
-  p.top_p_value = static_cast<float>(filters.top_p_value);
+  p.top_p_value = ieee_float(filters.top_p_value);
   p.min_p = optional_data<float>(call.min_p);
-  p.min_p_value = static_cast<float>(filters.min_p_value);
+  p.min_p_value = ieee_float(filters.min_p_value);
   p.filter_order = filter_order;
   p.seed = optional_data<int64_t>(call.seed);
   p.seed_value = draws.seed_value;

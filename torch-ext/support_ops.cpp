@@ -70,7 +70,7 @@ SupportCall support_call(const Tensor& logits, const Tensor& token_ids, const st
   lp::SupportParams& p = call.params;
   static_cast<lp::LogitsView&>(p) = logits_view(logits, lv);
   p.temperature = optional_data<float>(call.temperature);
-  p.temperature_value = static_cast<float>(temperature_value);
+  p.temperature_value = ieee_float(temperature_value);
   p.token_ids = call.token_ids->const_data_ptr<int64_t>();
   p.support = call.support->const_data_ptr<int32_t>();
   p.support_row_stride = call.support->dim() == 2 ? call.support->stride(0) : 0;

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import bits, random_logits
+from harness import bits, computed_flushing_denormals, random_logits
 from op_cases import (COMBINATIONS, assert_same_logits, check_fused, fused_cases, fused_decode_loop, penalty_case,
                       random_bias, random_state)
 from reference import pack_bitmask, penalties_reference, penalty_state_reference, random_bitmask, unpack_bitmask
@@ -103,6 +103,28 @@ def test_repetition_penalty_direction(lp):
     assert torch.equal(got, torch.tensor([[1.0, -4.0, 1.0, -4.0, 2.0]]))
     got = lp.apply_penalties_(logits.clone(), prompt_mask, counts, 1.0, 0.5, 0.25)
     assert torch.equal(got, torch.tensor([[2.0, -2.0, 0.25, -3.75, 2.0]]))
+
+
+def test_apply_penalties_does_not_depend_on_flush_denormal(lp):
+    """Subnormal logits, penalised and biased: the same bits whether or not the calling thread
+    flushes denormals (torch.set_flush_denormal(True): flush-to-zero and denormals-are-zero), as
+    the GPU, which flushes nothing here, computes them; the caller's mode is restored."""
+    g = torch.Generator().manual_seed(11)
+    vocab = 200
+    logits = (torch.rand(1, vocab, generator=g) - 0.5) * 4e-38  # mostly subnormal
+    prompt_mask = torch.full((1, (vocab + 31) // 32), -1, dtype=torch.int32)
+    counts = torch.randint(0, 3, (1, vocab), dtype=torch.int32, generator=g)
+    kwargs = dict(repetition_penalty=1.3, frequency_penalty=1e-39, presence_penalty=0.0,
+                  logit_bias_ids=torch.tensor([[3, 50]]), logit_bias_values=torch.tensor([[1e-39, -2e-39]]))
+
+    def penalised():  # one row: the work runs on the calling thread, whose mode is set
+        x = logits.clone()
+        lp.apply_penalties_(x, prompt_mask, counts, **kwargs)
+        return x
+
+    ieee = penalised()
+    assert ((ieee.abs() < 1.1754944e-38) & (ieee != 0)).any(), "the case must keep subnormal results"
+    assert torch.equal(bits(ieee), bits(computed_flushing_denormals(penalised)))
 
 
 def test_update_output_counts_equals_bincount(lp):
