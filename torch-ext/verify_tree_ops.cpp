@@ -114,7 +114,10 @@ void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, con
   if (draft_probs.has_value())
     check_node_rows(*draft_probs, "draft_probs", ScalarType::Float, "float32", target_logits, vocab);
   if (bitmask.has_value()) check_node_rows(*bitmask, "bitmask", ScalarType::Int, "int32", target_logits, -1);
-  CHECK_ARG(tokens.dim() == 2 && tokens.size(1) >= 1, "tokens must be 2-D [batch, depth + 1], got shape ",
+  // A path has at most width - 1 tokens, each counted by the penalties (kMaxPathTokens); no
+  // tree of at most kMaxVerifyPositions nodes needs more columns.
+  CHECK_ARG(tokens.dim() == 2 && tokens.size(1) >= 1 && tokens.size(1) <= lp::kMaxVerifyPositions,
+            "tokens must be 2-D [batch, depth + 1] with 1 to ", lp::kMaxVerifyPositions, " columns, got shape ",
             shape_name(tokens.sizes()));
   const int64_t width = tokens.size(1);
   check_output(tokens, root, "tokens", ScalarType::Long, width);

@@ -456,6 +456,24 @@ def test_bad_out(lp_cpu, which):
         lp_cpu.verify_tree(**kwargs, out=tuple(out.values()))
 
 
+def test_out_wider_than_any_path_is_refused(lp_cpu):
+    """`out` may be wider than the tree is deep, but not wider than a tree of 256 nodes can be:
+    a path of more than 256 tokens would overrun the penalties' path bound on a malformed device
+    tree (whose walk only the width stops); 256 columns are accepted."""
+    _, kwargs = bad_cases()["top_p-above-1"]
+    kwargs = {**kwargs, "top_p": 1.0}
+    for width, fails in ((256, False), (257, True)):
+        out = (torch.full((2, width), 99, dtype=torch.int64), torch.full((2, width), 99, dtype=torch.int64),
+               torch.full((2,), 99, dtype=torch.int64))
+        if fails:
+            with pytest.raises(RuntimeError, match=r"tokens must be 2-D \[batch, depth \+ 1\] with 1 to 256 columns"):
+                lp_cpu.verify_tree(**kwargs, out=out)
+            assert all((t == 99).all() for t in out)
+        else:
+            lp_cpu.verify_tree(**kwargs, out=out)
+            assert (out[0][:, 3:] == -1).all()
+
+
 def test_out_opcheck_and_compile(lp_cpu):
     """With `out`, the op's schema, fake and aliasing pass opcheck and it compiles in one graph."""
     g = torch.Generator().manual_seed(2570)

@@ -130,7 +130,7 @@ def verify_tree(
             biases per row b, the same at every node), with each node's path counted as above;
             default none.
         out (VerifiedTree, optional): preallocated tensors (tokens and node_ids ``[B, D + 1]``,
-            num_accepted ``[B]``); default new tensors.
+            D + 1 <= 256, num_accepted ``[B]``); default new tensors.
 
     Returns:
         VerifiedTree: ``(tokens [B, D + 1], node_ids [B, D + 1], num_accepted [B])``, int64.
