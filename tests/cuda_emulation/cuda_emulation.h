@@ -10,8 +10,14 @@
 // so that a race is reported on every schedule; the concurrent flavor runs a launch's blocks
 // at the same time on OS threads, each block's threads as fibers. __syncthreads is a real barrier of the block;
 // a thread that returns while others wait at a barrier (or that reaches a barrier after
-// another returned) fails the launch. `__shared__` variables are statics, which is exact
-// since one block runs at a time (thread-local ones in the concurrent flavor). Atomics are relaxed, as CUDA's are. CUB's block primitives
+// another returned) fails the launch, and so do threads that wait at different __syncthreads()
+// call sites (CUDA leaves a barrier in divergent code undefined; a barrier inside a CUB
+// primitive is matched at the primitive's). `__shared__` variables are statics, which is exact
+// since one block runs at a time (thread-local ones in the concurrent flavor); each is
+// registered (LP_SHARED_REGISTER, which the build's copy of the kernels adds after every
+// declaration) and filled with the poison bytes 0xa5 before each block, so that a kernel
+// reading shared memory before writing it reads neither zeros nor the previous block's values
+// (not in the concurrent and traffic flavors). Atomics are relaxed, as CUDA's are. CUB's block primitives
 // keep CUB's documented contract and no more: a reduction's result is valid in thread 0 only
 // (the others get a poison value), and a collective ends without a barrier, so a caller that
 // reuses its temporary storage without one reads the wrong data here.
@@ -38,6 +44,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <source_location>
 #include <type_traits>
 
 #if defined(__CUDACC__) || defined(__CUDA_ARCH__)
@@ -56,8 +63,14 @@
 // The concurrent flavor runs each block on an OS thread of its own: a thread-local static is
 // that block's shared memory, which its fibers share.
 #define __shared__ static thread_local
+#define LP_SHARED_REGISTER(name)
 #else
 #define __shared__ static  // one block runs at a time: a static is that block's shared memory
+// After `__shared__ T name;`: the scheduler poisons `name` before each block (runtime.cpp), and
+// this first pass through the declaration poisons it for the block under way. (A section
+// attribute would gather the variables instead, but g++ ignores it in templates.)
+#define LP_SHARED_REGISTER(name) \
+  [[maybe_unused]] static const bool lp_shared_registered_##name = ::cuda_emulation::register_shared(&name, sizeof(name))
 #endif
 
 // --- vector types, launch configuration, runtime API -----------------------------------------
@@ -136,12 +149,17 @@ inline dim3 gridDim;
 
 namespace cuda_emulation {
 
-void syncthreads();
+// A barrier of the block, at the call site `site` (the threads waiting at one must all be at
+// the same site).
+void syncthreads(std::source_location site = std::source_location::current());
 
 // Whether the binding must treat its tensors as device memory, not read on the host (the tests'
 // lp_emulation_set_device_tensors): then what only the kernels guard against, such as a device
 // tree's links, reaches them as it would on a GPU.
 bool tensors_are_device_memory();
+
+// Registers a __shared__ variable, which is poisoned now and before each block (LP_SHARED_REGISTER).
+bool register_shared(void* address, std::size_t size);
 
 // Stops the launch with this message (a CUDA contract broken by the kernel code).
 [[noreturn]] void contract_violation(const char* message);
@@ -163,7 +181,10 @@ inline unsigned int thread_rank() {
 
 }  // namespace cuda_emulation
 
-inline void __syncthreads() { cuda_emulation::syncthreads(); }
+// (The default is the caller's file, line and column.)
+inline void __syncthreads(std::source_location site = std::source_location::current()) {
+  cuda_emulation::syncthreads(site);
+}
 
 namespace cuda_emulation {
 // What ThreadSanitizer is told a fence does between concurrent blocks (the concurrent flavor;

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,11 @@ class Mutant:
     tests: str = "sampler_agrees_with_cpu_per_row"  # pytest -k
     test_file: str = "tests/cuda_emulation/test_sampler_cuda.py"
     within: str = ""  # the unique text around `old`, where `old` alone is not unique
+    also: tuple[str, str] = ()  # a second change (old, new) in the same source, under the same switch
+
+    def changes(self) -> list[tuple[str, str, str]]:
+        """(anchor, old, new) for each of its changes."""
+        return [(self.within or self.old, self.old, self.new)] + ([(self.also[0], *self.also)] if self.also else [])
 
 
 MUTANTS = [
@@ -159,6 +165,24 @@ MUTANTS = [
     Mutant("uneven-barrier", BLOCK, "  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);",
            "  if (threadIdx.x == 7) return v;\n  return from_thread0(BlockReduce(sh.cub.reduce).Sum(v), sh);", "fibers",
            "__syncthreads()"),
+    # The same number of barriers, at different call sites: thread 0 waits at one of its own
+    # before the biases (a barrier in divergent code, which CUDA leaves undefined).
+    Mutant("divergent-barrier", "logits_processor/penalties_cuda.cu",
+           "      __syncthreads();\n      if (threadIdx.x == 0) add_row_biases<D>(q, logits, begin, begin + n, value, touched);\n",
+           "      if (threadIdx.x == 0) { __syncthreads(); add_row_biases<D>(q, logits, begin, begin + n, value, touched); }"
+           " else { __syncthreads(); }\n", "fibers", "waits at the __syncthreads() of", "emulated_cuda",
+           "tests/cuda_emulation/test_penalties_cuda.py"),
+    # The ids past a support: the chunk's shared bitmap cleared after its use instead of before,
+    # so each block's first chunk reads shared memory no thread wrote (where the emulation's
+    # statics held zeros from the last clearing, which hid it until they were poisoned).
+    Mutant("shared-read-before-write", LOGPROB_IDS,
+           "      for (int w = threadIdx.x; w < kChunkWords; w += kThreads) sh.listed[w] = 0;\n      __syncthreads();\n"
+           "      for (int64_t j = threadIdx.x; j < count; j += kThreads) {\n",
+           "      __syncthreads();\n      for (int64_t j = threadIdx.x; j < count; j += kThreads) {\n",
+           "fibers", AGREEMENT, "ids_past_the_support", "tests/cuda_emulation/test_logprobs_cuda.py",
+           also=("      next += static_cast<int64_t>(block_sum(mine, sh));\n",
+                 "      next += static_cast<int64_t>(block_sum(mine, sh));\n"
+                 "      for (int w = threadIdx.x; w < kChunkWords; w += kThreads) sh.listed[w] = 0;\n")),
     # verify_tree's sampled drafts: the normaliser of a rejection's residual summed with half
     # the draft probabilities, and the draw after all siblings' rejection reading the next
     # token's noise.
@@ -246,19 +270,21 @@ def switch(ids: list[int], old: str, news: list[str]) -> str:
 
 def schema_text(source: str, text: str) -> str:
     """`text`, the source `source`, with its mutants' switches (mutants at one site share it)."""
-    sites: dict[tuple[str, str], list[tuple[int, Mutant]]] = defaultdict(list)
+    sites: dict[tuple[str, str], list[tuple[int, str, str]]] = defaultdict(list)
     for i, m in numbered().items():
         if m.source == source:
-            sites[(m.within or m.old, m.old)].append((i, m))
+            for anchor, old, new in m.changes():
+                sites[(anchor, old)].append((i, m.name, new))
     spans = []
     for (anchor, old), mutants in sites.items():
-        name = mutants[0][1].name
+        name = mutants[0][1]
         if text.count(anchor) != 1 or anchor.count(old) != 1:
             raise SystemExit(f"[mutants] {name}: its text occurs {text.count(anchor)} times in {source}, not once"
                              + ("" if anchor.count(old) == 1 else " (or `old` not once in `within`)"))
         start = text.index(anchor) + anchor.index(old)
-        front, back, old_core, new_cores = core(old, [m.new for _, m in mutants])
-        spans.append((start + front, start + len(old) - back, switch([i for i, _ in mutants], old_core, new_cores), name))
+        front, back, old_core, new_cores = core(old, [new for _, _, new in mutants])
+        spans.append((start + front, start + len(old) - back, switch([i for i, _, _ in mutants], old_core, new_cores),
+                      name))
     spans.sort()
     for (_, end, _, a), (start, _, _, b) in zip(spans, spans[1:]):
         if start < end:
@@ -268,10 +294,25 @@ def schema_text(source: str, text: str) -> str:
     return text
 
 
+SHARED_DECLARATION = re.compile(r"^([ \t]*__shared__[ \t]+[\w:<>, ]+?[ \t]+(\w+)(?:\[[^\]\n]*\])?;)[ \t]*$", re.M)
+
+
+def register_shared(source: str, text: str) -> str:
+    """`text` with LP_SHARED_REGISTER(name); after each `__shared__ T name;`, on its line: the
+    emulation then poisons each before every block (cuda_emulation.h)."""
+    declared = len(re.findall(r"^[ \t]*__shared__[ \t]", text, re.M))
+    text, registered = SHARED_DECLARATION.subn(r"\1 LP_SHARED_REGISTER(\2);", text)
+    if registered != declared:
+        raise SystemExit(f"[mutants] {source}: {declared - registered} __shared__ declarations of a form "
+                         "register_shared does not know (one `__shared__ T name;` or `name[N];` a line)")
+    return text
+
+
 def write_schema(dest: Path) -> None:
-    """dest: a copy of logits_processor/ with every mutant's switch (a file rewritten only when
-    its text changes, so that ninja recompiles only what a change reaches), and mutants.json
-    beside it, the ids the build was made with."""
+    """dest: a copy of logits_processor/ with every mutant's switch and every __shared__
+    variable registered (register_shared; a file rewritten only when its text changes, so that
+    ninja recompiles only what a change reaches), and mutants.json beside it, the ids the build
+    was made with."""
     unknown = sorted({m.source for m in MUTANTS} - {f"logits_processor/{p.name}" for p in (ROOT / "logits_processor").iterdir()})
     if unknown:
         raise SystemExit(f"[mutants] no such sources: {unknown}")
@@ -279,7 +320,7 @@ def write_schema(dest: Path) -> None:
     for path in sorted((ROOT / "logits_processor").iterdir()):
         source = f"logits_processor/{path.name}"
         text = path.read_text()
-        mutated = schema_text(source, text)
+        mutated = register_shared(source, schema_text(source, text))
         if mutated.count("\n") != text.count("\n"):
             raise SystemExit(f"[mutants] the schema of {source} moved its lines")
         target = dest / path.name

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -139,6 +140,7 @@ struct Fiber {
   unsigned int rank;
   FiberState state;
   unsigned int barriers;
+  std::source_location barrier;  // where it waits (the __syncthreads() call site)
   void* tsan_fiber;          // ThreadSanitizer's context for this CUDA thread (tsan build)
   void* asan_fake_stack;     // AddressSanitizer's saved fake stack (asan build)
   bool fenced;               // a __threadfence() since its last atomic (concurrent build)
@@ -276,21 +278,40 @@ void prepare_fiber(Fiber& fiber, unsigned int rank) {
   fiber.rank = rank;
   fiber.state = FiberState::kReady;
   fiber.barriers = 0;
+  fiber.barrier = {};
   fiber.asan_fake_stack = nullptr;
   fiber.fenced = false;
   fiber.last_atomic = nullptr;
 }
 
-void fibers_syncthreads() {
+void fibers_syncthreads(std::source_location site) {
   Fiber& fiber = *pool.current;
   fiber.state = FiberState::kAtBarrier;
   ++fiber.barriers;
+  fiber.barrier = site;
   arrive_at(pool.sync_point + 1);
   stop(fiber);
   leave(pool.sync_point);
 }
 
+std::string site(const Fiber& fiber) {
+  return std::string(fiber.barrier.file_name()) + ":" + std::to_string(fiber.barrier.line()) + ":" +
+         std::to_string(fiber.barrier.column());
+}
+
+// The registered __shared__ variables (LP_SHARED_REGISTER), written under launch_mutex.
+std::vector<std::pair<void*, std::size_t>> shared_variables;
+
+void poison_shared_memory() {
+  for (const auto& [address, size] : shared_variables) std::memset(address, 0xa5, size);
+}
+
 void run_block_fibers(unsigned int threads, bool reversed) {
+  // CUDA's shared memory starts undefined. (Ordered, for ThreadSanitizer, after the previous
+  // block's threads and before this block's.)
+  leave(pool.sync_point);
+  poison_shared_memory();
+  arrive_at(pool.sync_point);
   for (unsigned int rank = 0; rank < threads; ++rank) prepare_fiber(pool.fibers[rank], rank);
   for (;;) {
     for (unsigned int k = 0; k < threads; ++k) {
@@ -310,6 +331,16 @@ void run_block_fibers(unsigned int threads, bool reversed) {
       (fiber.state == FiberState::kReturned ? returned : waiting) = &fiber;
     }
     if (!waiting) return;
+    for (unsigned int rank = 0; rank < threads; ++rank) {
+      const Fiber& fiber = pool.fibers[rank];
+      if (fiber.state == FiberState::kAtBarrier &&
+          (fiber.barrier.line() != waiting->barrier.line() || fiber.barrier.column() != waiting->barrier.column() ||
+           std::strcmp(fiber.barrier.file_name(), waiting->barrier.file_name())))
+        throw std::runtime_error("CUDA emulation: " + block_name(blockIdx) + ": thread " + std::to_string(fiber.rank) +
+                                 " waits at the __syncthreads() of " + site(fiber) + " and thread " +
+                                 std::to_string(waiting->rank) + " at the one of " + site(*waiting) +
+                                 " (every thread of a block must wait at the same barrier)");
+    }
     if (returned)
       throw std::runtime_error(
           "CUDA emulation: " + block_name(blockIdx) + ": thread " + std::to_string(returned->rank) +
@@ -367,7 +398,13 @@ bool is_private_memory(uintptr_t address) {
          (address - thread_index < sizeof(threadIdx));
 }
 
-void syncthreads() { fibers_syncthreads(); }
+void syncthreads(std::source_location site) { fibers_syncthreads(site); }
+
+bool register_shared(void* address, std::size_t size) {
+  std::memset(address, 0xa5, size);
+  shared_variables.emplace_back(address, size);
+  return true;
+}
 
 #if defined(LP_EMULATION_CONCURRENT)
 // The C++ memory model's fence synchronisation, for the one pattern the kernels use between
