@@ -19,6 +19,14 @@ struct TreeShared {
   double log_z[kMaxVerifyPositions];
 };
 
+// read(), a device tree's link, draft token or a decision on them, as thread 0 reads it, for
+// every thread: the walk's barriers then never depend on what each thread would read (a tree
+// changed under the kernel, an output aliasing it). Called by the whole block.
+template <typename Read>
+__device__ int64_t read_by_thread0(Read read, SharedState& sh) {
+  return static_cast<int64_t>(from_thread0(threadIdx.x == 0 ? static_cast<uint64_t>(read()) : 0, sh));
+}
+
 // lr_n(i) from lr_0(i) (verify_tree.h): the CPU's in-place updates, recomputed per token.
 __device__ float residual_after(const TreeShared& ts, int64_t n, int64_t i, float lr, float q) {
   for (int64_t j = 0; j < n && lr > kNegInf; ++j) lr = ts.rejected[j] == i ? kNegInf : residual_logprob(lr, q, ts.log_z[j]);
@@ -32,18 +40,18 @@ __device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, R
                                  SharedState& sh) {
   const VerifyParams& v = t.chain;
   if (!row.cut(sh)) return -1;
-  int64_t c = first_child(t, b, node);
-  const KeptPass k = kept_pass(row, row.kept_score(draft_token(v, b, c)));
+  int64_t c = read_by_thread0([&] { return first_child(t, b, node); }, sh);
+  const KeptPass k = kept_pass(row, row.kept_score(read_by_thread0([&] { return draft_token(v, b, c); }, sh)));
   const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
   int64_t last = -1;  // the last rejected draft
   int64_t rank = 0;
   for (;; ++rank) {
-    const int64_t draft = last = draft_token(v, b, c);
+    const int64_t draft = last = read_by_thread0([&] { return draft_token(v, b, c); }, sh);
     const float s = row.kept_score(draft);
     const float q = s > kNegInf ? draft_prob(v, b, node, draft) : 0.0f;
     const float lr = s > kNegInf ? residual_after(ts, rank, draft, token_logprob(s, row.s_max, log_z), q) : kNegInf;
-    if (child_accepted(row.r, lr, lr > kNegInf ? q : 0.0f, rank)) return draft;
-    c = walk_sibling(t, b, c, rank);
+    if (read_by_thread0([&] { return child_accepted(row.r, lr, lr > kNegInf ? q : 0.0f, rank); }, sh)) return draft;
+    c = read_by_thread0([&] { return walk_sibling(t, b, c, rank); }, sh);
     if (c < 0) break;
     // Rejected, and a sibling follows: Z of max(0, r - q) over the tokens not rejected.
     if (threadIdx.x == 0) ts.rejected[rank] = draft;
@@ -75,8 +83,8 @@ __device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, R
 }
 
 // Node `node`'s token at column `column` (verify_tree.h); called by the whole block, the same
-// for every thread (the tree's links are read by each thread alike). One RowSampler for both
-// rules: a second one would take its own stack.
+// for every thread (the tree's links as thread 0 reads them). One RowSampler for both rules: a
+// second one would take its own stack.
 template <Dtype D>
 __device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int64_t column, TreeShared& ts,
                               SharedState& sh) {
@@ -85,7 +93,8 @@ __device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int6
   RowSampler<D> row{target, position_params(t.chain, b, node), logits_row(target, b), row_bitmask(target, b),
                     block_row_penalty_view(target, b, sh, path_before(t, b, column)), 0.0f, kNoKey,
                     sh.staged_words};
-  if (sampled_node(t, b, node, column)) return sampled_token<D>(t, b, node, row, ts, sh);
+  if (read_by_thread0([&] { return sampled_node(t, b, node, column); }, sh))
+    return sampled_token<D>(t, b, node, row, ts, sh);
   return row.sample(sh);
 }
 
@@ -104,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) verify_tree_kernel(TreeParams t) {
       __syncthreads();  // the -1 padding is written before the token (other threads' columns)
       if (threadIdx.x == 0) tokens[column] = token, node_ids[column] = node;
       if (token < 0 || column + 1 >= t.width) break;
-      node = matching_child(t, b, node, token);
+      node = read_by_thread0([&] { return matching_child(t, b, node, token); }, sh);
       if (node < 0) break;
     }
     if (threadIdx.x == 0) t.num_accepted[b] = column;
