@@ -1,5 +1,5 @@
 """token_logprobs(..., support=): the log-probability and entropy over a given support (the
-sampler's kept set, passed back by a trainer), as one differentiable op.
+sampler's kept set, a KeptSet, passed back by a trainer), as one differentiable op.
 
 The kernels are the binding's `support_logprobs` and `support_logprobs_backward`, which write
 into tensors they are given; autograd needs a functional op, so `replay_logprobs` (and its
@@ -15,6 +15,7 @@ import torch
 
 from ._fakes import check_devices, register_fakes
 from ._ops import add_op_namespace_prefix, ops
+
 
 class KeptSet(NamedTuple):
     """The set each row's token was drawn from (`sample_with_logprobs(..., return_kept=K)`):
