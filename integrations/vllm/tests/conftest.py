@@ -4,8 +4,8 @@ Run from the repository root, in the vLLM environment (integrations/vllm/setup_e
 
     .venv-vllm/bin/python -m pytest integrations/vllm/tests
 
-Offline: the tokenizer is a byte-level BPE trained on this repository's docs, the model a
-2-layer Llama with seeded random weights (head_dim 32: vLLM's CPU attention needs >= 32), saved
+Offline: the tokenizer is a byte-level BPE trained on a fixed copy of this repository's docs
+(tokenizer_corpus.json), the model a 2-layer Llama with seeded random weights (head_dim 32: vLLM's CPU attention needs >= 32), saved
 in a temporary folder; nothing is downloaded. The kernel is LOGITS_PROCESSOR_KERNEL, by default
 this checkout's build/ (which must hold the CPU variant: `make build` or tools/build.py).
 """
@@ -13,6 +13,7 @@ this checkout's build/ (which must hold the CPU variant: `make build` or tools/b
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sys
 import time
@@ -40,7 +41,10 @@ def _train_tokenizer(vocab_size: int = 1000):
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    texts = [p.read_text(errors="replace") for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]]
+    # A fixed corpus (this repository's README and docs as of 1176459), not the docs as they are
+    # now: the tokenizer, and with it every output of the random model, would change with each
+    # edit of the docs (a JSON schema's output then ran past max_tokens once).
+    texts = json.loads((Path(__file__).resolve().parent / "tokenizer_corpus.json").read_text())
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
