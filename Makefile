@@ -31,6 +31,7 @@ demo: $(STAMP)
 bench: build emulation-build
 	$(PY) benchmarks/bench.py
 	$(PY) benchmarks/bench_replay.py
+	$(PY) benchmarks/bench_filtered.py
 	$(PY) benchmarks/bench_tree.py
 	$(PY) benchmarks/bench_sharded.py
 	$(MAKE) bench-vllm

@@ -2,9 +2,10 @@
 // row, serves sample_with_logprobs (the draw: RowSampler::sample) and token_logprobs (the given
 // tokens), then takes one pass over the kept set for ln Z, the rank and the top-N (kept_pass,
 // also verify_draft's), and with return_kept the draw's kept set (KeptSet: collected in that
-// pass, sorted in shared memory). Never split
-// over blocks, and a kernel of its own: its registers would lower sample_kernel's occupancy.
-// Compiled with the sampler's kernels (sampling_kernels.cuh).
+// pass, sorted in shared memory); and filtered_probs / filtered_logits (row_filtered: every
+// token's value, no draw). Never split over blocks, and a kernel of its own: its registers
+// would lower sample_kernel's occupancy. Compiled with the sampler's kernels
+// (sampling_kernels.cuh).
 #pragma once
 
 #include "block_primitives.cuh"
@@ -167,6 +168,36 @@ __device__ void finish_kept(const LogprobsParams& out, int64_t row, KeptSet& set
   }
 }
 
+// filtered_probs / filtered_logits for one row, by the whole block (sampling.h, "The filtered
+// distribution"): a greedy row's argmax, or the draw's cut and, for probabilities, one pass for
+// Z (kept_pass); then one pass writing every token.
+template <Dtype D>
+__device__ void row_filtered(const SamplingParams& p, RowSampler<D>& sampler, int64_t row, SharedState& sh) {
+  const LogprobsParams& out = p.logprobs;
+  float* values = out.filtered + row * p.vocab;
+  const bool as_logits = out.filtered_as_logits;
+  if (sampler.r.greedy) {
+    const int64_t token = sampler.sample(sh);  // the argmax; -1 if nothing is allowed
+    sampler.for_each_logit(0, p.vocab, [&](int64_t i, float x) {
+      values[i] = greedy_filtered_value(as_logits, i, token, x);
+    });
+    return;
+  }
+  if (!sampler.cut(sh)) {
+    for (int64_t i = threadIdx.x; i < p.vocab; i += kThreads) values[i] = as_logits ? kNegInf : 0.0f;
+    return;
+  }
+  double scale = 1.0;
+  if (!as_logits) {
+    const KeptPass k = kept_pass(sampler, kNegInf);
+    scale = filtered_scale(normaliser_units({block_sum(k.z.high, sh), block_sum(k.z.low, sh)}));
+  }
+  sampler.for_each_logit(0, p.vocab, [&](int64_t i, float x) {
+    const float s = x > kNegInf ? score(x, sampler.r.temperature, sampler.x_origin) : kNegInf;
+    values[i] = filtered_value(as_logits, s, sampler.threshold, sampler.s_max, scale);
+  });
+}
+
 // sample_with_logprobs / token_logprobs for one row, by the whole block: the draw, then one
 // pass for ln Z, the rank and the first kTopChunk of the top-N (N > kTopChunk: one more pass
 // per kTopChunk tokens). Greedy, unfiltered and raw rows first find their distribution's s_max
@@ -176,6 +207,7 @@ __device__ void finish_kept(const LogprobsParams& out, int64_t row, KeptSet& set
 template <Dtype D>
 __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, int64_t row, SharedState& sh) {
   const LogprobsParams& out = p.logprobs;
+  if (out.filtered) return row_filtered(p, sampler, row, sh);
   if (out.given_tokens) {
     RowSampler<D>& d = sampler;
     d.become_logprob_row(out.raw);

@@ -53,6 +53,11 @@ struct LogprobsParams {
   int64_t* kept_ids;
   int64_t kept_k;
   int64_t* kept_size;
+  // filtered_probs / filtered_logits: the distribution `sample` draws from, every token of
+  // each row, into [rows, vocab] contiguous (no draw; see "The filtered distribution" below);
+  // null otherwise.
+  float* filtered;
+  bool filtered_as_logits;  // the scores, -inf outside the kept set; else the probabilities
 };
 
 // How top-p composes with the other filters (docs/semantics-sampling.md):
@@ -326,18 +331,26 @@ struct FineMass {
 
 // The two 2^30 fixed-point digits of e^(s - s_max); int32 conversions (truncating, the
 // values are below 2^31) so the CPU loop vectorises.
-LP_HOST_DEVICE FineMass fine_mass(float s, float s_max) {
-  const float scaled = lp_mul(lp_exp_nonpositive(lp_add(s, -s_max)), kFineScale);  // exact
+LP_HOST_DEVICE float mass_term(float s, float s_max) { return lp_exp_nonpositive(lp_add(s, -s_max)); }
+
+// (From the term e itself: the CPU's filtered_probs keeps e for its last pass.)
+LP_HOST_DEVICE FineMass fine_mass_of_term(float e) {
+  const float scaled = lp_mul(e, kFineScale);  // exact
   const int32_t high = static_cast<int32_t>(scaled);
   const float rest = lp_add(scaled, -static_cast<float>(high));  // exact: [0, 1)
   return {static_cast<uint64_t>(high), static_cast<uint64_t>(static_cast<int32_t>(lp_mul(rest, kFineScale)))};
 }
 
-// ln Z from the summed digits (Z includes the row maximum's term, so H >= 2^30).
+LP_HOST_DEVICE FineMass fine_mass(float s, float s_max) { return fine_mass_of_term(mass_term(s, s_max)); }
+
+// Z 2^30 from the summed digits (Z includes the row maximum's term, so this is >= 2^30).
+LP_HOST_DEVICE double normaliser_units(FineMass sum) {
+  return lp_dadd(static_cast<double>(sum.high), lp_dmul(static_cast<double>(sum.low), 9.313225746154785e-10));  // 2^-30
+}
+
+// ln Z from the summed digits.
 LP_HOST_DEVICE double log_normaliser(FineMass sum) {
-  const double units = lp_dadd(static_cast<double>(sum.high),
-                               lp_dmul(static_cast<double>(sum.low), 9.313225746154785e-10));  // 2^-30
-  return lp_dadd(lp_log_double(units), -20.79441541679836);  // -30 ln 2
+  return lp_dadd(lp_log_double(normaliser_units(sum)), -20.79441541679836);  // -30 ln 2
 }
 
 // Finite for every token of the support: a value below -FLT_MAX (scores 2 FLT_MAX apart) is
@@ -346,6 +359,34 @@ LP_HOST_DEVICE double log_normaliser(FineMass sum) {
 LP_HOST_DEVICE float token_logprob(float s, float s_max, double log_z) {
   const double logprob = lp_dadd(lp_dadd(static_cast<double>(lp_add(s, 0.0f)), -static_cast<double>(s_max)), -log_z);
   return lp_double_to_float(logprob > -static_cast<double>(kMaxFinite) ? logprob : -static_cast<double>(kMaxFinite));
+}
+
+// --- The filtered distribution ---------------------------------------------------------------
+// filtered_probs and filtered_logits write, for every token, what `sample` draws from: over the
+// draw's kept set, logits: the score s_i (the draw's x_i / T, from score_origin where that
+// overflows), probs: p_i = e^(s_i - s_max) / Z, the e^ of the masses' terms and Z their fine
+// sum (the log-probabilities' ln Z), as e^(s_i - s_max) times 2^30 / (Z 2^30) in double (one
+// division a row, filtered_scale), rounded once to float: within 2 ulp of the exact quotient
+// (e^ is within about 1; it underflows below about -87, where p_i is 0). Outside the kept set: -inf and 0. A greedy
+// row's kept set is its argmax alone: its logit (penalised) and 1. A row with nothing allowed:
+// -inf and 0 everywhere (`sample` returns -1 there).
+LP_HOST_DEVICE double filtered_scale(double units) { return lp_ddiv(1073741824.0, units); }  // 2^30 / units
+
+LP_HOST_DEVICE float kept_probability(float term, double scale) {
+  return lp_double_to_float(lp_dmul(static_cast<double>(term), scale));
+}
+
+// The filtered value of a candidate of score s (-inf: not a candidate) at or above the kept
+// set's floor `threshold` key, in a row that is not greedy (scale: filtered_scale).
+LP_HOST_DEVICE float filtered_value(bool as_logits, float s, uint32_t threshold, float s_max, double scale) {
+  if (!(s > kNegInf) || score_key(s) < threshold) return as_logits ? kNegInf : 0.0f;
+  return as_logits ? s : kept_probability(mass_term(s, s_max), scale);
+}
+
+// A greedy row's filtered value of token i, of candidate value x, where `token` is its argmax.
+LP_HOST_DEVICE float greedy_filtered_value(bool as_logits, int64_t i, int64_t token, float x) {
+  if (i != token) return as_logits ? kNegInf : 0.0f;
+  return as_logits ? x : 1.0f;
 }
 
 // Top-N order: the larger score first, the lower index on ties, as packed by pack_argmax.

@@ -80,6 +80,22 @@ float perturb(const float* __restrict scores, const uint32_t* __restrict noise, 
   return best;
 }
 
+// filtered_value over a row, vectorised: the kept scores (s >= floor: key(s) >= threshold), -inf
+// elsewhere; or their probabilities, 0 elsewhere.
+void filtered_scores(const float* __restrict scores, int64_t vocab, float floor, float* __restrict out) {
+#pragma omp simd
+  for (int64_t i = 0; i < vocab; ++i) {
+    const bool kept = (scores[i] >= floor) & (scores[i] > kNegInf);
+    out[i] = kept ? scores[i] : kNegInf;
+  }
+}
+
+// `terms` holds mass_term of each kept token, 0 elsewhere (kept_terms_sum).
+void filtered_probabilities(const float* __restrict terms, int64_t vocab, double scale, float* __restrict out) {
+#pragma omp simd
+  for (int64_t i = 0; i < vocab; ++i) out[i] = kept_probability(terms[i], scale);
+}
+
 // The noise words of tokens [0, vocab): one Philox call per 4 tokens. (The parameters are a
 // copy: stores through `noise` could otherwise alias them, and reload them every call.)
 void fill_noise(const RowParams r, int64_t vocab, uint32_t* __restrict noise) {
@@ -112,6 +128,22 @@ FineMass fine_mass_sum(const float* __restrict scores, int64_t vocab, float floo
   for (int64_t i = 0; i < vocab; ++i) {
     const FineMass m = fine_mass(scores[i], s_max);
     const bool kept = (scores[i] >= floor) & (scores[i] > kNegInf);
+    high += kept ? m.high : 0;
+    low += kept ? m.low : 0;
+  }
+  return {high, low};
+}
+
+// fine_mass_sum, keeping each kept candidate's mass_term in `terms` (0 for the others).
+FineMass kept_terms_sum(const float* __restrict scores, int64_t vocab, float floor, float s_max,
+                        float* __restrict terms) {
+  uint64_t high = 0, low = 0;
+#pragma omp simd reduction(+ : high, low)
+  for (int64_t i = 0; i < vocab; ++i) {
+    const bool kept = (scores[i] >= floor) & (scores[i] > kNegInf);
+    const float e = mass_term(scores[i], s_max);
+    const FineMass m = fine_mass_of_term(e);
+    terms[i] = kept ? e : 0.0f;
     high += kept ? m.high : 0;
     low += kept ? m.low : 0;
   }
@@ -257,6 +289,28 @@ class RowSampler {
     if (size > out.kept_k) return;
     const int64_t n = top_tokens(out.kept_k);
     for (int64_t j = 0; j < n; ++j) ids[j] = scratch_.top[j].index;
+  }
+
+  // filtered_probs / filtered_logits: the row of the distribution sample() draws from
+  // (sampling.h, "The filtered distribution"), without the draw.
+  void write_filtered() {
+    const LogprobsParams& out = p_.logprobs;
+    float* values = out.filtered + row_ * p_.vocab;
+    const bool as_logits = out.filtered_as_logits;
+    if (!load(r_.greedy ? Scores::Greedy : Scores::Sampling)) {
+      std::fill(values, values + p_.vocab, as_logits ? kNegInf : 0.0f);
+      return;
+    }
+    if (r_.greedy) {
+      const int64_t token = first_index_of(s_max_);
+      for (int64_t i = 0; i < p_.vocab; ++i) values[i] = greedy_filtered_value(as_logits, i, token, scores_[i]);
+      return;
+    }
+    cutoff_ = cutoff();
+    if (as_logits) return filtered_scores(scores_, p_.vocab, floor_score(), values);
+    float* terms = scratch_.scaled_mass.data();
+    const double units = normaliser_units(kept_terms_sum(scores_, p_.vocab, floor_score(), s_max_, terms));
+    filtered_probabilities(terms, p_.vocab, filtered_scale(units), values);
   }
 
  private:
@@ -559,6 +613,8 @@ void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for) {
         RowSampler<D> sampler(params, row, scratch);
         if (!params.logprobs.enabled)
           params.out[row] = sampler.sample();
+        else if (params.logprobs.filtered)
+          sampler.write_filtered();
         else if (params.logprobs.given_tokens)
           params.logprobs.logprobs[row] = sampler.given_token_logprob();
         else

@@ -83,7 +83,10 @@ void sample_cuda_kernels(const SamplingParams& params, int64_t splits, unsigned 
   const int64_t limit = resident_block_limit(8);
   const unsigned int blocks = static_cast<unsigned int>(work < limit ? work : limit);
   if (params.logprobs.enabled)
-    launch_kernel(params.logprobs.given_tokens ? "token_logprobs" : "sample_with_logprobs", logprobs_kernel<D>,
+    launch_kernel(params.logprobs.filtered       ? "filtered_distribution"
+                  : params.logprobs.given_tokens ? "token_logprobs"
+                                                 : "sample_with_logprobs",
+                  logprobs_kernel<D>,
                   blocks, kThreads, stream, params);
   else
     launch_kernel("sample", sample_kernel<D>, blocks, kThreads, stream, params, split);

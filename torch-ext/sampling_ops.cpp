@@ -1,4 +1,5 @@
-// sample, sample_with_logprobs and token_logprobs; sampling_call, which verify_draft shares.
+// sample, sample_with_logprobs, token_logprobs and filtered_distribution; sampling_call, which
+// verify_draft shares.
 
 #include "sampling_ops.h"
 
@@ -193,6 +194,22 @@ void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARG
   lp::SamplingParams& p = call.params;
   p.logprobs = {true, raw, ids.const_data_ptr<int64_t>(), 0, out.mutable_data_ptr<float>(),
                 nullptr, nullptr};
+  run_sampling(p, logits);
+}
+
+void filtered_distribution(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
+                           LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const std::string& output, const Tensor& out) {
+  // No draw: the seed and offset are never read.
+  SamplingCall call = sampling_call(logits, {LP_FILTER_ARGUMENTS(LP_FORWARD)},
+                                    {std::nullopt, 0, std::nullopt, 0}, bitmask);
+  add_penalties(call, logits, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
+  const bool as_logits = choice_index(output, "output", {"probs", "logits"}) == 1;
+  lp::SamplingParams& p = call.params;
+  check_output(out, logits, "out", ScalarType::Float, p.vocab);
+  CHECK_ARG(!shares_storage(out, logits), "out must not share memory with logits");
+  p.logprobs = {true, false, nullptr, 0, nullptr, nullptr, nullptr};
+  p.logprobs.filtered = out.mutable_data_ptr<float>();
+  p.logprobs.filtered_as_logits = as_logits;
   run_sampling(p, logits);
 }
 

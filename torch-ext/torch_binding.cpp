@@ -93,6 +93,14 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "str logprobs_mode, "
           "Tensor(a!) out"
           ") -> ()");
+  ops.def("filtered_distribution("
+          "Tensor logits, "
+          LP_FILTER_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          "Tensor? bitmask, "
+          LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          "str output, "
+          "Tensor(a!) out"
+          ") -> ()");
   ops.def("sample_shard_step("
           "Tensor logits, "
           "int vocab_offset, "
@@ -174,6 +182,7 @@ void impl_ops(Library& ops) {
   ops.impl("sample_with_logprobs", TORCH_BOX(&sample_with_logprobs));
   ops.impl("sample_with_kept", TORCH_BOX(&sample_with_kept));
   ops.impl("token_logprobs", TORCH_BOX(&token_logprobs));
+  ops.impl("filtered_distribution", TORCH_BOX(&filtered_distribution));
   ops.impl("sample_shard_step", TORCH_BOX(&sample_shard_step));
   ops.impl("sample_shard_finish", TORCH_BOX(&sample_shard_finish));
   ops.impl("support_logprobs", TORCH_BOX(&support_logprobs));

@@ -88,6 +88,18 @@ def special_bitmask(rows: int, vocab: int, g: torch.Generator) -> torch.Tensor:
     return bitmask
 
 
+def to_device(value, device: str):
+    """A call's argument on `device`: tensors moved, named tuples (Penalties) field by field,
+    dicts value by value, anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(to_device(v, device) for v in value))
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    return value
+
+
 def assert_launched(emulation, before: int) -> None:
     assert emulation.launches() > before, "the op did not launch an emulated kernel"
 

@@ -148,6 +148,14 @@ MUTANTS = [
     # The kept ids of a set too large for shared memory lose the tokens tied at its cutoff.
     Mutant("kept-set-cutoff", LOGPROBS, "if (key < sampler.threshold) return;", "if (key <= sampler.threshold) return;",
            "fibers", AGREEMENT, "kept_set_sizes_agree_with_cpu", "tests/cuda_emulation/test_replay_cuda.py"),
+    # The filtered distribution's scores taken without the row's score origin (a tiny
+    # temperature's row then saturates), and its probabilities normalised without Z's low digit.
+    Mutant("filtered-origin", LOGPROBS, "score(x, sampler.r.temperature, sampler.x_origin)",
+           "score(x, sampler.r.temperature, 0.0f)", "fibers", AGREEMENT, "tiny_temperatures",
+           "tests/cuda_emulation/test_filtered_cuda.py"),
+    Mutant("filtered-normaliser", LOGPROBS, "normaliser_units({block_sum(k.z.high, sh), block_sum(k.z.low, sh)})",
+           "normaliser_units({block_sum(k.z.high, sh), 0})", "fibers", AGREEMENT, "filtered_agrees_with_cpu",
+           "tests/cuda_emulation/test_filtered_cuda.py"),
     # The shared-memory sort of a kept set (its ids' top-N order) runs the wrong way round.
     Mutant("kept-set-sort", BLOCK, "(a < b) == ((i & size) == 0)", "(a < b) == ((i & size) != 0)",
            "fibers", AGREEMENT, "kept_set_sizes_agree_with_cpu", "tests/cuda_emulation/test_replay_cuda.py",

@@ -38,6 +38,7 @@ def calls(lp, rows, draws, logits, bitmask):
     drafts = torch.randint(0, V, (B, 2))
     target = logits[:, None].expand(B, 3, V).contiguous()
     verified = lp.verify_draft(target, drafts, **rows, **draws)
+    filtered = torch.empty(B, V)
     return {
         "sample": lambda: lp.sample(logits, **rows, **draws, bitmask=bitmask, out=tokens),
         "sample_with_logprobs": lambda: lp.sample_with_logprobs(logits, **rows, **draws, bitmask=bitmask,
@@ -46,10 +47,13 @@ def calls(lp, rows, draws, logits, bitmask):
             logits, **rows, **draws, num_logprobs=4, return_kept=8, out=with_kept),
         "token_logprobs": lambda: lp.token_logprobs(logits, tokens, **rows, bitmask=bitmask, out=logprobs),
         "verify_draft": lambda: lp.verify_draft(target, drafts, **rows, **draws, out=verified),
+        "filtered_probs": lambda: lp.filtered_probs(logits, **rows, bitmask=bitmask, out=filtered),
+        "filtered_logits": lambda: lp.filtered_logits(logits, **rows, bitmask=bitmask, out=filtered),
     }
 
 
-NAMES = ["sample", "sample_with_logprobs", "sample_with_logprobs(return_kept)", "token_logprobs", "verify_draft"]
+NAMES = ["sample", "sample_with_logprobs", "sample_with_logprobs(return_kept)", "token_logprobs", "verify_draft",
+         "filtered_probs", "filtered_logits"]
 
 
 @pytest.mark.parametrize("name", NAMES)

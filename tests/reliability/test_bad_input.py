@@ -280,6 +280,16 @@ def _logprobs_cases() -> list[Case]:
         ("token_logprobs-logprobs_mode-unknown", "logprobs_mode", token_logprobs(logprobs_mode="")),
         ("token_logprobs-out-int64", "out", token_logprobs(out=lambda t: t.row_i64)),
         ("token_logprobs-out-wrong-length", "out", token_logprobs(out=lambda t: t.big[:, 0])),
+        # filtered_probs, filtered_logits
+        ("filtered_probs-logits-3d", "logits", _op("filtered_probs", lambda t: t.logits.view(2, 2, V))),
+        ("filtered_probs-logits-float64", "logits", _op("filtered_probs", lambda t: t.f64)),
+        ("filtered_probs-top_p-above-1", "top_p", _op("filtered_probs", lambda t: t.logits, top_p=1.5)),
+        ("filtered_logits-top_k-rows-float", "top_k", _op("filtered_logits", lambda t: t.logits, top_k=lambda t: t.row_f32)),
+        ("filtered_logits-bitmask-int64", "bitmask", _op("filtered_logits", lambda t: t.logits, bitmask=lambda t: t.mask.long())),
+        ("filtered_probs-out-transposed", "out", _op("filtered_probs", lambda t: t.logits, out=lambda t: t.out_t.t())),
+        ("filtered_probs-out-wrong-rows", "out", _op("filtered_probs", lambda t: t.logits, out=lambda t: t.big)),
+        ("filtered_logits-out-float16", "out", _op("filtered_logits", lambda t: t.logits, out=lambda t: t.half)),
+        ("filtered_logits-out-is-logits", "out", _op("filtered_logits", lambda t: t.logits, out=lambda t: t.logits)),
     ]
     return [Case(*c) for c in cases]
 
@@ -396,6 +406,7 @@ def _penalty_cases() -> list[Case]:
         ("fused-repetition_penalty-rows-nan", "repetition_penalty",
          fused("token_logprobs", repetition_penalty=lambda t: t.row_f32 + torch.tensor([0.0, 0.0, nan, 0.0]))),
         ("fused-frequency_penalty-nan", "frequency_penalty", fused("sample_with_logprobs", frequency_penalty=nan)),
+        ("fused-filtered-presence_penalty-nan", "presence_penalty", fused("filtered_probs", presence_penalty=nan)),
         ("fused-presence_penalty-rows-wrong-length", "presence_penalty",
          fused(presence_penalty=lambda t: t.row_f32[:3])),
         ("fused-logit_bias_ids-past-vocab", "logit_bias_ids",

@@ -2,7 +2,7 @@
 
 Modules, each importing only from those above it: _ops (generated), _args (arguments as the
 ops take them) and _fakes (the ops' fake implementations), then _bitmask, _penalties,
-_replay (token_logprobs' replay over a support), _sampling, _sharded, _verify and _verify_tree, one
+_replay (token_logprobs' replay over a support), _sampling, _filtered, _sharded, _verify and _verify_tree, one
 per op family.
 """
 
@@ -15,6 +15,7 @@ from ._bitmask import (
     get_bitmask_shape,
     reset_token_bitmask,
 )
+from ._filtered import filtered_logits, filtered_probs
 from ._penalties import Penalties, PenaltyState, apply_penalties_, penalty_state_from_tokens, update_output_counts_
 from ._sampling import KeptSet, SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
 from ._sharded import sample_sharded
@@ -32,6 +33,8 @@ __all__ = [
     "apply_token_bitmask",
     "apply_token_bitmask_inplace",
     "bitmask_dtype",
+    "filtered_logits",
+    "filtered_probs",
     "get_bitmask_shape",
     "penalty_state_from_tokens",
     "Penalties",

@@ -1,0 +1,104 @@
+"""filtered_probs and filtered_logits beside plain `sample`, and the torch passes a user writes
+instead (`make bench`).
+
+V = 128256, B in {1, 32}, top-k 50 + top-p 0.9 at temperature 0.8, in float32 and bfloat16, on
+the GPU where there is one, else the CPU. The torch chain is what a research loop writes to get
+the filtered probabilities: logits / T, torch.topk's k-th value, a sort and cumulative softmax
+for top-p, a masked softmax. Each time is the median of interleaved calls (the machine is shared:
+ratios, measured side by side, are the figures to read). The kept sets are checked equal on the
+way (the torch chain keeps the same tokens on these inputs, ties aside).
+
+  python benchmarks/bench_filtered.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+VOCAB = 128256
+FILTERS = dict(temperature=0.8, top_k=50, top_p=0.9)
+CASES = [(1, "float32"), (32, "float32"), (1, "bfloat16"), (32, "bfloat16")]
+QUICK_CASES = [(1, "bfloat16"), (32, "bfloat16")]
+
+
+def torch_filtered_probs(logits: torch.Tensor) -> torch.Tensor:
+    """top-k then top-p over the whole row's softmax (the intersection), as torch code."""
+    scores = logits.float() / FILTERS["temperature"]
+    kth = scores.topk(FILTERS["top_k"], dim=-1).values[:, -1:]
+    sorted_scores, order = scores.sort(dim=-1, descending=True)
+    mass_before = sorted_scores.softmax(-1).cumsum(-1) - sorted_scores.softmax(-1)
+    drop_sorted = mass_before >= FILTERS["top_p"]
+    drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
+    return scores.masked_fill((scores < kth) | drop, float("-inf")).softmax(-1)
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_times(calls: dict, device: str, repeats: int) -> dict:
+    times = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():  # interleaved: a noisy moment hits every implementation
+            synchronize(device)
+            start = time.perf_counter()
+            call()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "tests"))
+    from kernels import get_local_kernel
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")),
+                          backend=None if device == "cuda" else "cpu")
+    repeats = 30 if device == "cuda" else 7
+    print(f"bench_filtered: V={VOCAB}, {FILTERS}, {device}", flush=True)
+    print("| B | dtype | sample | filtered_probs | filtered_logits | torch chain | probs / sample | torch / probs |")
+    print("|---|---|---|---|---|---|---|---|")
+    report = []
+    for batch, dtype in QUICK_CASES if args.quick else CASES:
+        g = torch.Generator().manual_seed(batch)
+        logits = (torch.randn(batch, VOCAB, generator=g) * 3).to(getattr(torch, dtype)).to(device)
+        probs = lp.filtered_probs(logits, **FILTERS)
+        theirs = torch_filtered_probs(logits)
+        same = bool(torch.equal(probs > 0, theirs > 0))
+        out_tokens = torch.empty(batch, dtype=torch.int64, device=device)
+        out = torch.empty(batch, VOCAB, device=device)
+        calls = {
+            "sample": lambda: lp.sample(logits, **FILTERS, seed=1, out=out_tokens),
+            "filtered_probs": lambda: lp.filtered_probs(logits, **FILTERS, out=out),
+            "filtered_logits": lambda: lp.filtered_logits(logits, **FILTERS, out=out),
+            "torch": lambda: torch_filtered_probs(logits),
+        }
+        for call in calls.values():
+            call()  # warm-up
+        t = median_times(calls, device, repeats)
+        report.append({"batch": batch, "dtype": dtype, "device": device, "seconds": t, "same_kept_set": same})
+        cells = " | ".join(f"{t[name] * 1e6:.0f} us" for name in calls)
+        print(f"| {batch} | {dtype} | {cells} | {t['filtered_probs'] / t['sample']:.2f} | "
+              f"{t['torch'] / t['filtered_probs']:.1f}x{'' if same else ' (kept sets differ!)'} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
