@@ -1,13 +1,19 @@
-"""CUDA-graph capture and replay of a decoding step: bitmask, then sample.
+"""CUDA-graph capture and replay of a decoding step through every kernel an engine captures.
 
-The step is captured once with every parameter a device tensor; before each replay new
-logits and a new offset tensor are copied into the captured buffers, as a serving loop does.
-Checks: capture succeeds (an op that synchronised or allocated would break it); every replay
-equals the same step run eagerly; replaying the same offsets again gives the same tokens;
-a new offset changes some draws; every token is allowed by the bitmask. Without `sample` in
-the build, the step is the bitmask alone and the replays must equal the eager masking.
+The step, captured once with every parameter a device tensor and every output preallocated:
+the bitmask in place, `sample`, `sample_with_logprobs` with fused penalties, the top-N and the
+kept set (`return_kept`), `update_output_counts_` from its tokens, `filtered_probs`,
+`verify_draft` (with draft probabilities and block verification) and `verify_tree`. Before each
+replay new logits, drafts' target logits and offsets are copied into the captured buffers and
+the penalty counts reset, as a serving loop does. Checks: capture succeeds (an op that
+synchronised or allocated would break it); every replay equals the same step run eagerly on
+the same buffers; replaying the same inputs again gives the same outputs; a new offset changes
+some draws; every sampled token is allowed by the bitmask. (`sample_sharded` is not captured:
+its exchanges go through torch.distributed and the host, docs/semantics-sampling.md.)
 
-  python scripts/graph_check.py [--json PATH]     (exit 1 on any failed check)
+  python scripts/graph_check.py [--json PATH] [--device cuda|cpu]     (exit 1 on any failed check)
+`--device cpu` runs the same steps eagerly on the CPU (no capture: a "replay" is another eager
+call), to try the script itself without a GPU.
 """
 
 from __future__ import annotations
@@ -22,96 +28,178 @@ import torch
 from kernels import get_local_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
-ROWS, VOCAB, STEPS = 32, 32000, 6
+ROWS, VOCAB, STEPS, DRAFTS = 32, 32000, 6, 3
+# A tree of 5 nodes: 0 -> {1, 2}, 1 -> {3, 4} (first child, next sibling).
+NEXT_TOKEN, NEXT_SIBLING = [1, 3, -1, -1, -1], [-1, 2, -1, 4, -1]
+
+
+class Step:
+    """The captured buffers, the outputs, and the step that writes them."""
+
+    def __init__(self, lp, device: str, g: torch.Generator):
+        self.lp, self.device = lp, device
+
+        def randn(*shape):
+            return torch.randn(*shape, device=device, generator=g)
+
+        self.inputs = [randn(ROWS, VOCAB) * 2 for _ in range(STEPS)]
+        self.targets = [randn(ROWS, DRAFTS + 1, VOCAB) * 2 for _ in range(STEPS)]
+        self.tree_targets = [randn(ROWS, len(NEXT_TOKEN), VOCAB) * 2 for _ in range(STEPS)]
+        self.offsets = [torch.full((ROWS,), 1000 + step, device=device, dtype=torch.int64) for step in range(STEPS)]
+        self.bitmask = torch.randint(-(2**31), 2**31, (ROWS, (VOCAB + 31) // 32), device=device, generator=g,
+                                     dtype=torch.int64).to(torch.int32)
+        self.params = {  # one request per row: greedy, plain, and filtered rows side by side
+            "temperature": torch.tensor([0.0, 1.0, 0.7, 1.3] * (ROWS // 4), device=device),
+            "top_k": torch.tensor([0, 0, 50, 20] * (ROWS // 4), device=device),
+            "top_p": torch.tensor([1.0, 1.0, 0.9, 0.95] * (ROWS // 4), device=device),
+            "min_p": torch.tensor([0.0, 0.0, 0.05, 0.0] * (ROWS // 4), device=device),
+            "seed": torch.arange(ROWS, device=device, dtype=torch.int64) * 7919,
+        }
+        self.sampled_rows = self.params["temperature"] > 0
+        state = lp.penalty_state_from_tokens(torch.randint(0, VOCAB, (ROWS, 20), device=device, generator=g),
+                                             torch.randint(0, VOCAB, (ROWS, 30), device=device, generator=g), VOCAB)
+        self.initial_counts = state.output_counts.clone()
+        self.penalties = lp.Penalties(*state, repetition_penalty=torch.full((ROWS,), 1.2, device=device),
+                                      frequency_penalty=0.3, presence_penalty=0.2)
+        self.drafts = torch.randint(0, VOCAB, (ROWS, DRAFTS), device=device, generator=g)
+        self.draft_probs = torch.softmax(randn(ROWS, DRAFTS, VOCAB), -1)
+        self.tree_drafts = torch.randint(0, VOCAB, (ROWS, len(NEXT_TOKEN)), device=device, generator=g)
+        self.tree_links = [torch.tensor(links, device=device).expand(ROWS, -1).contiguous()
+                           for links in (NEXT_TOKEN, NEXT_SIBLING)]
+        # The captured inputs and the outputs.
+        self.logits = torch.empty(ROWS, VOCAB, device=device)
+        self.target = torch.empty(ROWS, DRAFTS + 1, VOCAB, device=device)
+        self.tree_target = torch.empty(ROWS, len(NEXT_TOKEN), VOCAB, device=device)
+        self.offset = torch.empty(ROWS, device=device, dtype=torch.int64)
+        self.outputs = {name: lambda_() for name, lambda_ in self._output_makers().items()}
+
+    def _output_makers(self) -> dict:
+        lp, d = self.lp, self.device
+
+        def ints(*shape):
+            return lambda: torch.empty(*shape, device=d, dtype=torch.int64)
+
+        return {
+            "tokens": ints(ROWS),
+            "with_logprobs": lambda: (lp.SampleWithLogprobs(torch.empty(ROWS, device=d, dtype=torch.int64),
+                                                            torch.empty(ROWS, 6, device=d),
+                                                            torch.empty(ROWS, 6, device=d, dtype=torch.int64),
+                                                            torch.empty(ROWS, device=d, dtype=torch.int64)),
+                                      lp.KeptSet(torch.empty(ROWS, (VOCAB + 31) // 32, device=d, dtype=torch.int32),
+                                                 torch.empty(ROWS, 20, device=d, dtype=torch.int64),
+                                                 torch.empty(ROWS, device=d, dtype=torch.int64))),
+            "filtered": lambda: torch.empty(ROWS, VOCAB, device=d),
+            "verified": lambda: lp.VerifiedDraft(ints(ROWS, DRAFTS + 1)(), ints(ROWS)()),
+            "blocks": lambda: lp.VerifiedDraft(ints(ROWS, DRAFTS + 1)(), ints(ROWS)()),
+            "tree": lambda: lp.VerifiedTree(ints(ROWS, 3)(), ints(ROWS, 3)(), ints(ROWS)()),
+        }
+
+    def load(self, i: int, j: int | None = None) -> None:
+        """Step i's inputs into the captured buffers, with step j's offsets (default i)."""
+        self.logits.copy_(self.inputs[i])
+        self.target.copy_(self.targets[i])
+        self.tree_target.copy_(self.tree_targets[i])
+        self.offset.copy_(self.offsets[i if j is None else j])
+        self.penalties.output_counts.copy_(self.initial_counts)
+
+    def run(self) -> None:
+        lp, out, params = self.lp, self.outputs, self.params
+        lp.apply_token_bitmask_inplace(self.logits, self.bitmask)
+        lp.sample(self.logits, **params, offset=self.offset, out=out["tokens"])
+        lp.sample_with_logprobs(self.logits, **params, offset=self.offset, penalties=self.penalties, num_logprobs=5,
+                                return_kept=20, out=out["with_logprobs"])
+        lp.update_output_counts_(self.penalties.output_counts, out["with_logprobs"][0].tokens)
+        lp.filtered_probs(self.logits, params["temperature"], params["top_k"], params["top_p"], params["min_p"],
+                          penalties=self.penalties, out=out["filtered"])
+        verify = dict(params, temperature=params["temperature"].clamp(min=0.5), offset=self.offset)
+        lp.verify_draft(self.target, self.drafts, draft_probs=self.draft_probs, **verify, out=out["verified"])
+        lp.verify_draft(self.target, self.drafts, draft_probs=self.draft_probs, block_verification=True, **verify,
+                        out=out["blocks"])
+        lp.verify_tree(self.tree_target, self.tree_drafts, *self.tree_links, **params, offset=self.offset,
+                       out=out["tree"])
+
+    def snapshot(self) -> dict[str, list[torch.Tensor]]:
+        """Each output's tensors and the penalty counts, copied."""
+        def tensors(value) -> list[torch.Tensor]:
+            return [value.clone()] if isinstance(value, torch.Tensor) else [t for v in value for t in tensors(v)]
+
+        return {name: tensors(value) for name, value in self.outputs.items()} | {
+            "counts": [self.penalties.output_counts.clone()]}
+
+
+def same(a: dict, b: dict) -> bool:
+    return all(torch.equal(x, y) for name in a for x, y in zip(a[name], b[name]))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("graph_check: no CUDA GPU visible", flush=True)
         return 2
-    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")))
-    has_sample = hasattr(lp, "sample")
+    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")),
+                          backend=None if args.device == "cuda" else "cpu")
     checks: dict[str, bool] = {}
-    g = torch.Generator(device="cuda").manual_seed(0)
+    step = Step(lp, args.device, torch.Generator(device=args.device).manual_seed(0))
 
-    inputs = [torch.randn(ROWS, VOCAB, device="cuda", generator=g) * 2 for _ in range(STEPS)]
-    bitmask = torch.randint(-(2**31), 2**31, (ROWS, (VOCAB + 31) // 32), device="cuda", generator=g,
-                            dtype=torch.int64).to(torch.int32)
-    params = {  # one request per row: greedy, plain, and filtered rows side by side
-        "temperature": torch.tensor([0.0, 1.0, 0.7, 1.3] * (ROWS // 4), device="cuda"),
-        "top_k": torch.tensor([0, 0, 50, 20] * (ROWS // 4), device="cuda"),
-        "top_p": torch.tensor([1.0, 1.0, 0.9, 0.95] * (ROWS // 4), device="cuda"),
-        "min_p": torch.tensor([0.0, 0.0, 0.05, 0.0] * (ROWS // 4), device="cuda"),
-        "seed": torch.arange(ROWS, device="cuda", dtype=torch.int64) * 7919,
-    }
-    sampled_rows = params["temperature"] > 0
-    offsets = [torch.full((ROWS,), 1000 + step, device="cuda", dtype=torch.int64) for step in range(STEPS)]
+    # Warm up (lazy initialisation must not happen during capture), on a side stream on a GPU.
+    if args.device == "cuda":
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step.load(0)
+            step.run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                step.run()
+            checks["capture"] = True
+        except Exception as error:
+            print(f"graph_check: capture failed: {type(error).__name__}: {error}", flush=True)
+            checks["capture"] = False
+        play = graph.replay
+    else:
+        checks["capture"] = True  # (nothing to capture: the dry run checks the script's own logic)
+        play = step.run
 
-    logits = torch.empty(ROWS, VOCAB, device="cuda")
-    offset = torch.empty(ROWS, device="cuda", dtype=torch.int64)
-    ids = torch.empty(ROWS, device="cuda", dtype=torch.int64)
+    def replay(i: int, j: int | None = None) -> list[torch.Tensor]:
+        step.load(i, j)
+        play()
+        return step.snapshot()
 
-    def step(x, off, out):
-        lp.apply_token_bitmask_inplace(x, bitmask)
-        if has_sample:
-            lp.sample(x, **params, offset=off, out=out)
+    def eager(i: int) -> list[torch.Tensor]:
+        step.load(i)
+        step.run()
+        return step.snapshot()
 
-    def eager(i):
-        x = inputs[i].clone()
-        out = torch.empty_like(ids)
-        step(x, offsets[i], out)
-        return (out if has_sample else x).clone()
-
-    def replay(graph, i, j=None):
-        """Replay on inputs[i] with offsets[j] (default i)."""
-        logits.copy_(inputs[i])
-        offset.copy_(offsets[i if j is None else j])
-        graph.replay()
-        return (ids if has_sample else logits).clone()
-
-    # Warm up on a side stream (lazy initialisation must not happen during capture).
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        logits.copy_(inputs[0])
-        offset.copy_(offsets[0])
-        step(logits, offset, ids)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            step(logits, offset, ids)
-        checks["capture"] = True
-    except Exception as error:
-        print(f"graph_check: capture failed: {type(error).__name__}: {error}", flush=True)
-        checks["capture"] = False
     if checks["capture"]:
-        first = [replay(graph, i) for i in range(STEPS)]
-        again = [replay(graph, i) for i in range(STEPS)]
+        first = [replay(i) for i in range(STEPS)]
+        again = [replay(i) for i in range(STEPS)]
         reference = [eager(i) for i in range(STEPS)]
-        checks["replay equals eager"] = all(torch.equal(a, b) for a, b in zip(first, reference))
-        checks["replays deterministic"] = all(torch.equal(a, b) for a, b in zip(first, again))
-        if has_sample:
-            # Same logits, next offset: the sampled (non-greedy) rows must not all repeat.
-            moved = [replay(graph, i, (i + 1) % STEPS) for i in range(STEPS)]
-            changed = sum(int((a != b)[sampled_rows].sum()) for a, b in zip(first, moved))
-            checks["new offsets change draws"] = changed > 0
-            words = bitmask.to(torch.int64) & 0xFFFFFFFF
-            legal = True
-            for tokens in first:
-                bits = (words.gather(1, (tokens // 32).unsqueeze(1)).squeeze(1) >> (tokens % 32)) & 1
-                legal &= bool(((tokens >= 0) & (tokens < VOCAB) & (bits == 1)).all())
-            checks["tokens allowed by the bitmask"] = legal
+        checks["replay equals eager"] = all(same(a, b) for a, b in zip(first, reference))
+        checks["replays deterministic"] = all(same(a, b) for a, b in zip(first, again))
+        # Same logits, next offset: the sampled (non-greedy) rows must not all repeat.
+        moved = [replay(i, (i + 1) % STEPS) for i in range(STEPS)]
+        changed = sum(int((a["tokens"][0] != b["tokens"][0])[step.sampled_rows].sum()) for a, b in zip(first, moved))
+        checks["new offsets change draws"] = changed > 0
+        words = step.bitmask.to(torch.int64) & 0xFFFFFFFF
+        legal = True
+        for outputs in first:
+            tokens = outputs["tokens"][0]
+            bits = (words.gather(1, (tokens // 32).unsqueeze(1)).squeeze(1) >> (tokens % 32)) & 1
+            legal &= bool(((tokens >= 0) & (tokens < VOCAB) & (bits == 1)).all())
+        checks["tokens allowed by the bitmask"] = legal
+        checks["every kept set has a token"] = all(bool((outputs["with_logprobs"][-1] > 0).all()) for outputs in first)
     ok = all(checks.values())
-    result = {"status": "PASS" if ok else "FAIL", "sample": has_sample, "checks": checks,
-              "rows": ROWS, "vocab": VOCAB, "steps": STEPS}
+    result = {"status": "PASS" if ok else "FAIL", "device": args.device, "checks": checks, "rows": ROWS,
+              "vocab": VOCAB, "steps": STEPS,
+              "ops": ["apply_token_bitmask_inplace", "sample", "sample_with_logprobs(return_kept)",
+                      "update_output_counts_", "filtered_probs", "verify_draft", "verify_draft(block)", "verify_tree"]}
     for name, passed in checks.items():
         print(f"graph_check: {'PASS' if passed else 'FAIL'} {name}", flush=True)
-    if not has_sample:
-        print("graph_check: sample is not in this build: the step is the bitmask alone", flush=True)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0 if ok else 1

@@ -2,7 +2,12 @@
 
 certify.py runs this under memcheck, racecheck, initcheck and synccheck. Each call is also
 checked against the CPU implementation on the same inputs (the oracle), so a kernel that
-writes wrong values fails here even when the sanitizer sees nothing; exit status 1 then.
+writes wrong values fails here even when the sanitizer sees nothing; exit status 1 then. The
+kernels: the bitmask's, the sampler's (one block a row and split rows), the log-probabilities'
+with the kept set and the ids past the support, token_logprobs and its replay over a support
+(forward and backward), the filtered distribution, the penalties', verify_draft's
+(verify_kernel, block_verify_kernel), verify_tree's, and sample_sharded's shard kernels (a
+world of one rank).
 Run it with PYTORCH_NO_CUDA_MEMORY_CACHING=1: torch's caching allocator packs tensors into
 shared segments, and memcheck only sees accesses outside whole allocations.
 
@@ -169,6 +174,128 @@ def sampler_cases(lp, device: str, g: torch.Generator) -> tuple[int, int]:
     return agree, total
 
 
+def same(got, want) -> bool:
+    """Bit for bit (floats compared as their bits, so NaN equals NaN), a tensor or a tuple of them."""
+    if isinstance(want, tuple):
+        return len(got) == len(want) and all(same(a, b) for a, b in zip(got, want))
+    got = got.detach().cpu()
+    want = want.detach()
+    if want.is_floating_point():
+        bits = {4: torch.int32, 2: torch.int16}[want.element_size()]
+        got, want = got.contiguous().view(bits), want.contiguous().view(bits)
+    return torch.equal(got, want)
+
+
+def to(value, device: str):
+    """A call's arguments on `device`: tensors copied, tuples (Penalties too) and dicts item by item."""
+    if isinstance(value, torch.Tensor):
+        return on(value, device)
+    if isinstance(value, tuple):
+        moved = (to(v, device) for v in value)
+        return type(value)(*moved) if hasattr(value, "_fields") else tuple(moved)
+    if isinstance(value, dict):
+        return {k: to(v, device) for k, v in value.items()}
+    return value
+
+
+def both(lp, device: str, op: str, *args, **kwargs):
+    """lp.<op> on `device` and on the CPU with the same arguments; (got, expected)."""
+    got = getattr(lp, op)(*to(args, device), **to(kwargs, device))
+    return got, getattr(lp, op)(*args, **kwargs)
+
+
+def other_kernel_cases(lp, device: str, g: torch.Generator) -> None:
+    """Each kernel beyond the bitmask and `sample`, bit for bit against the CPU."""
+    rows, vocab = 6, 3001
+    logits = (torch.randn(rows, vocab, generator=g) * 3).to(torch.bfloat16)
+    logits[1] = float("nan")  # nothing allowed
+    mask = random_bitmask(rows, vocab, g)
+    per_row = {"temperature": torch.tensor([0.0, 1.0, 0.7, 1.3, 0.9, 1e-30]),
+               "top_k": torch.tensor([0, 0, 50, 20, 3000, 5]), "top_p": torch.tensor([1.0, 1.0, 0.9, 0.5, 0.99, 1.0]),
+               "min_p": torch.tensor([0.0, 0.0, 0.05, 0.0, 0.0, 0.1])}
+    draws = {"seed": torch.arange(rows) * 13, "offset": torch.full((rows,), 5)}
+    state = lp.penalty_state_from_tokens(torch.randint(-1, vocab, (rows, 40), generator=g),
+                                         torch.randint(-1, vocab, (rows, 60), generator=g), vocab)
+    got, want = both(lp, device, "penalty_state_from_tokens", torch.randint(-1, vocab, (rows, 40), generator=g),
+                     torch.randint(-1, vocab, (rows, 60), generator=g), vocab)
+    expect(same(tuple(got), tuple(want)), "penalty_state_from_tokens")
+    penalties = lp.Penalties(*state, repetition_penalty=torch.rand(rows, generator=g) + 0.7, frequency_penalty=0.4,
+                             presence_penalty=-0.3, logit_bias_ids=torch.randint(-1, vocab, (rows, 3), generator=g),
+                             logit_bias_values=torch.randn(rows, 3, generator=g))
+    counts = state.output_counts.clone()
+    tokens = torch.randint(-1, vocab, (rows,), generator=g)
+    expected_counts = counts.clone()
+    lp.update_output_counts_(expected_counts, tokens)
+    counts_on = on(counts, device)
+    lp.update_output_counts_(counts_on, tokens.to(device))
+    expect(same(counts_on, expected_counts), "update_output_counts_")
+    penalised = logits.clone()
+    lp.apply_penalties_(penalised, *state, repetition_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1)
+    x = on(logits, device)
+    lp.apply_penalties_(x, *to(tuple(state), device), repetition_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1)
+    expect(same(x, penalised), "apply_penalties_")
+
+    for mode in ("processed", "raw"):
+        kwargs = dict(**per_row, **draws, bitmask=mask, penalties=penalties, num_logprobs=25, logprobs_mode=mode)
+        got, want = both(lp, device, "sample_with_logprobs", logits, **kwargs, return_kept=40)
+        expect(same(tuple(got[0]), tuple(want[0])) and same(tuple(got[1]), tuple(want[1])),
+               f"sample_with_logprobs {mode} return_kept")
+        got, want = both(lp, device, "token_logprobs", logits, want[0].tokens, **per_row, bitmask=mask,
+                         penalties=penalties, logprobs_mode=mode)
+        expect(same(got, want), f"token_logprobs {mode}")
+    _, kept = lp.sample_with_logprobs(logits, **per_row, **draws, bitmask=mask, return_kept=40)
+    drawn = lp.sample(logits, **per_row, **draws, bitmask=mask)
+    for support in (kept.bitmask, kept.ids):
+        trained = logits.float().requires_grad_()
+        logprobs, entropy = lp.token_logprobs(trained, drawn, 0.8, support=support, return_entropy=True)
+        (logprobs.nan_to_num(0.0, neginf=0.0).sum() + entropy.sum()).backward()
+        trained_on = logits.float().to(device).requires_grad_()
+        got_logprobs, got_entropy = lp.token_logprobs(trained_on, drawn.to(device), 0.8, support=support.to(device),
+                                                      return_entropy=True)
+        (got_logprobs.nan_to_num(0.0, neginf=0.0).sum() + got_entropy.sum()).backward()
+        expect(same((got_logprobs, got_entropy, trained_on.grad), (logprobs, entropy, trained.grad)),
+               f"token_logprobs(support={support.dtype}) forward and backward")
+    for op in ("filtered_probs", "filtered_logits"):
+        got, want = both(lp, device, op, logits, **per_row, bitmask=mask, penalties=penalties,
+                         filter_apply_order="top_k_first")
+        expect(same(got, want), op)
+
+    drafts_count = 3
+    target = (torch.randn(rows, drafts_count + 1, vocab, generator=g) * 3).to(torch.bfloat16)
+    drafts = target[:, :-1].float().argmax(-1)
+    drafts[::2, 1] = torch.randint(0, vocab, (rows // 2,), generator=g)
+    q = torch.softmax(target[:, :-1].float() + torch.randn(rows, drafts_count, vocab, generator=g), -1)
+    verify = dict(per_row, temperature=per_row["temperature"].clamp(min=0.5), **draws)
+    for draft_probs, block in ((None, False), (q, False), (q, True)):
+        got, want = both(lp, device, "verify_draft", target, drafts, draft_probs=draft_probs, penalties=penalties,
+                         block_verification=block, **verify)
+        expect(same(tuple(got), tuple(want)), f"verify_draft draft_probs={draft_probs is not None} block={block}")
+    next_token = torch.tensor([1, 3, -1, -1, -1]).expand(rows, -1).contiguous()  # 0 -> {1, 2}, 1 -> {3, 4}
+    next_sibling = torch.tensor([-1, 2, -1, 4, -1]).expand(rows, -1).contiguous()
+    tree_target = (torch.randn(rows, 5, vocab, generator=g) * 3).to(torch.bfloat16)
+    tree_drafts = torch.randint(0, vocab, (rows, 5), generator=g)
+    tree_drafts[:, 1] = tree_target[:, 0].float().argmax(-1)
+    tree_q = torch.softmax(torch.randn(rows, 5, vocab, generator=g), -1)
+    for draft_probs in (None, tree_q):
+        got, want = both(lp, device, "verify_tree", tree_target, tree_drafts, next_token, next_sibling,
+                         draft_probs=draft_probs, penalties=penalties, **verify)
+        expect(same(tuple(got), tuple(want)), f"verify_tree draft_probs={draft_probs is not None}")
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    for extra in (dict(num_logprobs=5), dict(num_logprobs=3, return_kept=30), dict(logprobs_mode="raw", num_logprobs=2)):
+        got = lp.sample_sharded(on(logits, device), 0, vocab, **to(per_row, device), **to(draws, device),
+                                bitmask=mask.to(device), penalties=to(penalties, device), **extra)
+        want = lp.sample_with_logprobs(logits, **per_row, **draws, bitmask=mask, penalties=penalties, **extra)
+        if "return_kept" in extra:
+            expect(same(tuple(got[0]), tuple(want[0])) and same(tuple(got[1]), tuple(want[1])), f"sample_sharded {extra}")
+        else:
+            expect(same(tuple(got), tuple(want)), f"sample_sharded {extra}")
+    dist.destroy_process_group()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -187,6 +314,8 @@ def main() -> int:
               f"{agree}/{total} rows ({100 * rate:.2f}%)", flush=True)
         # Only near-ties may differ (rounding); a broken draw or cutoff disagrees far more.
         expect(rate >= 0.95, f"{args.device}/CPU token agreement {100 * rate:.2f}% < 95%")
+        other_kernel_cases(lp, args.device, g)
+        print("sanitizer_cases: the other kernels' cases done", flush=True)
     else:
         print("sanitizer_cases: sample is not in this build: sampler cases skipped", flush=True)
     if args.device == "cuda":

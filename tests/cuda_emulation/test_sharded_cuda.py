@@ -3,12 +3,13 @@ emulation: R shards (uneven, in one process: the collectives are a sum and a sta
 every stage through both variants, whose sums, picks and state must agree at each stage, and
 whose outputs must be `sample_with_logprobs`' on the whole rows. Every filter path per row,
 both filter orders, bitmask, penalties, special logits, a top-N past one pass of kTopChunk,
-rows of a padded buffer, on GPUs of 1 and 132 SMs."""
+rows of a padded buffer, on GPUs of 1 and 132 SMs; and on the run's CUDA target (a GPU where
+there is one: test_shard_kernels_agree_with_cpu_on_the_target)."""
 
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED, row_params
+from cuda_emulation.cases import SANITIZED, row_params, to_device
 from sharded_cases import case_inputs, case_logits, shard_bounds
 
 
@@ -26,22 +27,23 @@ def stage_arguments(lp, kwargs: dict, num_logprobs: int) -> tuple:
 
 def run_stages(lp, shards, cuts, vocab, kwargs, num_logprobs, check=None):
     """Every stage of every shard through `lp`'s ops, merged as the driver merges them; then
-    finish. check(stage, q, outputs) sees each shard's (state, sums, picks, kept bitmask)."""
+    finish (on the shards' device). check(stage, q, outputs) sees each shard's (state, sums,
+    picks, kept bitmask)."""
     sharded = lp._sharded
     arguments, penalty, order, mode, k, plan = stage_arguments(lp, kwargs, num_logprobs)
-    rows, world = shards[0].shape[0], len(shards)
-    words = lambda *shape: torch.full(shape, -7, dtype=torch.int64)  # noqa: E731 (garbage, not zeros)
+    rows, world, device = shards[0].shape[0], len(shards), shards[0].device
+    words = lambda *shape: torch.full(shape, -7, dtype=torch.int64, device=device)  # noqa: E731 (garbage, not zeros)
     states = [words(rows, sharded._STATE_WORDS) for _ in shards]
     sums_in, picks_in = words(rows, 0), words(world, rows, 0)
     draw_picks = draw_sums = None
     kept_width = (vocab + 31) // 32 if k else 0
-    merged_kept = torch.zeros(rows, kept_width, dtype=torch.int32)
+    merged_kept = torch.zeros(rows, kept_width, dtype=torch.int32, device=device)
     for stage in range(plan.stages):
         sums_width, picks_width = plan.widths(stage)
-        merged_sums, gathered = torch.zeros(rows, sums_width, dtype=torch.int64), []
+        merged_sums, gathered = torch.zeros(rows, sums_width, dtype=torch.int64, device=device), []
         for q, shard in enumerate(shards):
             sums, picks = words(rows, sums_width), words(rows, picks_width)
-            kept = torch.full((rows, kept_width), -7, dtype=torch.int32)
+            kept = torch.full((rows, kept_width), -7, dtype=torch.int32, device=device)
             sharded.call(sharded.ops, "sample_shard_step", logits=shard, vocab_offset=cuts[q], vocab_size=vocab,
                          **arguments, filter_apply_order=order, bitmask=kwargs.get("bitmask"), **penalty,
                          num_logprobs=num_logprobs, logprobs_mode=mode, kept_k=k, stage=stage, state=states[q],
@@ -56,7 +58,8 @@ def run_stages(lp, shards, cuts, vocab, kwargs, num_logprobs, check=None):
         if stage == plan.draw:
             draw_picks, draw_sums = picks_in, sums_in
     n = num_logprobs
-    out = lp.SampleWithLogprobs(words(rows), torch.full((rows, 1 + n), 5.0), words(rows, 1 + n), words(rows))
+    out = lp.SampleWithLogprobs(words(rows), torch.full((rows, 1 + n), 5.0, device=device), words(rows, 1 + n),
+                                words(rows))
     kept_set = lp.KeptSet(merged_kept, words(rows, k), words(rows))
     sharded.call(sharded.ops, "sample_shard_finish", *out, kept_set.ids, kept_set.size, state=states[0],
                  draw_picks=draw_picks, draw_sums=draw_sums, rank_sums=sums_in if n >= 0 else words(rows, 0),
@@ -143,3 +146,29 @@ def test_cuda_shard_kernels_agree_with_cpu(emulation, lp_cpu, sms, name, case, w
     assert torch.equal(got.logprobs.view(torch.int32), reference.logprobs.view(torch.int32))
     assert torch.equal(got.logprob_token_ids, reference.logprob_token_ids)
     assert torch.equal(got.ranks, reference.ranks)
+
+
+TARGET_CASES = [c for c in CASES if c[0] in ("per_row", "bitmask_penalties", "raw_special_fp16", "kept_per_row")]
+
+
+@pytest.mark.parametrize("name,case,world,num_logprobs", TARGET_CASES, ids=[c[0] for c in TARGET_CASES])
+def test_shard_kernels_agree_with_cpu_on_the_target(cuda_target, lp_cpu, name, case, world, num_logprobs):
+    """sample_shard_kernel and finish_shard_kernel on the run's CUDA target: every stage, then
+    the outputs equal to `sample_with_logprobs` on the whole rows (and the kept set)."""
+    logits = case_logits(case)
+    rows, vocab = case["rows"], case["vocab"]
+    per_row = row_params(rows, torch.Generator().manual_seed(case["gen"])) if name in PER_ROW else {}
+    kwargs = {**case_inputs(case, lp_cpu), **per_row}
+    device = cuda_target.device
+    target_kwargs = to_device({**case_inputs(case, cuda_target.lp), **per_row}, device)
+    cuts = shard_bounds(vocab, world, case["gen"])
+    shards = [logits[:, cuts[q]:cuts[q + 1]].to(device) for q in range(world)]
+    got, kept, _ = run_stages(cuda_target.lp, shards, cuts, vocab, target_kwargs, num_logprobs)
+    reference = lp_cpu.sample_with_logprobs(logits, num_logprobs=max(num_logprobs, 0), **kwargs)
+    if "return_kept" in kwargs:
+        reference, reference_kept = reference
+        for what, a, b in zip(("bitmask", "ids", "size"), kept, reference_kept):
+            assert torch.equal(a.cpu(), b), what
+    for what, a, b in zip(reference._fields, got, reference):
+        assert torch.equal(a.cpu().view(torch.int32) if a.dtype == torch.float32 else a.cpu(),
+                           b.view(torch.int32) if b.dtype == torch.float32 else b), what

@@ -1,12 +1,13 @@
-"""verify_draft's CUDA kernel against the CPU implementation, bit for bit, in the CUDA emulation:
-every path of the sampler per row, drafts accepted in long runs, rejected and forbidden, rows
-and positions of a padded buffer, penalties along the drafts, block verification, on GPUs of 1
-and 132 SMs."""
+"""verify_draft's CUDA kernels (verify_kernel, block_verify_kernel) against the CPU
+implementation, bit for bit, in the CUDA emulation: every path of the sampler per row, drafts
+accepted in long runs, rejected and forbidden, rows and positions of a padded buffer, penalties
+along the drafts, block verification, on GPUs of 1 and 132 SMs; and on the run's CUDA target
+(a GPU where there is one: test_agrees_with_cpu_on_the_target)."""
 
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED, verify_row_params
+from cuda_emulation.cases import SANITIZED, to_device, verify_row_params
 from op_cases import verify_penalty_case
 from reference import random_bitmask, unpack_bitmask
 
@@ -127,3 +128,31 @@ def test_cuda_block_verification_agrees_with_cpu(emulation, lp_cpu, sms, rows, d
     assert torch.equal(got.num_accepted, expected.num_accepted)
     inside = (expected.num_accepted >= 1) & (expected.num_accepted < drafts_count)
     assert inside.sum() >= 3 and (expected.num_accepted == 0).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_agrees_with_cpu_on_the_target(cuda_target, lp_cpu, dtype):
+    """Both kernels on the run's CUDA target: with and without draft probabilities, both filter
+    orders, block verification, penalties along the drafts."""
+    g = torch.Generator().manual_seed(4100)
+    rows, drafts_count, vocab = 24, 3, 3001
+    target, drafts, counts, q, bitmask, params = cuda_case(g, rows, drafts_count, vocab, dtype)
+    device = cuda_target.device
+    seeds = dict(seed=torch.randint(0, 2**62, (rows,), generator=g), offset=7)
+    for draft_probs, order, block in [(q, "joint", False), (None, "joint", False), (q, "top_k_first", True)]:
+        kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, **seeds, filter_apply_order=order,
+                      block_verification=block)
+        expected = lp_cpu.verify_draft(target, drafts, counts, **kwargs)
+        got = cuda_target.lp.verify_draft(*to_device((target, drafts, counts), device), **to_device(kwargs, device))
+        assert torch.equal(got.tokens.cpu(), expected.tokens), (order, block)
+        assert torch.equal(got.num_accepted.cpu(), expected.num_accepted), (order, block)
+    target, drafts, counts, prompt_mask, output_counts, kwargs = verify_penalty_case(
+        g, 12, 4, 5000, dtype, (True, True, True, True), True, True)
+    params = verify_row_params(12, g)
+    penalties = lp_cpu.Penalties(prompt_mask, output_counts, **kwargs)
+    expected = lp_cpu.verify_draft(target, drafts, counts, penalties=penalties, seed=5, offset=9, **params)
+    got = cuda_target.lp.verify_draft(*to_device((target, drafts, counts), device), seed=5, offset=9,
+                                      penalties=to_device(cuda_target.lp.Penalties(*penalties), device),
+                                      **to_device(params, device))
+    assert torch.equal(got.tokens.cpu(), expected.tokens) and torch.equal(got.num_accepted.cpu(), expected.num_accepted)
+    assert expected.num_accepted.max() >= 2

@@ -1,12 +1,13 @@
 """verify_tree's CUDA kernel against the CPU implementation, bit for bit, in the CUDA emulation:
 every path of the sampler per row, branching trees with accepted paths, repeated and forbidden
 children, empty nodes, both draft modes, rows and nodes of a padded buffer, on GPUs of
-1 and 132 SMs."""
+1 and 132 SMs; and on the run's CUDA target (a GPU where there is one:
+test_agrees_with_cpu_on_the_target)."""
 
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED, verify_row_params
+from cuda_emulation.cases import SANITIZED, to_device, verify_row_params
 from op_cases import tree_penalty_case
 from reference import random_bitmask, unpack_bitmask
 
@@ -133,6 +134,20 @@ def test_cuda_sampled_siblings_rejected_in_turn(emulation, lp_cpu, dtype, vocab)
 PENALTY_PARENTS = [-1, 0, 0, 0, 1, 1, 2, 4, 4, 7]
 
 
+def tree_links(parent_list: list[int], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(next_token, next_sibling) [rows, nodes] of the tree of these parents, the same each row."""
+    parents = torch.tensor(parent_list)
+    next_token = torch.full((len(parent_list),), -1)
+    next_sibling = torch.full((len(parent_list),), -1)
+    for i in range(1, len(parent_list)):
+        siblings = (parents[:i] == parents[i]).nonzero()
+        if len(siblings):
+            next_sibling[siblings[-1]] = i
+        else:
+            next_token[parents[i]] = i
+    return next_token.expand(rows, -1).clone(), next_sibling.expand(rows, -1).clone()
+
+
 @pytest.mark.emulation
 @pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -144,16 +159,7 @@ def test_cuda_kernel_agrees_with_cpu_with_penalties(emulation, lp_cpu, sms, dtyp
     g = torch.Generator().manual_seed(2800 + rows * vocab + sms)
     target, drafts, q, prompt_mask, counts, kwargs = tree_penalty_case(
         g, rows, PENALTY_PARENTS, vocab, (True, True, True, True), True, True, dtype, sampled=True)
-    parents = torch.tensor(PENALTY_PARENTS)
-    next_token = torch.full((len(PENALTY_PARENTS),), -1)
-    next_sibling = torch.full((len(PENALTY_PARENTS),), -1)
-    for i in range(1, len(PENALTY_PARENTS)):
-        siblings = (parents[:i] == parents[i]).nonzero()
-        if len(siblings):
-            next_sibling[siblings[-1]] = i
-        else:
-            next_token[parents[i]] = i
-    links = (next_token.expand(rows, -1).clone(), next_sibling.expand(rows, -1).clone())
+    links = tree_links(PENALTY_PARENTS, rows)
     params = verify_row_params(rows, g)
     deepest = 0
     for draft_probs, order in [(q, "vllm"), (None, "bias_last"), (None, "vllm")]:
@@ -169,3 +175,34 @@ def test_cuda_kernel_agrees_with_cpu_with_penalties(emulation, lp_cpu, sms, dtyp
         assert torch.equal(got.num_accepted, expected.num_accepted)
         deepest = max(deepest, int(expected.num_accepted.max()))
     assert deepest >= 2  # nodes with a path before them
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_agrees_with_cpu_on_the_target(cuda_target, lp_cpu, dtype):
+    """verify_tree_kernel on the run's CUDA target: branching trees and chains, with and without
+    draft probabilities, both filter orders, and penalties along each path."""
+    g = torch.Generator().manual_seed(4200)
+    device = cuda_target.device
+    accepted = []
+    for rows, nodes, vocab, branching in [(24, 9, 1001, 3), (10, 6, 3001, 1)]:
+        target, drafts, next_token, next_sibling, q, bitmask, params = cuda_case(g, rows, nodes, vocab, dtype, branching)
+        for draft_probs, order in [(None, "joint"), (q, "joint"), (q, "top_k_first")]:
+            kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, seed=3, offset=4, filter_apply_order=order)
+            inputs = (target, drafts, next_token, next_sibling)
+            expected = lp_cpu.verify_tree(*inputs, **kwargs)
+            got = cuda_target.lp.verify_tree(*to_device(inputs, device), **to_device(kwargs, device))
+            for a, b in zip(got, expected):
+                assert torch.equal(a.cpu(), b), (rows, order)
+            accepted.append(expected.num_accepted)
+    assert torch.cat(accepted).max() >= 2
+    rows = 9
+    target, drafts, q, prompt_mask, counts, kwargs = tree_penalty_case(
+        g, rows, PENALTY_PARENTS, 5000, (True, True, True, True), True, True, dtype, sampled=True)
+    links = tree_links(PENALTY_PARENTS, rows)
+    penalties = lp_cpu.Penalties(prompt_mask, counts, **kwargs)
+    call = dict(draft_probs=q, seed=5, offset=9, **verify_row_params(rows, g))
+    expected = lp_cpu.verify_tree(target, drafts, *links, penalties=penalties, **call)
+    got = cuda_target.lp.verify_tree(*to_device((target, drafts, *links), device), **to_device(call, device),
+                                     penalties=to_device(cuda_target.lp.Penalties(*penalties), device))
+    for a, b in zip(got, expected):
+        assert torch.equal(a.cpu(), b)
