@@ -66,11 +66,14 @@
 #define LP_SHARED_REGISTER(name)
 #else
 #define __shared__ static  // one block runs at a time: a static is that block's shared memory
-// After `__shared__ T name;`: the scheduler poisons `name` before each block (runtime.cpp), and
-// this first pass through the declaration poisons it for the block under way. (A section
-// attribute would gather the variables instead, but g++ ignores it in templates.)
-#define LP_SHARED_REGISTER(name) \
-  [[maybe_unused]] static const bool lp_shared_registered_##name = ::cuda_emulation::register_shared(&name, sizeof(name))
+// After `__shared__ T name;`: the first pass through the declaration registers `name` and
+// poisons it; every pass marks it used, and the scheduler poisons the variables used since
+// its last poisoning before each block (runtime.cpp), so every block starts with all of them
+// poisoned at the cost of those the previous block touched. (A section attribute would gather
+// the variables instead, but g++ ignores it in templates.)
+#define LP_SHARED_REGISTER(name)                                                                           \
+  static ::cuda_emulation::SharedVariable& lp_shared_##name = ::cuda_emulation::register_shared(&name, sizeof(name)); \
+  lp_shared_##name.used.store(true, std::memory_order_relaxed)
 #endif
 
 // --- vector types, launch configuration, runtime API -----------------------------------------
@@ -158,8 +161,18 @@ void syncthreads(std::source_location site = std::source_location::current());
 // tree's links, reaches them as it would on a GPU.
 bool tensors_are_device_memory();
 
-// Registers a __shared__ variable, which is poisoned now and before each block (LP_SHARED_REGISTER).
-bool register_shared(void* address, std::size_t size);
+// A registered __shared__ variable (LP_SHARED_REGISTER). `used` is set by each thread that
+// passes its declaration, a relaxed atomic: it orders nothing between the block's threads,
+// so ThreadSanitizer still sees their races.
+struct SharedVariable {
+  void* address;
+  std::size_t size;
+  std::atomic<bool> used;
+};
+
+// Registers a __shared__ variable and poisons it (LP_SHARED_REGISTER); the entry lives as long
+// as the process.
+SharedVariable& register_shared(void* address, std::size_t size);
 
 // Stops the launch with this message (a CUDA contract broken by the kernel code).
 [[noreturn]] void contract_violation(const char* message);

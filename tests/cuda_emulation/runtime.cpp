@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -299,11 +300,14 @@ std::string site(const Fiber& fiber) {
          std::to_string(fiber.barrier.column());
 }
 
-// The registered __shared__ variables (LP_SHARED_REGISTER), written under launch_mutex.
-std::vector<std::pair<void*, std::size_t>> shared_variables;
+// The registered __shared__ variables (LP_SHARED_REGISTER), added under launch_mutex; a deque
+// keeps each entry where it was.
+std::deque<SharedVariable> shared_variables;
 
+// Those used since they were last poisoned: the others still hold the poison.
 void poison_shared_memory() {
-  for (const auto& [address, size] : shared_variables) std::memset(address, 0xa5, size);
+  for (SharedVariable& v : shared_variables)
+    if (v.used.exchange(false, std::memory_order_relaxed)) std::memset(v.address, 0xa5, v.size);
 }
 
 void run_block_fibers(unsigned int threads, bool reversed) {
@@ -400,10 +404,9 @@ bool is_private_memory(uintptr_t address) {
 
 void syncthreads(std::source_location site) { fibers_syncthreads(site); }
 
-bool register_shared(void* address, std::size_t size) {
+SharedVariable& register_shared(void* address, std::size_t size) {
   std::memset(address, 0xa5, size);
-  shared_variables.emplace_back(address, size);
-  return true;
+  return shared_variables.emplace_back(address, size, false);
 }
 
 #if defined(LP_EMULATION_CONCURRENT)
