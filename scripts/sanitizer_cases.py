@@ -303,7 +303,8 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("sanitizer_cases: no CUDA GPU visible", flush=True)
         return 2
-    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")))
+    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")),
+                          backend=None if args.device == "cuda" else "cpu")
     g = torch.Generator().manual_seed(0)
     bitmask_cases(lp, args.device, g)
     print("sanitizer_cases: bitmask cases done", flush=True)
