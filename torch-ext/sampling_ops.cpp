@@ -208,6 +208,9 @@ void filtered_distribution(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETE
   check_output(out, logits, "out", ScalarType::Float, p.vocab);
   CHECK_ARG(!shares_storage(out, logits), "out must not share memory with logits");
   p.logprobs = {true, false, nullptr, 0, nullptr, nullptr, nullptr};
+  // An empty output has nothing to write (and may have no data pointer, which the kernels
+  // would read as "not filtered_distribution").
+  if (p.vocab == 0 || p.rows == 0) return;
   p.logprobs.filtered = out.mutable_data_ptr<float>();
   p.logprobs.filtered_as_logits = as_logits;
   run_sampling(p, logits);

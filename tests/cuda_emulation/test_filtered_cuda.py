@@ -99,6 +99,13 @@ def test_cutoffs_inside_a_crowded_bin(cuda_target, lp_cpu, output, path):
     check(cuda_target, lp_cpu, output, crowded_logits(rows, vocab, 6000, torch.float32, g), **BIN_PATHS[path])
 
 
+@pytest.mark.parametrize("output", OUTPUTS)
+def test_empty_logits(cuda_target, output):
+    for shape in [(0, 10), (3, 0)]:
+        result = getattr(cuda_target.lp, output)(torch.randn(*shape, device=cuda_target.device))
+        assert result.shape == shape
+
+
 def test_runs_the_cuda_kernel(emulation, lp_cpu):
     g = torch.Generator().manual_seed(9)
     logits = torch.randn(4, 777, generator=g)

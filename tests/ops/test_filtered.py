@@ -212,6 +212,14 @@ def test_zero_top_scores_greedy_and_tiny_temperatures(lp, dtype):
     assert lp.filtered_logits(huge, temperature=1e-30)[0, 1] == 0.0
 
 
+@pytest.mark.parametrize("shape", [(0, 10), (3, 0), (0, 0)])
+def test_empty_logits(lp, shape):
+    """No rows or no vocabulary: an empty result (an empty `out` may have no data pointer)."""
+    for op in ("filtered_probs", "filtered_logits"):
+        result = getattr(lp, op)(torch.randn(*shape), top_k=2, bitmask=torch.zeros(shape[0], 1, dtype=torch.int32))
+        assert result.shape == shape and result.dtype == torch.float32
+
+
 def test_batch_invariance_and_out(lp):
     g = torch.Generator().manual_seed(380)
     logits = torch.randn(30, 1500, generator=g)
