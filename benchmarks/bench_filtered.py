@@ -3,8 +3,8 @@ instead (`make bench`).
 
 V = 128256, B in {1, 32}, top-k 50 + top-p 0.9 at temperature 0.8, in float32 and bfloat16, on
 the GPU where there is one, else the CPU. The torch chain is what a research loop writes to get
-the filtered probabilities: logits / T, torch.topk's k-th value, a sort and cumulative softmax
-for top-p, a masked softmax. Each time is the median of interleaved calls (the machine is shared:
+the filtered probabilities (torch_reference.kept_probs, the sort-based chain bench.py compares
+with, then renormalised). Each time is the median of interleaved calls (the machine is shared:
 ratios, measured side by side, are the figures to read). The kept sets are checked equal on the
 way (the torch chain keeps the same tokens on these inputs, ties aside).
 
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch_reference import kept_probs
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 128256
@@ -31,14 +32,10 @@ QUICK_CASES = [(1, "bfloat16"), (32, "bfloat16")]
 
 
 def torch_filtered_probs(logits: torch.Tensor) -> torch.Tensor:
-    """top-k then top-p over the whole row's softmax (the intersection), as torch code."""
-    scores = logits.float() / FILTERS["temperature"]
-    kth = scores.topk(FILTERS["top_k"], dim=-1).values[:, -1:]
-    sorted_scores, order = scores.sort(dim=-1, descending=True)
-    mass_before = sorted_scores.softmax(-1).cumsum(-1) - sorted_scores.softmax(-1)
-    drop_sorted = mass_before >= FILTERS["top_p"]
-    drop = torch.empty_like(drop_sorted).scatter_(1, order, drop_sorted)
-    return scores.masked_fill((scores < kth) | drop, float("-inf")).softmax(-1)
+    """The project's torch chain (torch_reference.kept_probs: sort-based, the intersection),
+    renormalised as a user's code would."""
+    kept = kept_probs(logits, **FILTERS)
+    return kept / kept.sum(-1, keepdim=True)
 
 
 def synchronize(device: str) -> None:
