@@ -34,6 +34,7 @@ bench: build emulation-build
 	$(PY) benchmarks/bench_filtered.py
 	$(PY) benchmarks/bench_tree.py
 	$(PY) benchmarks/bench_sharded.py
+	$(PY) benchmarks/bench_generate.py
 	$(MAKE) bench-vllm
 
 # The vLLM integration (integrations/vllm/): its own environment .venv-vllm (vLLM's CPU build

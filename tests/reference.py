@@ -248,3 +248,15 @@ def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitma
 def logprobs_reference(logits, **kwargs):
     """float64 [B, V]: log_softmax of `support_scores` in float64."""
     return torch.log_softmax(support_scores(logits, **kwargs).double(), dim=-1)
+
+
+def chi_square_p_value(counts, expected):
+    """Upper tail of Pearson's chi-square (Wilson-Hilferty approximation), over cells expected > 0."""
+    cells = expected > 0
+    assert counts[~cells].sum() == 0, "a token outside the kept set was drawn"
+    stat = float(((counts[cells] - expected[cells]) ** 2 / expected[cells]).sum())
+    df = int(cells.sum()) - 1
+    if df <= 0:
+        return 1.0
+    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))

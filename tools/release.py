@@ -14,6 +14,7 @@ is not what the loader (kernels 0.17.2, offline) accepts. Otherwise it writes
 
   release/build/<variant>/   every variant of the matrix
   release/benchmarks/        the benchmark scripts
+  release/custom_generate/   transformers' generate(custom_generate=...) loop (integrations/transformers/)
   release/README.md          CARD.md, the Hub card
 
 and release-report.md (the report below, also printed), and prints the upload commands without
@@ -51,6 +52,7 @@ BUILD = ROOT / "build"
 MATRIX_BUILD = ROOT / "build-matrix"
 RELEASE = ROOT / "release"
 REPORT = ROOT / "release-report.md"
+CUSTOM_GENERATE = ROOT / "integrations" / "transformers" / "custom_generate"
 PYTHON_ABI = variant_checks.PYTHON_ABI
 MANYLINUX = "manylinux_2_28"
 # Torch releases the resolution check runs against: each stable-ABI variant must be accepted
@@ -226,6 +228,8 @@ def main() -> int:
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "benchmarks", RELEASE / "benchmarks",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    # generate(custom_generate="<repo>", trust_remote_code=True) runs the repo's custom_generate/generate.py.
+    shutil.copytree(CUSTOM_GENERATE, RELEASE / "custom_generate", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ROOT / "CARD.md", RELEASE / "README.md")
 
     framework = matrix.matrix(config)[0].name(config).rsplit("-", 3)[0]

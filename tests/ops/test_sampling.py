@@ -1,13 +1,12 @@
 """The fused sampler against an independent float64 reference, through the loader."""
 
-import math
-
 import pytest
 import torch
 
 from harness import names_as_subject
 from op_cases import random_row_params
-from reference import random_bitmask, sampling_reference, support_scores, vllm_sampling_reference
+from reference import (chi_square_p_value, random_bitmask, sampling_reference, support_scores,
+                       vllm_sampling_reference)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 FILTERS = {
@@ -22,18 +21,6 @@ FILTERS = {
 def draws(lp, logits, rows, **kwargs):
     """`rows` independent draws from one logits row: each row of a batch has its own stream."""
     return lp.sample(logits.expand(rows, -1).contiguous(), **kwargs)
-
-
-def chi_square_p_value(counts, expected):
-    """Upper tail of Pearson's chi-square (Wilson-Hilferty approximation), over cells expected > 0."""
-    cells = expected > 0
-    assert counts[~cells].sum() == 0, "a token outside the kept set was drawn"
-    stat = float(((counts[cells] - expected[cells]) ** 2 / expected[cells]).sum())
-    df = int(cells.sum()) - 1
-    if df <= 0:
-        return 1.0
-    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
-    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 @pytest.mark.kernels_ci

@@ -10,7 +10,7 @@ import torch
 
 from op_cases import path_counts, random_state, unfused_verify, verify_penalty_case
 from reference import random_bitmask
-from test_sampling import chi_square_p_value
+from reference import chi_square_p_value
 
 V = 45
 # (repetition, frequency, presence, bias): each alone, all together, and none but the bias.

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reference import random_bitmask, sampling_reference, unpack_bitmask
-from test_sampling import chi_square_p_value
+from reference import chi_square_p_value
 
 V = 24  # not a multiple of 32
 ROWS = 200_000  # draws: a joint cell's frequency has sigma <= 1.2e-3

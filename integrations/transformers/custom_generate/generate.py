@@ -1,0 +1,378 @@
+"""transformers' `generate()` sampling through logits-processor: a decoding loop for
+`generate(custom_generate=...)`.
+
+    model.generate(**inputs, custom_generate="phanerozoic/logits-processor", trust_remote_code=True,
+                   do_sample=True, top_p=0.9, seed=[1, 2])      # this file, from the Hub repo
+    model.generate(**inputs, custom_generate=decode, ...)       # or the function itself
+
+transformers prepares the inputs, the cache, its logits processors and stopping criteria as for
+its own sampling, then calls `decode`. Each step runs the processors transformers built that are
+not sampling (no_repeat_ngram_size, bad_words_ids, min_new_tokens, ... and the caller's
+`logits_processor`), then one fused op draws the token: the package's `sample` (or
+`sample_with_logprobs`) with temperature, top-k, top-p, min-p, the repetition penalty, the
+grammar bitmask and a per-row seed. A `GenerationConfig` field the loop cannot honour as
+transformers defines it raises a ValueError naming it. Semantics, supported fields and figures:
+docs/transformers.md in the package's repository.
+
+The kernel: the `kernel` argument, else what LOGITS_PROCESSOR_KERNEL names (a Hub repo id, or a
+local build folder such as a checkout's `build/`), else the Hub repo phanerozoic/logits-processor.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from transformers import GenerationConfig
+from transformers.generation import logits_process as tlp
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+
+KERNEL_SETTING = "LOGITS_PROCESSOR_KERNEL"
+HUB_REPO = "phanerozoic/logits-processor"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_kernels: dict[tuple[str, Optional[str]], Any] = {}
+
+# The warpers folded into the sampler, and the GenerationConfig field each comes from.
+FUSED_WARPERS = {tlp.TemperatureLogitsWarper: "temperature", tlp.TopKLogitsWarper: "top_k",
+                 tlp.TopPLogitsWarper: "top_p", tlp.MinPLogitsWarper: "min_p"}
+# Warpers transformers applies after top-k / top-p / min-p, which the sampler has no step for.
+REFUSED_WARPERS = {tlp.TopHLogitsWarper: "top_h", tlp.TypicalLogitsWarper: "typical_p",
+                   tlp.EpsilonLogitsWarper: "epsilon_cutoff", tlp.EtaLogitsWarper: "eta_cutoff"}
+# Decoding strategies other than sampling and greedy search: (field, its neutral value).
+REFUSED_FIELDS = (("num_beams", 1), ("num_beam_groups", 1), ("penalty_alpha", None), ("dola_layers", None),
+                  ("prompt_lookup_num_tokens", None), ("watermarking_config", None))
+# Processors that only set logits to -inf (or force one token to 0): the repetition penalty
+# commutes with them, so it can be fused into the sampler even where transformers runs them after it.
+MASKING_PROCESSORS = (tlp.NoRepeatNGramLogitsProcessor, tlp.EncoderNoRepeatNGramLogitsProcessor,
+                      tlp.NoBadWordsLogitsProcessor, tlp.MinLengthLogitsProcessor,
+                      tlp.MinNewTokensLengthLogitsProcessor, tlp.SuppressTokensLogitsProcessor,
+                      tlp.SuppressTokensAtBeginLogitsProcessor, tlp.PrefixConstrainedLogitsProcessor,
+                      tlp.ForcedBOSTokenLogitsProcessor, tlp.ForcedEOSTokenLogitsProcessor)
+
+
+@dataclass
+class GenerateWithLogprobsOutput(GenerateDecoderOnlyOutput):
+    """`generate`'s GenerateDecoderOnlyOutput, and per step (tuples, one entry per generated token):
+
+    logprobs: float32 ``[rows, 1 + num_logprobs]``, column 0 the drawn token's log-probability
+        under the distribution it was drawn from (`sample_with_logprobs`); with output_logprobs.
+    logprob_token_ids: int64 ``[rows, 1 + num_logprobs]``, the tokens of those columns.
+    kept: the `KeptSet` each token was drawn from; with return_kept=K.
+    """
+
+    logprobs: Optional[tuple] = None
+    logprob_token_ids: Optional[tuple] = None
+    kept: Optional[tuple] = None
+
+
+def load_kernel(device: torch.device):
+    """The package as LOGITS_PROCESSOR_KERNEL names it, once per process (the CPU variant for CPU tensors)."""
+    setting = os.environ.get(KERNEL_SETTING, "").strip() or HUB_REPO
+    backend = "cpu" if device.type == "cpu" else None
+    if (setting, backend) not in _kernels:
+        import kernels
+
+        path = Path(setting).expanduser()
+        if path.is_dir():
+            build = path / "build" if (path / "build").is_dir() else path
+            _kernels[setting, backend] = kernels.get_local_kernel(build.resolve(), backend=backend)
+        elif _HUB_ID.match(setting):
+            _kernels[setting, backend] = kernels.get_kernel(setting, version=1, backend=backend)
+        else:
+            raise ValueError(f"{KERNEL_SETTING}={setting!r}: neither a folder nor a Hub repo id (owner/name)")
+    return _kernels[setting, backend]
+
+
+def refuse_unsupported(model, generation_config: GenerationConfig, processors) -> None:
+    """ValueError naming the first field or processor the loop cannot honour."""
+    if model.config.is_encoder_decoder:
+        raise ValueError("custom_generate (logits-processor): encoder-decoder models are not supported; "
+                         "use generate()'s own sampling")
+    for field, neutral in REFUSED_FIELDS:
+        value = getattr(generation_config, field, neutral)
+        if value is not None and value != neutral:
+            raise ValueError(f"custom_generate (logits-processor): {field}={value!r} is not supported (this loop "
+                             "samples or searches greedily, one token per row)")
+    for processor in processors:
+        for kind, field in REFUSED_WARPERS.items():
+            if isinstance(processor, kind):
+                raise ValueError(f"custom_generate (logits-processor): {field}={getattr(generation_config, field)!r} "
+                                 "is not supported (no fused step for it); unset it or use generate()'s own sampling")
+        if isinstance(processor, tuple(FUSED_WARPERS)) and getattr(processor, "min_tokens_to_keep", 1) != 1:
+            raise ValueError("custom_generate (logits-processor): min_tokens_to_keep != 1 is not supported "
+                             "(the sampler keeps the most likely token, and ties at a cutoff)")
+
+
+def sampling_arguments(generation_config: GenerationConfig, filter_apply_order: Optional[str]) -> dict:
+    """The sampler's temperature / top_k / top_p / min_p / filter_apply_order for generation_config.
+
+    transformers chains temperature, top-k, top-p, then min-p, each over the previous one's
+    output: with top-k and top-p that is the sampler's "top_k_first" order; with top-p and min-p
+    together it is neither of the sampler's orders, so the caller must choose one."""
+    if not generation_config.do_sample:
+        return {"temperature": 0.0}
+    top_k = generation_config.top_k or 0
+    top_p = 1.0 if generation_config.top_p is None else float(generation_config.top_p)
+    min_p = float(generation_config.min_p or 0.0)
+    if filter_apply_order is None:
+        if top_p < 1.0 and min_p > 0.0:
+            raise ValueError("custom_generate (logits-processor): top_p with min_p needs filter_apply_order= "
+                             "('joint' or 'top_k_first'): transformers applies top-p before min-p, which "
+                             "neither order does (docs/semantics-sampling.md)")
+        filter_apply_order = "top_k_first"
+    temperature = 1.0 if generation_config.temperature is None else float(generation_config.temperature)
+    return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
+            "filter_apply_order": filter_apply_order}
+
+
+def row_seeds(seed, rows: int, device: torch.device) -> torch.Tensor:
+    """int64 [rows]: one Philox key per row. An int s is rows s, s + 1, ...; None draws the base
+    from torch's global generator (so torch.manual_seed makes a run reproducible)."""
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return torch.arange(seed, seed + rows, dtype=torch.int64, device=device)
+    seeds = torch.as_tensor(seed, dtype=torch.int64).flatten().to(device)
+    if seeds.numel() != rows:
+        raise ValueError(f"custom_generate (logits-processor): seed has {seeds.numel()} values for {rows} rows "
+                         "(one per returned sequence: batch x num_return_sequences)")
+    return seeds
+
+
+def penalty_prompt(input_ids, attention_mask, prompt_ignore_length) -> torch.Tensor:
+    """The prompt tokens the repetition penalty counts, -1 elsewhere: transformers' processor
+    skips the first prompt_ignore_length tokens of each row (generate() passes the left padding)."""
+    ignored = torch.zeros_like(input_ids, dtype=torch.bool)
+    if attention_mask is not None:
+        ignored |= attention_mask == 0
+    if prompt_ignore_length is not None:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        ignored |= positions[None, :] < torch.as_tensor(prompt_ignore_length, device=input_ids.device).reshape(-1, 1)
+    return input_ids.masked_fill(ignored, -1)
+
+
+class PenaltyProcessor(tlp.LogitsProcessor):
+    """The repetition (and frequency / presence) penalty where transformers' processor stood, in
+    place from the package's per-row state, when a processor after it does not commute with it."""
+
+    def __init__(self, lp, penalties):
+        self.lp, self.penalties = lp, penalties
+
+    def __call__(self, input_ids, scores):
+        return self.lp.apply_penalties_(scores, **self.penalties._asdict())
+
+
+class Grammars:
+    """One XGrammar matcher per row: fills the bitmask rows, accepts the drawn tokens."""
+
+    def __init__(self, lp, grammars, rows: int, expand: int, vocab: int, tokenizer_info, device):
+        import xgrammar as xgr
+
+        if len(grammars) * expand == rows:
+            grammars = [g for g in grammars for _ in range(expand)]
+        if len(grammars) != rows:
+            raise ValueError(f"custom_generate (logits-processor): grammars has {len(grammars)} entries for {rows} "
+                             "rows (one per prompt, or one per returned sequence)")
+        compiler = None
+        self.matchers = []
+        for grammar in grammars:
+            if grammar is not None and not isinstance(grammar, xgr.CompiledGrammar):
+                if tokenizer_info is None:
+                    raise ValueError("custom_generate (logits-processor): grammars given as JSON schemas need "
+                                     "tokenizer_info= (an xgrammar.TokenizerInfo)")
+                compiler = compiler or xgr.GrammarCompiler(tokenizer_info)
+                schema = grammar if isinstance(grammar, str) else __import__("json").dumps(grammar)
+                grammar = compiler.compile_json_schema(schema, any_whitespace=False)
+            self.matchers.append(None if grammar is None else xgr.GrammarMatcher(grammar))
+        self.bitmask = lp.allocate_token_bitmask(rows, vocab)
+        self.device = device
+
+    def bitmask_for(self, running: list[bool]) -> torch.Tensor:
+        self.bitmask.fill_(-1)
+        for row, matcher in enumerate(self.matchers):
+            if matcher is not None and running[row] and not matcher.is_terminated():
+                matcher.fill_next_token_bitmask(self.bitmask, row)
+        return self.bitmask.to(self.device, non_blocking=True)
+
+    def accept(self, tokens: list[int], running: list[bool]) -> None:
+        for row, matcher in enumerate(self.matchers):
+            if matcher is not None and running[row] and not matcher.is_terminated():
+                if not matcher.accept_token(tokens[row]):
+                    raise RuntimeError(f"custom_generate (logits-processor): row {row}'s grammar rejected token "
+                                       f"{tokens[row]}")
+
+
+def decode(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor,
+    stopping_criteria,
+    generation_config: GenerationConfig,
+    synced_gpus: bool = False,
+    streamer=None,
+    seed=None,
+    grammars: Optional[list] = None,
+    tokenizer_info=None,
+    filter_apply_order: Optional[str] = None,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    output_logprobs: bool = False,
+    num_logprobs: int = 0,
+    return_kept: Optional[int] = None,
+    kernel=None,
+    **model_kwargs,
+):
+    """The decoding loop `generate(custom_generate=decode)` calls, with its own arguments:
+
+    seed: int, or one int per returned sequence (a list or tensor): the Philox key of each row,
+        whose draws then do not depend on the batch it runs in; default from torch's generator.
+    grammars: one entry per prompt (or per returned sequence): None, an xgrammar.CompiledGrammar,
+        or a JSON schema (dict or str, compiled with tokenizer_info=).
+    filter_apply_order: "top_k_first" (default: transformers' chain) or "joint"; needed when
+        top_p and min_p are both set.
+    frequency_penalty, presence_penalty: vLLM's, from the counts of generated tokens.
+    output_logprobs, num_logprobs, return_kept: per-step log-probabilities and kept sets in the
+        output (return_dict_in_generate=True).
+    kernel: the loaded package (default: LOGITS_PROCESSOR_KERNEL's, see load_kernel).
+    """
+    lp = kernel if kernel is not None else load_kernel(input_ids.device)
+    refuse_unsupported(model, generation_config, logits_processor)
+    config = generation_config
+    if (output_logprobs or return_kept is not None) and not config.return_dict_in_generate:
+        raise ValueError("custom_generate (logits-processor): output_logprobs / return_kept need "
+                         "return_dict_in_generate=True")
+    sampling = sampling_arguments(config, filter_apply_order)
+    rows, device = input_ids.shape[0], input_ids.device
+    seeds = row_seeds(seed, rows, device)
+    pad = config._pad_token_tensor
+    has_eos = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
+    # The processors that stay: every one transformers built or was given except the warpers
+    # fused into the sampler, the repetition penalty (fused, or in place where it stood) and
+    # LogitNormalization (applied to the reported scores).
+    renormalize = any(isinstance(p, tlp.LogitNormalization) for p in logits_processor)
+    kept_processors = [p for p in logits_processor
+                       if not isinstance(p, (*FUSED_WARPERS, tlp.LogitNormalization))]
+    at = next((i for i, p in enumerate(kept_processors) if isinstance(p, tlp.RepetitionPenaltyLogitsProcessor)), None)
+    fuse_penalty = at is None or all(isinstance(p, MASKING_PROCESSORS) for p in kept_processors[at + 1:])
+    repetition = 1.0 if at is None else float(kept_processors[at].penalty)
+    penalised = repetition != 1.0 or frequency_penalty != 0.0 or presence_penalty != 0.0
+    prompt = penalty_prompt(input_ids, model_kwargs.get("attention_mask"),
+                            None if at is None else kept_processors[at].prompt_ignore_length)
+
+    want = {"scores": config.return_dict_in_generate and config.output_scores,
+            "logits": config.return_dict_in_generate and config.output_logits,
+            "attentions": config.return_dict_in_generate and config.output_attentions,
+            "hidden_states": config.return_dict_in_generate and config.output_hidden_states,
+            "logprobs": output_logprobs or return_kept is not None, "kept": return_kept is not None}
+    record: dict[str, list] = {name: [] for name in want}
+    unfinished = torch.ones(rows, dtype=torch.long, device=device)
+    this_peer_finished = False
+    penalties = grammar = None
+    if streamer is not None:
+        streamer.put(input_ids.cpu())  # the prompts, as generate() puts them for its own loops
+    outputs = model._prefill(input_ids, config, model_kwargs)
+    prefilled = True
+    step = 0
+    while model._has_unfinished_sequences(this_peer_finished, synced_gpus, device=device):
+        if not prefilled:
+            model_inputs = model.prepare_inputs_for_generation(
+                input_ids, next_sequence_length=1 if model_kwargs["use_cache"] else None, **model_kwargs)
+            outputs = model(**model_inputs, return_dict=True)
+        prefilled = False
+        model_kwargs = model._update_model_kwargs_for_generation(outputs, model_kwargs,
+                                                                 is_encoder_decoder=False)
+        if synced_gpus and this_peer_finished:
+            continue
+        logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32, device=device)
+        vocab = logits.shape[-1]
+        if penalised and penalties is None:
+            state = lp.penalty_state_from_tokens(prompt, prompt[:, :0], vocab)
+            penalties = lp.Penalties(*state, repetition_penalty=repetition, frequency_penalty=frequency_penalty,
+                                     presence_penalty=presence_penalty)
+            if not fuse_penalty:
+                kept_processors[at] = PenaltyProcessor(lp, penalties)
+        if grammars is not None and grammar is None:
+            grammar = Grammars(lp, grammars, rows, max(config.num_return_sequences or 1, 1), vocab, tokenizer_info,
+                               device)
+        scores = logits
+        for processor in kept_processors:
+            if not isinstance(processor, tlp.RepetitionPenaltyLogitsProcessor):  # fused
+                scores = processor(input_ids, scores)
+        running = unfinished.bool().tolist() if grammar is not None else None
+        bitmask = grammar.bitmask_for(running) if grammar is not None else None
+        fused = penalties if fuse_penalty else None
+        draw = dict(sampling, seed=seeds, offset=step, bitmask=bitmask, penalties=fused)
+        if want["logprobs"]:
+            result = lp.sample_with_logprobs(scores, **draw, num_logprobs=num_logprobs, return_kept=return_kept)
+            drawn, kept = result if return_kept is not None else (result, None)
+            next_tokens = drawn.tokens
+            record["logprobs"].append((drawn.logprobs, drawn.logprob_token_ids))
+            if kept is not None:
+                record["kept"].append(kept)
+        else:
+            next_tokens = lp.sample(scores, **draw)
+        if want["scores"]:
+            record["scores"].append(reported_scores(lp, scores, sampling, bitmask, fused, renormalize))
+        if want["logits"]:
+            record["logits"].append(logits)
+        if want["attentions"]:
+            record["attentions"].append(outputs.attentions)
+        if want["hidden_states"]:
+            record["hidden_states"].append(outputs.hidden_states)
+        if bool(((next_tokens < 0) & unfinished.bool()).any()):
+            row = int(((next_tokens < 0) & unfinished.bool()).nonzero()[0, 0])
+            raise RuntimeError(f"custom_generate (logits-processor): row {row} has no token left to draw (every "
+                               "logit is -inf after the processors, grammar and penalties)")
+        if has_eos:
+            next_tokens = next_tokens * unfinished + pad * (1 - unfinished)
+        if grammar is not None:
+            grammar.accept(next_tokens.tolist(), running)
+        if penalties is not None:
+            lp.update_output_counts_(penalties.output_counts, next_tokens)
+        input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
+        if streamer is not None:
+            streamer.put(next_tokens.cpu())
+        unfinished = unfinished & ~stopping_criteria(input_ids, None)
+        this_peer_finished = bool(unfinished.max() == 0)
+        step += 1
+        del outputs
+    if streamer is not None:
+        streamer.end()
+    if not config.return_dict_in_generate:
+        return input_ids
+    cache = next((model_kwargs[key] for key in ("cache", "past_key_values") if model_kwargs.get(key) is not None), None)
+    as_tuple = lambda name: tuple(record[name]) if want[name] else None  # noqa: E731
+    return GenerateWithLogprobsOutput(
+        sequences=input_ids, scores=as_tuple("scores"), logits=as_tuple("logits"),
+        attentions=as_tuple("attentions"), hidden_states=as_tuple("hidden_states"), cache=cache,
+        logprobs=tuple(columns for columns, _ in record["logprobs"]) if output_logprobs else None,
+        logprob_token_ids=tuple(ids for _, ids in record["logprobs"]) if output_logprobs else None,
+        kept=as_tuple("kept"))
+
+
+def reported_scores(lp, scores, sampling, bitmask, penalties, renormalize) -> torch.Tensor:
+    """The `scores` generate reports: what the token was chosen from. Sampling: the filtered
+    logits (x / T on the kept set, -inf elsewhere, as transformers' warpers leave them); greedy:
+    the processed logits, penalised and masked."""
+    if sampling["temperature"] > 0:
+        reported = lp.filtered_logits(scores, **sampling, bitmask=bitmask, penalties=penalties)
+    else:
+        reported = scores.clone()
+        if penalties is not None:
+            lp.apply_penalties_(reported, **penalties._asdict())
+        if bitmask is not None:
+            lp.apply_token_bitmask_inplace(reported, bitmask)
+    return reported.log_softmax(-1) if renormalize else reported
+
+
+def generate(model, *args, streamer=None, synced_gpus=None, **kwargs):
+    """What `generate(custom_generate="<this repo or folder>", trust_remote_code=True)` runs:
+    generate() itself, with `decode` as its decoding loop. (generate() hands a callable
+    custom_generate neither `streamer` nor `synced_gpus`: they are bound here.)"""
+    loop = functools.partial(decode, streamer=streamer, synced_gpus=bool(synced_gpus))
+    return type(model).generate(model, *args, custom_generate=loop, **kwargs)

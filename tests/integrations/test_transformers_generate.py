@@ -1,0 +1,284 @@
+"""transformers' `generate(custom_generate=...)` through the package (integrations/transformers),
+in the real library (transformers 5.24, requirements-dev.txt), offline on the examples' tiny
+random Llama: against transformers' own greedy search and sampling, token for token where both
+define the same result, by a chi-square where they define the same distribution."""
+
+import importlib.util
+import json
+import sys
+
+import jsonschema
+import pytest
+import torch
+import transformers
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from conftest import BUILD, ROOT
+from reference import chi_square_p_value
+
+sys.path.insert(0, str(ROOT / "examples"))
+import _offline  # noqa: E402
+
+FOLDER = ROOT / "integrations" / "transformers"
+_spec = importlib.util.spec_from_file_location("lp_custom_generate", FOLDER / "custom_generate" / "generate.py")
+loop = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(loop)
+
+PROMPTS = ["def sample(logits, temperature):", "The kernel", "XGrammar fills the bitmask and"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return _offline.load_model(None, "cpu")
+
+
+@pytest.fixture(scope="module")
+def inputs(pair):
+    tokenizer, _ = pair
+    return tokenizer(PROMPTS, return_tensors="pt", padding=True)  # left padding (_offline)
+
+
+def ours(model, lp, inputs, **kwargs):
+    """What generate(custom_generate="phanerozoic/logits-processor") runs, with this build's kernel."""
+    return loop.generate(model, **inputs, kernel=lp, **kwargs)
+
+
+class AddToLastToken(transformers.LogitsProcessor):
+    """A caller's processor that adds to the logits: the repetition penalty does not commute with
+    it, so the loop applies the penalty in place where transformers' processor stood."""
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[torch.arange(scores.shape[0]), input_ids[:, -1]] += 6.0
+        return scores
+
+
+GREEDY = {
+    "plain": {},
+    "repetition, fused": dict(repetition_penalty=1.4, no_repeat_ngram_size=2, min_new_tokens=5),
+    "repetition, in place": dict(repetition_penalty=2.0, logits_processor=[AddToLastToken()]),
+    "repetition in place, decay, sequence bias": dict(repetition_penalty=1.3, exponential_decay_length_penalty=(4, 1.5),
+                                                       sequence_bias={(12,): 3.0, (40, 41): -2.0}),
+    "bad words, suppressed, renormalised": dict(bad_words_ids=[[17], [25, 31]], suppress_tokens=[3, 4, 5],
+                                                renormalize_logits=True),
+}
+
+
+@pytest.mark.parametrize("name", list(GREEDY))
+def test_greedy_equals_transformers(lp, pair, inputs, name):
+    _, model = pair
+    kwargs = dict(GREEDY[name], do_sample=False, max_new_tokens=24, return_dict_in_generate=True,
+                  output_scores=True)
+    theirs = model.generate(**inputs, **kwargs)
+    mine = ours(model, lp, inputs, **kwargs)
+    assert torch.equal(mine.sequences, theirs.sequences)
+    assert len(mine.scores) == len(theirs.scores) == mine.sequences.shape[1] - inputs["input_ids"].shape[1]
+    for step, (a, b) in enumerate(zip(mine.scores, theirs.scores)):
+        assert torch.equal(a.isneginf(), b.isneginf()), step
+        assert torch.allclose(a[~a.isneginf()], b[~b.isneginf()], rtol=1e-6, atol=1e-6), step
+
+
+def test_a_penalty_fused_past_an_additive_processor_would_differ(lp, pair, inputs):
+    """The in-place case above is needed: fusing the penalty after AddToLastToken changes the tokens."""
+    _, model = pair
+    kwargs = dict(do_sample=False, max_new_tokens=24, repetition_penalty=2.0, logits_processor=[AddToLastToken()])
+    theirs = model.generate(**inputs, **kwargs)
+    fused_after = ours(model, lp, inputs, do_sample=False, max_new_tokens=24,
+                       logits_processor=[AddToLastToken(), FusedAfter(lp, 2.0)])
+    assert not torch.equal(fused_after, theirs)
+
+
+class FusedAfter(transformers.LogitsProcessor):
+    """The repetition penalty applied after the caller's processors (as a fused one would be)."""
+
+    def __init__(self, lp, penalty):
+        self.lp, self.penalty = lp, penalty
+
+    def __call__(self, input_ids, scores):
+        state = self.lp.penalty_state_from_tokens(input_ids.masked_fill(input_ids == 0, -1), input_ids[:, :0],
+                                                  scores.shape[-1])  # (0 is the padding)
+        return self.lp.apply_penalties_(scores.clone(), *state, repetition_penalty=self.penalty)
+
+
+def test_sampled_scores_are_transformers_warped_scores(lp, pair, inputs):
+    """output_scores holds the scores each token was drawn from: transformers' warpers (temperature,
+    top-k, top-p) over the same raw logits give the same kept set and values."""
+    _, model = pair
+    warping = dict(temperature=0.7, top_k=40, top_p=0.8)
+    out = ours(model, lp, inputs, do_sample=True, max_new_tokens=8, seed=3, return_dict_in_generate=True,
+               output_scores=True, output_logits=True, **warping)
+    chain = transformers.LogitsProcessorList([transformers.TemperatureLogitsWarper(0.7),
+                                              transformers.TopKLogitsWarper(40), transformers.TopPLogitsWarper(0.8)])
+    width = inputs["input_ids"].shape[1]
+    for step, (scores, logits) in enumerate(zip(out.scores, out.logits)):
+        warped = chain(out.sequences[:, :width + step], logits.clone())
+        assert torch.equal(scores.isneginf(), warped.isneginf()), step
+        assert torch.allclose(scores[~scores.isneginf()], warped[~warped.isneginf()], rtol=1e-6), step
+        drawn = out.sequences[:, width + step]
+        assert not scores.gather(1, drawn[:, None]).isneginf().any(), step
+
+
+def test_seeded_sampling_reproducible_and_batch_invariant(lp, pair):
+    """seed= one per row: the same tokens again, and the same per prompt in another batch order."""
+    tokenizer, model = pair
+    prompts = [tokenizer(p, return_tensors="pt")["input_ids"][0, :2] for p in PROMPTS]  # no padding
+    ids = torch.stack(prompts)
+    kwargs = dict(do_sample=True, max_new_tokens=16, temperature=1.2, top_p=0.95)
+    first = ours(model, lp, {"input_ids": ids}, seed=[7, 8, 9], **kwargs)
+    again = ours(model, lp, {"input_ids": ids}, seed=[7, 8, 9], **kwargs)
+    reordered = ours(model, lp, {"input_ids": ids.flip(0)}, seed=[9, 8, 7], **kwargs)
+    other = ours(model, lp, {"input_ids": ids}, seed=[70, 80, 90], **kwargs)
+    assert torch.equal(first, again)
+    assert torch.equal(first, reordered.flip(0))
+    assert not torch.equal(first[:, 2:], other[:, 2:])
+
+
+def test_first_token_frequencies_match_transformers_sampling(lp, pair):
+    """20000 draws of the first token: ours and transformers' own `generate` sampling against the
+    distribution transformers' warpers define (temperature 0.8, top-k 30, top-p 0.9); the same
+    counts fail against the distribution at temperature 1."""
+    tokenizer, model = pair
+    ids = tokenizer(["The kernel"], return_tensors="pt")["input_ids"]
+    n, warping = 20000, dict(temperature=0.8, top_k=30, top_p=0.9)
+    common = dict(do_sample=True, max_new_tokens=1, num_return_sequences=n, **warping)
+    mine = ours(model, lp, {"input_ids": ids}, seed=11, **common)[:, -1]
+    torch.manual_seed(12)
+    theirs = model.generate(input_ids=ids, **common)[:, -1]
+    with torch.no_grad():
+        logits = model(ids).logits[:, -1].float()
+
+    def expected(temperature):
+        chain = transformers.LogitsProcessorList([transformers.TemperatureLogitsWarper(temperature),
+                                                  transformers.TopKLogitsWarper(30),
+                                                  transformers.TopPLogitsWarper(0.9)])
+        return chain(ids, logits.clone().double()).softmax(-1)[0] * n
+
+    vocab = logits.shape[-1]
+    for tokens in (mine, theirs):
+        counts = torch.bincount(tokens, minlength=vocab).double()
+        assert chi_square_p_value(counts, expected(0.8)) > 1e-4
+    assert chi_square_p_value(torch.bincount(mine, minlength=vocab).double(), expected(1.0)) < 1e-6
+
+
+def test_output_has_generates_types_and_shapes(lp, pair, inputs):
+    _, model = pair
+    kwargs = dict(do_sample=False, max_new_tokens=6, return_dict_in_generate=True, output_scores=True,
+                  output_logits=True, output_attentions=True, output_hidden_states=True)
+    theirs = model.generate(**inputs, **kwargs)
+    mine = ours(model, lp, inputs, **kwargs)
+    assert isinstance(mine, GenerateDecoderOnlyOutput)
+    assert type(mine.cache) is type(theirs.cache)
+    assert mine.cache.get_seq_length() == theirs.cache.get_seq_length()
+    for field in ("sequences", "scores", "logits", "attentions", "hidden_states"):
+        a, b = getattr(mine, field), getattr(theirs, field)
+        shapes = lambda x: x.shape if isinstance(x, torch.Tensor) else [shapes(y) for y in x]  # noqa: E731
+        assert shapes(a) == shapes(b), field
+    for a, b in zip(mine.logits, theirs.logits):
+        assert torch.equal(a, b)
+    plain = ours(model, lp, inputs, do_sample=False, max_new_tokens=6)
+    assert isinstance(plain, torch.Tensor) and torch.equal(plain, mine.sequences)
+
+
+def test_logprobs_and_kept_sets_replay_exactly(lp, pair, inputs):
+    """output_logprobs and return_kept: token_logprobs(support=kept) on the step's logits gives the
+    sampled token's log-probability bit for bit (the RL trainer's replay)."""
+    _, model = pair
+    out = ours(model, lp, inputs, do_sample=True, max_new_tokens=10, temperature=0.9, top_k=25, top_p=0.9,
+               seed=[1, 2, 3], return_dict_in_generate=True, output_logits=True, output_logprobs=True,
+               num_logprobs=3, return_kept=64)
+    width = inputs["input_ids"].shape[1]
+    assert len(out.logprobs) == len(out.kept) == 10
+    for step in range(10):
+        tokens = out.sequences[:, width + step]
+        assert torch.equal(out.logprob_token_ids[step][:, 0], tokens)
+        assert out.logprobs[step].shape == (3, 4)
+        replayed = lp.token_logprobs(out.logits[step], tokens, temperature=0.9, support=out.kept[step])
+        assert torch.equal(replayed, out.logprobs[step][:, 0])
+        assert (out.kept[step].size <= 25).all()
+
+
+def test_grammar_outputs_are_valid(lp, pair):
+    """Per-row JSON schemas (one row free): the constrained rows' outputs validate."""
+    import xgrammar as xgr
+
+    tokenizer, model = pair
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                               "ok": {"type": "boolean"}}, "required": ["n", "ok"]}
+    info = _offline.tokenizer_info(tokenizer, _offline.model_vocab_size(model))
+    compiled = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=False)
+    batch = tokenizer(["A record:", "Another record:", "Free text:"], return_tensors="pt", padding=True)
+    out = ours(model, lp, batch, do_sample=True, temperature=1.3, max_new_tokens=60, seed=[4, 5, 6],
+               grammars=[schema, compiled, None], tokenizer_info=info)
+    width = batch["input_ids"].shape[1]
+    for row in (0, 1):
+        text = tokenizer.decode(out[row, width:], skip_special_tokens=True)
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_streamer_stopping_criteria_and_return_sequences(lp, pair, inputs):
+    """A streamer gets every token generate returns; a caller's stopping criterion and
+    num_return_sequences (with a seed per returned sequence) behave as in generate()."""
+    _, model = pair
+
+    class Collect(transformers.generation.streamers.BaseStreamer):
+        def __init__(self):
+            self.steps, self.ended = [], False
+
+        def put(self, value):
+            self.steps.append(value)
+
+        def end(self):
+            self.ended = True
+
+    class StopAfter(transformers.StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= width + 5, dtype=torch.bool)
+
+    width = inputs["input_ids"].shape[1]
+    streamer = Collect()
+    out = ours(model, lp, inputs, do_sample=True, max_new_tokens=30, num_return_sequences=2, seed=list(range(6)),
+               streamer=streamer, stopping_criteria=transformers.StoppingCriteriaList([StopAfter()]))
+    assert out.shape == (6, width + 5)
+    assert streamer.ended and len(streamer.steps) == 6  # the prompts, then one put per step
+    assert torch.equal(torch.stack(streamer.steps[1:], 1), out[:, width:])
+
+
+UNSUPPORTED = {
+    "typical_p": dict(do_sample=True, typical_p=0.9),
+    "epsilon_cutoff": dict(do_sample=True, epsilon_cutoff=0.01),
+    "num_beams": dict(num_beams=2),
+    "penalty_alpha": dict(penalty_alpha=0.6, top_k=4),
+    "filter_apply_order": dict(do_sample=True, top_p=0.9, min_p=0.1),
+    "seed": dict(do_sample=True, seed=[1, 2]),
+}
+
+
+@pytest.mark.parametrize("field", list(UNSUPPORTED))
+def test_unsupported_fields_raise_naming_them(lp, pair, inputs, field):
+    _, model = pair
+    with pytest.raises(ValueError, match=field):
+        ours(model, lp, inputs, max_new_tokens=2, **UNSUPPORTED[field])
+
+
+def test_from_a_local_folder_with_the_kernel_setting(pair, inputs, monkeypatch):
+    """generate(custom_generate=<folder>, trust_remote_code=True) runs custom_generate/generate.py,
+    which loads the kernel LOGITS_PROCESSOR_KERNEL names (this checkout's build)."""
+    _, model = pair
+    monkeypatch.setenv("LOGITS_PROCESSOR_KERNEL", str(BUILD))
+    theirs = model.generate(**inputs, do_sample=False, max_new_tokens=12)
+    mine = model.generate(**inputs, do_sample=False, max_new_tokens=12, custom_generate=str(FOLDER),
+                          trust_remote_code=True)
+    assert torch.equal(mine, theirs)
+    monkeypatch.setenv("LOGITS_PROCESSOR_KERNEL", "not a repo id")
+    with pytest.raises(ValueError, match="LOGITS_PROCESSOR_KERNEL"):
+        model.generate(**inputs, do_sample=False, max_new_tokens=2, custom_generate=loop.decode)
+
+
+def test_the_example_runs(monkeypatch, capsys):
+    """examples/transformers_generate.py, short: its constrained row is valid for its schema."""
+    import transformers_generate
+
+    monkeypatch.setenv("LOGITS_PROCESSOR_KERNEL", str(BUILD))
+    texts = transformers_generate.main(["--tokens", "30"])
+    jsonschema.validate(json.loads(texts[0]), transformers_generate.SCHEMA)
+    assert "log-probability" in capsys.readouterr().out
