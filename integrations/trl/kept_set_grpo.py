@@ -24,8 +24,8 @@ first step wherever a filter cut the row. This subclass keeps GRPO's loss and ch
 The hook is a subclass (TRL 1.16 has no hook for the scoring: `rollout_func` replaces the
 generation only); it overrides `_generate_single_turn`, `_generate_and_score_completions`,
 `_compute_loss` and `_get_per_token_logps_and_entropies`. Not supported (raise): vLLM generation,
-tools and environments, vision-language models, the repetition penalty (its replay needs the
-rollout's counts per position: not yet), MoE auxiliary losses.
+tools and environments, vision-language models, MoE auxiliary losses. The repetition penalty
+is replayed: the scored logits are penalised per position by the prompt and the completion so far.
 """
 
 from __future__ import annotations
@@ -45,13 +45,23 @@ class KeptSetGRPOTrainer(GRPOTrainer):
         kernel: the loaded package (default: the Hub repo, `kernels.get_kernel(HUB_REPO, version=1)`).
         custom_generate (str): where the decoding loop is: a Hub repo id or a folder holding
             custom_generate/generate.py (default the Hub repo).
+        replay_chunk (int, optional): score C completion positions at a time (the LM head under
+            activation checkpointing), so a long completion's replay never holds its [T, V]
+            logits; default all at once, through the model's forward.
     """
 
-    def __init__(self, *args, kernel=None, custom_generate: str = HUB_REPO, **kwargs):
+    def __init__(self, *args, kernel=None, custom_generate: str = HUB_REPO, replay_chunk: Optional[int] = None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
+        self.replay_chunk = replay_chunk
+        text_config = self.model.config.get_text_config()
+        scaled = [name for name in ("final_logit_softcapping", "logit_scale", "logits_scaling", "lm_head_multiplier",
+                                    "output_multiplier") if getattr(text_config, name, None) is not None]
+        if replay_chunk is not None and scaled:
+            raise ValueError(f"KeptSetGRPOTrainer: replay_chunk runs the LM head alone, and this model's forward "
+                             f"also applies {scaled}: leave replay_chunk unset")
         refused = {"use_vllm": self.use_vllm, "tools": bool(self.tools), "rollout_func": self.rollout_func is not None,
-                   "environment_factory": bool(self.environments), "vision-language model": self._is_vlm,
-                   f"repetition_penalty={self.repetition_penalty}": self.repetition_penalty not in (None, 1.0)}
+                   "environment_factory": bool(self.environments), "vision-language model": self._is_vlm}
         for name, present in refused.items():
             if present:
                 raise ValueError(f"KeptSetGRPOTrainer: {name} is not supported (integrations/trl/kept_set_grpo.py)")
@@ -122,22 +132,77 @@ class KeptSetGRPOTrainer(GRPOTrainer):
         logps, entropies, full = [], [], []
         for start in range(0, input_ids.shape[0], batch_size):
             rows = slice(start, start + batch_size)
-            with self.accelerator.autocast():
-                logits = model(input_ids=input_ids[rows], attention_mask=attention_mask[rows],
-                               logits_to_keep=logits_to_keep + 1).logits[:, :-1]
-            tokens = input_ids[rows, -logits_to_keep:]
-            shape = tokens.shape
-            lp, entropy = self.lp.token_logprobs(
-                logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1), temperature=self.temperature,
-                support=support[rows].reshape(-1, support.shape[-1]), return_entropy=True)
-            logps.append(lp.reshape(shape))
-            entropies.append(entropy.reshape(shape))
-            with torch.no_grad():  # the full softmax, for replay_checks only
-                full.append((logits.float() / self.temperature).log_softmax(-1).gather(-1, tokens[..., None])[..., 0])
+            scored = self.score_rows(model, input_ids[rows], attention_mask[rows], logits_to_keep, support[rows])
+            for results, result in zip((logps, entropies, full), scored):
+                results.append(result)
         logps = torch.cat(logps)
         if self._sampled is not None:
             self.record_replay(logps.detach(), torch.cat(full), self._sampled, self._mask)
         return logps, (torch.cat(entropies) if compute_entropy else None), None
+
+    def score_rows(self, model, input_ids, attention_mask, logits_to_keep, support):
+        """(log-probabilities, entropies, GRPOTrainer's own full-softmax log-probabilities), each
+        [rows, logits_to_keep]. With replay_chunk=C the LM head runs C positions at a time under
+        activation checkpointing, so no more than [rows, C, V] logits are held, forward or backward."""
+        tokens = input_ids[:, -logits_to_keep:]
+        chunk = self.replay_chunk or logits_to_keep
+        with self.accelerator.autocast():
+            if self.replay_chunk is None:
+                hidden, head = None, None
+                all_logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                                   logits_to_keep=logits_to_keep + 1).logits[:, :-1]
+            else:
+                hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                hidden, head = hidden[:, -logits_to_keep - 1:-1], model.get_output_embeddings()
+        seen = self.seen_tokens(input_ids, attention_mask, logits_to_keep, chunk)
+        results = ([], [], [])
+        for t0 in range(0, logits_to_keep, chunk):
+            span = slice(t0, t0 + chunk)
+
+            def score(states, tokens=tokens[:, span], support=support[:, span], seen=next(seen, None)):
+                logits = all_logits[:, span] if states is None else head(states)
+                return self.replay(logits, tokens, support, seen)
+
+            if hidden is None:
+                result = score(None)
+            else:
+                result = torch.utils.checkpoint.checkpoint(score, hidden[:, span], use_reentrant=False)
+            for collected, value in zip(results, result):
+                collected.append(value)
+        return tuple(torch.cat(collected, 1) for collected in results)
+
+    def replay(self, logits, tokens, support, seen):
+        """One span of positions: the replay over the kept set, and the full softmax beside it."""
+        raw = logits
+        if seen is not None:
+            r = float(self.repetition_penalty)
+            logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
+        logps, entropy = self.lp.token_logprobs(
+            logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1), temperature=self.temperature,
+            support=support.reshape(-1, support.shape[-1]), return_entropy=True)
+        with torch.no_grad():  # GRPOTrainer's own score (full softmax, no penalty), for replay_checks only
+            full = (raw.float() / self.temperature).log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
+        return logps.reshape(tokens.shape), entropy.reshape(tokens.shape), full
+
+    def seen_tokens(self, input_ids, attention_mask, logits_to_keep, chunk):
+        """Per span of `chunk` positions, bool [rows, span, V]: which tokens the repetition penalty
+        counts at each completion position t: the prompt's (its padding excluded) and the
+        completion's before t, the rollout sampler's state. Nothing without a repetition penalty."""
+        if self.repetition_penalty in (None, 1.0):
+            return
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        prompt, completion = input_ids[:, :-logits_to_keep], input_ids[:, -logits_to_keep:]
+        running = torch.zeros(input_ids.shape[0], vocab + 1, dtype=torch.bool, device=input_ids.device)
+        # (the padding goes to an extra column, dropped)
+        running.scatter_(1, prompt.masked_fill(attention_mask[:, :-logits_to_keep] == 0, vocab), True)
+        running = running[:, :vocab]
+        for t0 in range(0, logits_to_keep, chunk):
+            seen = torch.empty(input_ids.shape[0], min(chunk, logits_to_keep - t0), vocab, dtype=torch.bool,
+                               device=input_ids.device)
+            for t in range(seen.shape[1]):
+                seen[:, t] = running
+                running = running.scatter(1, completion[:, t0 + t:t0 + t + 1], True)
+            yield seen
 
     def record_replay(self, replayed, full_softmax, sampled, mask) -> None:
         """The largest |log ratio| to the sampler's log-probabilities over the completion tokens,

@@ -41,13 +41,15 @@ def trainer_for(lp, tmp_path, rollout_func=None, **overrides):
                               custom_generate=str(ROOT / "integrations" / "transformers")), model
 
 
-def test_grpo_steps_replay_the_rollouts_distribution(lp, tmp_path):
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_grpo_steps_replay_the_rollouts_distribution(lp, tmp_path, penalty):
     """Two GRPO steps (a new rollout each, so policy = behaviour when scored): every completion
     token's replayed log-probability is the sampler's up to the model's float noise between its
     cached and full forwards (1e-4; measured about 1e-5), while the full softmax GRPOTrainer uses
     is off by the log of the kept set's mass (measured about 0.8 nats); the loss and gradients are
-    finite, and the weights moved."""
-    trainer, model = trainer_for(lp, tmp_path)
+    finite, and the weights moved. With a repetition penalty the replay penalises the scored logits
+    by the prompt and the completion so far, as the rollout's sampler did."""
+    trainer, model = trainer_for(lp, tmp_path, repetition_penalty=penalty)
     before = [p.detach().clone() for p in model.parameters()]
     trainer.train()
     assert [check["step"] for check in trainer.replay_checks] == [0, 1]
@@ -97,8 +99,34 @@ def test_scores_are_differentiable_over_the_kept_set(lp, tmp_path):
     assert (grad[completion][kept[completion]] != 0).any()
 
 
-@pytest.mark.parametrize("name, setting", [("repetition_penalty", dict(repetition_penalty=1.2)),
-                                           ("rollout_func", dict(rollout_func=lambda prompts, trainer: {}))])
+def test_chunked_replay_equals_the_whole(lp, tmp_path):
+    """replay_chunk=5 (12 positions: spans of 5, 5, 2), with the repetition penalty's per-position
+    state carried across spans: the same log-probabilities, entropies and gradient as scoring the
+    whole completion through the model's forward."""
+    trainer, model = trainer_for(lp, tmp_path, max_steps=1, repetition_penalty=1.3)
+    model.train()
+    batch = trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS * 2])
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    width = batch["completion_ids"].shape[1]
+    completion = batch["completion_mask"].bool()
+    results = []
+    for chunk in (None, 5):
+        trainer.replay_chunk, trainer._support = chunk, batch["kept_bitmask"]
+        model.zero_grad()
+        logps, entropy, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, width, compute_entropy=True)
+        ((logps + 0.1 * entropy) * completion).sum().backward()
+        results.append((logps.detach(), entropy.detach(), model.lm_head.weight.grad.clone()))
+    trainer._support = None
+    (whole_logps, whole_entropy, whole_grad), (chunked_logps, chunked_entropy, chunked_grad) = results
+    assert torch.isfinite(whole_logps[completion]).all()
+    assert torch.allclose(chunked_logps[completion], whole_logps[completion], atol=1e-5)
+    assert torch.allclose(chunked_entropy[completion], whole_entropy[completion], atol=1e-5)
+    assert torch.allclose(chunked_grad, whole_grad, rtol=1e-4, atol=1e-6)
+    assert whole_grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name, setting", [("rollout_func", dict(rollout_func=lambda prompts, trainer: {}))])
 def test_unsupported_settings_raise(lp, tmp_path, name, setting):
     with pytest.raises(ValueError, match=name):
         trainer_for(lp, tmp_path, **setting)
