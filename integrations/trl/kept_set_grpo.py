@@ -24,7 +24,8 @@ first step wherever a filter cut the row. This subclass keeps GRPO's loss and ch
 The hook is a subclass (TRL 1.16 has no hook for the scoring: `rollout_func` replaces the
 generation only); it overrides `_generate_single_turn`, `_generate_and_score_completions`,
 `_compute_loss` and `_get_per_token_logps_and_entropies`. Not supported (raise): vLLM generation,
-tools and environments, vision-language models, MoE auxiliary losses. The repetition penalty
+tools and environments, transformers' continuous batching, vision-language models, MoE
+auxiliary losses. The repetition penalty
 is replayed: the scored logits are penalised per position by the prompt and the completion so far.
 """
 
@@ -61,7 +62,9 @@ class KeptSetGRPOTrainer(GRPOTrainer):
             raise ValueError(f"KeptSetGRPOTrainer: replay_chunk runs the LM head alone, and this model's forward "
                              f"also applies {scaled}: leave replay_chunk unset")
         refused = {"use_vllm": self.use_vllm, "tools": bool(self.tools), "rollout_func": self.rollout_func is not None,
-                   "environment_factory": bool(self.environments), "vision-language model": self._is_vlm}
+                   "environment_factory": bool(self.environments), "vision-language model": self._is_vlm,
+                   "use_transformers_continuous_batching": getattr(self.args, "use_transformers_continuous_batching",
+                                                                   False)}
         for name, present in refused.items():
             if present:
                 raise ValueError(f"KeptSetGRPOTrainer: {name} is not supported (integrations/trl/kept_set_grpo.py)")
@@ -74,7 +77,7 @@ class KeptSetGRPOTrainer(GRPOTrainer):
         # transformers' own convention for a model whose repo ships custom_generate/: its generate is the loop.
         self.model.generate = functools.partial(self._rollout, loop, self.model)
         self._rollouts = 0
-        self._rollout_output = None  # the last rollout's GenerateWithLogprobsOutput
+        self._rollout_output = None  # the last rollout's (logprobs, kept sets), until read
         self._kept = None  # the last generation batch's kept sets, int32 [rows, steps, ceil(V / 32)]
         self._support = self._sampled = self._mask = None  # the rows being scored: kept sets, sampler's logprobs
         self.replay_checks: list[dict] = []  # per scored batch: how far each scoring is from the sampler's
@@ -82,19 +85,26 @@ class KeptSetGRPOTrainer(GRPOTrainer):
     def _rollout(self, loop, model, *args, **kwargs):
         """model.generate during rollouts: the loop with log-probabilities, kept sets and seeds."""
         rows = kwargs["input_ids"].shape[0]
-        seeds = self.args.seed * (1 << 40) + self._rollouts * (1 << 20) + torch.arange(rows)
+        if rows > 1 << 16:
+            raise ValueError(f"KeptSetGRPOTrainer: {rows} rows in one rollout (at most 65536 get distinct seeds)")
+        # One key per completion: the run's seed, the rollout, the process (TRL spreads a prompt's
+        # completions over processes), the row.
+        seeds = (((self.args.seed << 20) + self._rollouts) << 24) + (self.accelerator.process_index << 16) \
+            + torch.arange(rows)
         self._rollouts += 1
         output = loop(model, *args, **kwargs, return_dict_in_generate=True, output_logprobs=True,
                       return_kept=1, seed=seeds, kernel=self.lp)
-        self._rollout_output = output
+        # Only what the trainer reads: the output's KV cache must not outlive generate().
+        self._rollout_output = (output.logprobs, output.kept)
         return output.sequences
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         completion_ids, _ = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations,
                                                           has_tool_images)
-        output = self._rollout_output
-        logprobs = torch.stack([step[:, 0] for step in output.logprobs], 1)  # [rows, steps]
-        self._kept = torch.stack([kept.bitmask for kept in output.kept], 1)
+        steps_logprobs, steps_kept = self._rollout_output
+        self._rollout_output = None
+        logprobs = torch.stack([step[:, 0] for step in steps_logprobs], 1)  # [rows, steps]
+        self._kept = torch.stack([kept.bitmask for kept in steps_kept], 1)
         return completion_ids, [row[:len(ids)].tolist() for row, ids in zip(logprobs, completion_ids)]
 
     def _generate_and_score_completions(self, inputs):
@@ -152,15 +162,22 @@ class KeptSetGRPOTrainer(GRPOTrainer):
                 all_logits = model(input_ids=input_ids, attention_mask=attention_mask,
                                    logits_to_keep=logits_to_keep + 1).logits[:, :-1]
             else:
+                if not hasattr(model, "get_decoder"):
+                    raise ValueError("KeptSetGRPOTrainer: replay_chunk needs the model unwrapped (no DDP or FSDP "
+                                     f"wrapper; got {type(model).__name__}): leave replay_chunk unset")
                 hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
                 hidden, head = hidden[:, -logits_to_keep - 1:-1], model.get_output_embeddings()
-        seen = self.seen_tokens(input_ids, attention_mask, logits_to_keep, chunk)
+        vocab = all_logits.shape[-1] if hidden is None else head.out_features  # (not .weight: ZeRO-3 shards it)
+        seen = self.seen_tokens(input_ids, attention_mask, logits_to_keep, chunk, vocab)
         results = ([], [], [])
         for t0 in range(0, logits_to_keep, chunk):
             span = slice(t0, t0 + chunk)
 
             def score(states, tokens=tokens[:, span], support=support[:, span], seen=next(seen, None)):
-                logits = all_logits[:, span] if states is None else head(states)
+                if states is None:
+                    return self.replay(all_logits[:, span], tokens, support, seen)
+                with self.accelerator.autocast():  # as the model's own forward runs its head
+                    logits = head(states)
                 return self.replay(logits, tokens, support, seen)
 
             if hidden is None:
@@ -184,13 +201,12 @@ class KeptSetGRPOTrainer(GRPOTrainer):
             full = (raw.float() / self.temperature).log_softmax(-1).gather(-1, tokens[..., None])[..., 0]
         return logps.reshape(tokens.shape), entropy.reshape(tokens.shape), full
 
-    def seen_tokens(self, input_ids, attention_mask, logits_to_keep, chunk):
+    def seen_tokens(self, input_ids, attention_mask, logits_to_keep, chunk, vocab):
         """Per span of `chunk` positions, bool [rows, span, V]: which tokens the repetition penalty
         counts at each completion position t: the prompt's (its padding excluded) and the
         completion's before t, the rollout sampler's state. Nothing without a repetition penalty."""
         if self.repetition_penalty in (None, 1.0):
             return
-        vocab = self.model.get_output_embeddings().weight.shape[0]
         prompt, completion = input_ids[:, :-logits_to_keep], input_ids[:, -logits_to_keep:]
         running = torch.zeros(input_ids.shape[0], vocab + 1, dtype=torch.bool, device=input_ids.device)
         # (the padding goes to an extra column, dropped)
@@ -208,6 +224,8 @@ class KeptSetGRPOTrainer(GRPOTrainer):
         """The largest |log ratio| to the sampler's log-probabilities over the completion tokens,
         for the kept-set replay and for the full softmax GRPOTrainer would use."""
         keep = mask.bool() & sampled.isfinite()
+        if not keep.any():  # (every completion masked out, e.g. mask_truncated_completions)
+            return
         self.replay_checks.append({
             "step": self.state.global_step, "tokens": int(keep.sum()),
             "kept_set": float((replayed - sampled)[keep].abs().max()),

@@ -68,10 +68,11 @@ GREEDY = {
 def test_greedy_equals_transformers(lp, pair, inputs, name):
     _, model = pair
     kwargs = dict(GREEDY[name], do_sample=False, max_new_tokens=24, return_dict_in_generate=True,
-                  output_scores=True)
+                  output_scores=True, output_logits=True)
     theirs = model.generate(**inputs, **kwargs)
     mine = ours(model, lp, inputs, **kwargs)
     assert torch.equal(mine.sequences, theirs.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(mine.logits, theirs.logits))  # the raw logits, unwritten
     assert len(mine.scores) == len(theirs.scores) == mine.sequences.shape[1] - inputs["input_ids"].shape[1]
     for step, (a, b) in enumerate(zip(mine.scores, theirs.scores)):
         assert torch.equal(a.isneginf(), b.isneginf()), step
@@ -215,6 +216,16 @@ def test_grammar_outputs_are_valid(lp, pair):
         jsonschema.validate(json.loads(text), schema)
 
 
+def test_grammars_for_another_vocabulary_raise(lp, pair, inputs):
+    """A TokenizerInfo of the tokenizer's size, narrower than the model's padded logits."""
+    import xgrammar as xgr
+
+    tokenizer, model = pair
+    narrow = xgr.TokenizerInfo.from_huggingface(tokenizer)
+    with pytest.raises(ValueError, match="vocab_size"):
+        ours(model, lp, inputs, max_new_tokens=2, grammars=[{"type": "integer"}] * 3, tokenizer_info=narrow)
+
+
 def test_streamer_stopping_criteria_and_return_sequences(lp, pair, inputs):
     """A streamer gets every token generate returns; a caller's stopping criterion and
     num_return_sequences (with a seed per returned sequence) behave as in generate()."""
@@ -250,6 +261,8 @@ UNSUPPORTED = {
     "penalty_alpha": dict(penalty_alpha=0.6, top_k=4),
     "filter_apply_order": dict(do_sample=True, top_p=0.9, min_p=0.1),
     "seed": dict(do_sample=True, seed=[1, 2]),
+    # a caller's warper beside generate()'s own top-k (transformers chains both): not one sampler call
+    "logits_processor": dict(do_sample=True, logits_processor=[transformers.TopKLogitsWarper(1)]),
 }
 
 

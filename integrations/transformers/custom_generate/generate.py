@@ -108,24 +108,33 @@ def refuse_unsupported(model, generation_config: GenerationConfig, processors) -
                              "(the sampler keeps the most likely token, and ties at a cutoff)")
 
 
-def sampling_arguments(generation_config: GenerationConfig, filter_apply_order: Optional[str]) -> dict:
-    """The sampler's temperature / top_k / top_p / min_p / filter_apply_order for generation_config.
+def sampling_arguments(generation_config: GenerationConfig, processors, filter_apply_order: Optional[str]) -> dict:
+    """The sampler's temperature / top_k / top_p / min_p / filter_apply_order, read from the
+    warpers in the processor list (those generate() built from generation_config and any the
+    caller passed), which must come in transformers' order.
 
     transformers chains temperature, top-k, top-p, then min-p, each over the previous one's
     output: with top-k and top-p that is the sampler's "top_k_first" order; with top-p and min-p
     together it is neither of the sampler's orders, so the caller must choose one."""
     if not generation_config.do_sample:
         return {"temperature": 0.0}
-    top_k = generation_config.top_k or 0
-    top_p = 1.0 if generation_config.top_p is None else float(generation_config.top_p)
-    min_p = float(generation_config.min_p or 0.0)
+    warpers = [p for p in processors if isinstance(p, tuple(FUSED_WARPERS))]
+    kinds = [next(FUSED_WARPERS[k] for k in FUSED_WARPERS if isinstance(p, k)) for p in warpers]
+    order = list(FUSED_WARPERS.values())
+    if len(set(kinds)) != len(kinds) or kinds != sorted(kinds, key=order.index):
+        raise ValueError(f"custom_generate (logits-processor): logits_processor's warpers {kinds} are not one "
+                         f"each in transformers' order {order}: set them through generation_config instead")
+    values = dict(zip(kinds, warpers))
+    temperature = float(values["temperature"].temperature) if "temperature" in values else 1.0
+    top_k = int(values["top_k"].top_k) if "top_k" in values else 0
+    top_p = float(values["top_p"].top_p) if "top_p" in values else 1.0
+    min_p = float(values["min_p"].min_p) if "min_p" in values else 0.0
     if filter_apply_order is None:
         if top_p < 1.0 and min_p > 0.0:
             raise ValueError("custom_generate (logits-processor): top_p with min_p needs filter_apply_order= "
                              "('joint' or 'top_k_first'): transformers applies top-p before min-p, which "
                              "neither order does (docs/semantics-sampling.md)")
         filter_apply_order = "top_k_first"
-    temperature = 1.0 if generation_config.temperature is None else float(generation_config.temperature)
     return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
             "filter_apply_order": filter_apply_order}
 
@@ -148,7 +157,7 @@ def penalty_prompt(input_ids, attention_mask, prompt_ignore_length) -> torch.Ten
     """The prompt tokens the repetition penalty counts, -1 elsewhere: transformers' processor
     skips the first prompt_ignore_length tokens of each row (generate() passes the left padding)."""
     ignored = torch.zeros_like(input_ids, dtype=torch.bool)
-    if attention_mask is not None:
+    if attention_mask is not None and attention_mask.shape == input_ids.shape:  # (not with inputs_embeds)
         ignored |= attention_mask == 0
     if prompt_ignore_length is not None:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
@@ -164,7 +173,8 @@ class PenaltyProcessor(tlp.LogitsProcessor):
         self.lp, self.penalties = lp, penalties
 
     def __call__(self, input_ids, scores):
-        return self.lp.apply_penalties_(scores, **self.penalties._asdict())
+        # (a copy: `scores` may be the step's raw logits, which output_logits reports)
+        return self.lp.apply_penalties_(scores.clone(), **self.penalties._asdict())
 
 
 class Grammars:
@@ -189,6 +199,13 @@ class Grammars:
                 schema = grammar if isinstance(grammar, str) else __import__("json").dumps(grammar)
                 grammar = compiler.compile_json_schema(schema, any_whitespace=False)
             self.matchers.append(None if grammar is None else xgr.GrammarMatcher(grammar))
+        for grammar in grammars:
+            info = getattr(grammar, "tokenizer_info", None) if grammar is not None else None
+            info = info or tokenizer_info
+            if info is not None and info.vocab_size != vocab:
+                raise ValueError(f"custom_generate (logits-processor): grammars were compiled for a vocabulary of "
+                                 f"{info.vocab_size} tokens, the model's logits have {vocab}: build the "
+                                 "TokenizerInfo with vocab_size= the logits' width")
         self.bitmask = lp.allocate_token_bitmask(rows, vocab)
         self.device = device
 
@@ -246,7 +263,7 @@ def decode(
     if (output_logprobs or return_kept is not None) and not config.return_dict_in_generate:
         raise ValueError("custom_generate (logits-processor): output_logprobs / return_kept need "
                          "return_dict_in_generate=True")
-    sampling = sampling_arguments(config, filter_apply_order)
+    sampling = sampling_arguments(config, logits_processor, filter_apply_order)
     rows, device = input_ids.shape[0], input_ids.device
     seeds = row_seeds(seed, rows, device)
     pad = config._pad_token_tensor
@@ -262,7 +279,7 @@ def decode(
     repetition = 1.0 if at is None else float(kept_processors[at].penalty)
     penalised = repetition != 1.0 or frequency_penalty != 0.0 or presence_penalty != 0.0
     prompt = penalty_prompt(input_ids, model_kwargs.get("attention_mask"),
-                            None if at is None else kept_processors[at].prompt_ignore_length)
+                            None if at is None else kept_processors[at].prompt_ignore_length) if penalised else None
 
     want = {"scores": config.return_dict_in_generate and config.output_scores,
             "logits": config.return_dict_in_generate and config.output_logits,
@@ -374,5 +391,11 @@ def generate(model, *args, streamer=None, synced_gpus=None, **kwargs):
     """What `generate(custom_generate="<this repo or folder>", trust_remote_code=True)` runs:
     generate() itself, with `decode` as its decoding loop. (generate() hands a callable
     custom_generate neither `streamer` nor `synced_gpus`: they are bound here.)"""
+    if synced_gpus is None:  # generate()'s own rule, which it applies only to its own loops
+        from transformers.distributed.fsdp import is_fsdp_managed_module
+        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+        world_size = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        synced_gpus = (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(model)) and world_size > 1
     loop = functools.partial(decode, streamer=streamer, synced_gpus=bool(synced_gpus))
     return type(model).generate(model, *args, custom_generate=loop, **kwargs)
