@@ -145,3 +145,56 @@ def test_out_takes_the_pair_the_call_returns(lp):
         lp.sample_with_logprobs(x, 0.8, num_logprobs=3, return_kept=16, out=out)
     with pytest.raises(RuntimeError, match="kept_ids"):
         lp.sample_with_logprobs(x, 0.8, num_logprobs=3, return_kept=8, out=(out, kept))
+
+
+def schema_order(op, **values) -> tuple:
+    """`values` in the order of `op`'s schema (the binding's ops take them positionally)."""
+    return tuple(values[argument.name] for argument in op.default._schema.arguments)
+
+
+def test_opcheck_and_compile(lp):
+    """opcheck of the kept set's op and of the replay's two ops, and sample_with_logprobs(return_kept=)
+    with token_logprobs(support=kept) in one fullgraph compile, equal to eager."""
+    g = torch.Generator().manual_seed(707)
+    rows, vocab = 4, 300
+    logits = torch.randn(rows, vocab, generator=g)
+    bitmask = random_bitmask(rows, vocab, g, "mixed")
+    ops = lp._ops.ops
+    no_penalties = dict(prompt_mask=None, output_counts=None, repetition_penalty=None, repetition_penalty_value=1.0,
+                        frequency_penalty=None, frequency_penalty_value=0.0, presence_penalty=None,
+                        presence_penalty_value=0.0, logit_bias_ids=None, logit_bias_values=None, penalty_order="vllm",
+                        penalty_rows=None)
+    kept = (torch.empty(rows, (vocab + 31) // 32, dtype=torch.int32), torch.empty(rows, 8, dtype=torch.int64),
+            torch.empty(rows, dtype=torch.int64))
+    torch.library.opcheck(ops.sample_with_kept, schema_order(
+        ops.sample_with_kept, logits=logits, temperature=torch.rand(rows, generator=g) + 0.5, temperature_value=1.0,
+        top_k=None, top_k_value=20, top_p=None, top_p_value=0.9, min_p=None, min_p_value=0.0,
+        filter_apply_order="joint", seed=torch.arange(rows), seed_value=0, offset=None, offset_value=3,
+        bitmask=bitmask, **no_penalties, num_logprobs=2, logprobs_mode="processed", kept_k=8,
+        tokens=torch.empty(rows, dtype=torch.int64), logprobs=torch.empty(rows, 3),
+        logprob_token_ids=torch.empty(rows, 3, dtype=torch.int64), ranks=torch.empty(rows, dtype=torch.int64),
+        kept_bitmask=kept[0], kept_ids=kept[1], kept_size=kept[2]))
+    tokens = torch.randint(0, vocab, (rows,), generator=g)
+    replay = dict(logits=logits, token_ids=tokens, temperature=None, temperature_value=0.8, support_bitmask=kept[0],
+                  support_ids=None)
+    logprobs, entropy, normaliser = torch.empty(rows), torch.empty(rows), torch.empty(rows, 3, dtype=torch.float64)
+    torch.library.opcheck(ops.support_logprobs, schema_order(ops.support_logprobs, **replay, logprobs=logprobs,
+                                                             entropy=entropy, normaliser=normaliser))
+    ops.support_logprobs(*schema_order(ops.support_logprobs, **replay, logprobs=logprobs, entropy=entropy,
+                                       normaliser=normaliser))
+    torch.library.opcheck(ops.support_logprobs_backward, schema_order(
+        ops.support_logprobs_backward, grad_logprobs=torch.randn(rows, generator=g),
+        grad_entropy=torch.randn(rows, generator=g), **replay, logprobs=logprobs, entropy=entropy,
+        normaliser=normaliser, grad_logits=torch.empty(rows, vocab)))
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step(x, m):
+        drawn, kept_set = lp.sample_with_logprobs(x * 1.0, temperature=0.7, top_k=20, top_p=0.9, seed=3, bitmask=m,
+                                                  return_kept=8)
+        return drawn, kept_set, lp.token_logprobs(x * 1.0, drawn.tokens, temperature=0.7, support=kept_set)
+
+    drawn, kept_set, replayed = step(logits, bitmask)
+    eager, eager_kept = lp.sample_with_logprobs(logits, temperature=0.7, top_k=20, top_p=0.9, seed=3, bitmask=bitmask,
+                                                return_kept=8)
+    assert all(torch.equal(a, b) for a, b in zip((*drawn, *kept_set), (*eager, *eager_kept)))
+    assert torch.equal(replayed, eager.logprobs[:, 0])
