@@ -249,8 +249,8 @@ def token_logprobs(
         logprobs_mode (str): ``"processed"`` (default) or ``"raw"``, as in `sample_with_logprobs`.
         out (torch.Tensor, optional): float32 ``[B]``, where to write the result; default a new tensor.
         support (KeptSet or torch.Tensor, optional): the tokens each row's distribution is
-            over, replacing the filters (top_k, top_p, min_p, bitmask, penalties, logprobs_mode
-            and out must stay at their defaults): the `KeptSet` the sampler returned (its
+            over, replacing the filters (top_k, top_p, min_p, bitmask, penalties,
+            filter_apply_order, logprobs_mode and out must stay at their defaults): the `KeptSet` the sampler returned (its
             bitmask is read), a packed bitmask, int32 ``[B, ceil(V / 32)]`` (XGrammar's
             layout), or ids, int64 ``[B, K]``, K >= 1, -1 padded (ids outside [0, V) are
             skipped, repeats count once), on the logits' device. Rows may be the tokens of
