@@ -250,11 +250,11 @@ def token_logprobs(
         out (torch.Tensor, optional): float32 ``[B]``, where to write the result; default a new tensor.
         support (KeptSet or torch.Tensor, optional): the tokens each row's distribution is
             over, replacing the filters (top_k, top_p, min_p, bitmask, penalties,
-            filter_apply_order, logprobs_mode and out must stay at their defaults): the `KeptSet` the sampler returned (its
-            bitmask is read), a packed bitmask, int32 ``[B, ceil(V / 32)]`` (XGrammar's
-            layout), or ids, int64 ``[B, K]``, K >= 1, -1 padded (ids outside [0, V) are
-            skipped, repeats count once), on the logits' device. Rows may be the tokens of
-            many sequences (B = sequences x length). A token outside its row's support gets
+            filter_apply_order, logprobs_mode and out must stay at their defaults): the
+            `KeptSet` the sampler returned (its bitmask is read), a packed bitmask, int32
+            ``[B, ceil(V / 32)]`` (XGrammar's layout), or ids, int64 ``[B, K]``, K >= 1, -1
+            padded (ids outside [0, V) are skipped, repeats count once), on the logits'
+            device. Rows may be the tokens of many sequences (B = sequences x length). A token outside its row's support gets
             -inf and no gradient. Temperature <= 0 counts as 1.
         return_entropy (bool): with `support`, also return the entropy of each row's
             distribution (0 for an empty support), differentiable too.

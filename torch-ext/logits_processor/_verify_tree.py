@@ -87,8 +87,9 @@ def verify_tree(
     With ``draft_probs`` (sampled drafts: node i's children drawn i.i.d. from q_i), recursive
     rejection sampling: r = p_i; for each child c in sibling order, accept it with probability
     min(1, r(c) / q_i(c)), else, if a sibling follows, r <- max(0, r - q_i) normalised; when the
-    last child is rejected, emit a draw from max(0, r - q_i) normalised (the rejected tokens excluded). A node with one child is `verify_draft`'s
-    rule. Residual differences below 1.2e-38 count as 0.
+    last child is rejected, emit a draw from max(0, r - q_i) normalised (the rejected tokens
+    excluded). A node with one child is `verify_draft`'s rule. Residual differences below
+    1.2e-38 count as 0.
     A tree of one chain gives `verify_draft`'s tokens exactly, and a lone root its draw without
     drafts (node i's randomness is `verify_draft`'s position i: distributed as `sample`'s draw,
     on streams of its own). The exact rules, their proof and their
