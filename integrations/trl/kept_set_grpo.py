@@ -217,7 +217,7 @@ class KeptSetGRPOTrainer(GRPOTrainer):
                                device=input_ids.device)
             for t in range(seen.shape[1]):
                 seen[:, t] = running
-                running = running.scatter(1, completion[:, t0 + t:t0 + t + 1], True)
+                running.scatter_(1, completion[:, t0 + t:t0 + t + 1], True)  # (seen[:, t] holds a copy)
             yield seen
 
     def record_replay(self, replayed, full_softmax, sampled, mask) -> None:

@@ -216,6 +216,27 @@ def test_grammar_outputs_are_valid(lp, pair):
         jsonschema.validate(json.loads(text), schema)
 
 
+class NothingLeftForRow1(transformers.LogitsProcessor):
+    """From the third step on, row 1 has every logit at -inf."""
+
+    def __call__(self, input_ids, scores):
+        if input_ids.shape[1] >= self.width + 2:
+            scores = scores.clone()
+            scores[1] = float("-inf")
+        return scores
+
+
+@pytest.mark.parametrize("grammars", [None, [None, None, None]])
+def test_a_row_with_nothing_left_raises_naming_it(lp, pair, inputs, grammars):
+    """Raised at the step it happens (with or without grammars), before the -1 reaches the model."""
+    _, model = pair
+    processor = NothingLeftForRow1()
+    processor.width = inputs["input_ids"].shape[1]
+    with pytest.raises(RuntimeError, match="row 1 has no token left"):
+        ours(model, lp, inputs, do_sample=True, max_new_tokens=6, seed=1, grammars=grammars,
+             logits_processor=[processor])
+
+
 def test_grammars_for_another_vocabulary_raise(lp, pair, inputs):
     """A TokenizerInfo of the tokenizer's size, narrower than the model's padded logits."""
     import xgrammar as xgr

@@ -21,6 +21,7 @@ local build folder such as a checkout's `build/`), else the Hub repo phanerozoic
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -196,7 +197,7 @@ class Grammars:
                     raise ValueError("custom_generate (logits-processor): grammars given as JSON schemas need "
                                      "tokenizer_info= (an xgrammar.TokenizerInfo)")
                 compiler = compiler or xgr.GrammarCompiler(tokenizer_info)
-                schema = grammar if isinstance(grammar, str) else __import__("json").dumps(grammar)
+                schema = grammar if isinstance(grammar, str) else json.dumps(grammar)
                 grammar = compiler.compile_json_schema(schema, any_whitespace=False)
             self.matchers.append(None if grammar is None else xgr.GrammarMatcher(grammar))
         for grammar in grammars:
@@ -341,21 +342,23 @@ def decode(
             record["attentions"].append(outputs.attentions)
         if want["hidden_states"]:
             record["hidden_states"].append(outputs.hidden_states)
-        if bool(((next_tokens < 0) & unfinished.bool()).any()):
-            row = int(((next_tokens < 0) & unfinished.bool()).nonzero()[0, 0])
-            raise RuntimeError(f"custom_generate (logits-processor): row {row} has no token left to draw (every "
-                               "logit is -inf after the processors, grammar and penalties)")
+        no_token = (next_tokens < 0) & unfinished.bool()  # (read with the stop flag: one sync a step)
         if has_eos:
             next_tokens = next_tokens * unfinished + pad * (1 - unfinished)
         if grammar is not None:
-            grammar.accept(next_tokens.tolist(), running)
+            tokens = next_tokens.tolist()
+            if any(running[row] and tokens[row] < 0 for row in range(rows)):
+                raise_no_token(no_token)
+            grammar.accept(tokens, running)
         if penalties is not None:
             lp.update_output_counts_(penalties.output_counts, next_tokens)
         input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
         if streamer is not None:
             streamer.put(next_tokens.cpu())
         unfinished = unfinished & ~stopping_criteria(input_ids, None)
-        this_peer_finished = bool(unfinished.max() == 0)
+        any_no_token, this_peer_finished = torch.stack([no_token.any(), unfinished.max() == 0]).tolist()
+        if any_no_token:  # before the -1 reaches the model
+            raise_no_token(no_token)
         step += 1
         del outputs
     if streamer is not None:
@@ -370,6 +373,12 @@ def decode(
         logprobs=tuple(columns for columns, _ in record["logprobs"]) if output_logprobs else None,
         logprob_token_ids=tuple(ids for _, ids in record["logprobs"]) if output_logprobs else None,
         kept=as_tuple("kept"))
+
+
+def raise_no_token(no_token: torch.Tensor):
+    row = int(no_token.nonzero()[0, 0])
+    raise RuntimeError(f"custom_generate (logits-processor): row {row} has no token left to draw (every logit is "
+                       "-inf after the processors, grammar and penalties)")
 
 
 def reported_scores(lp, scores, sampling, bitmask, penalties, renormalize) -> torch.Tensor:
