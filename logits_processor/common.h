@@ -21,6 +21,25 @@ LP_HOST_DEVICE bool token_allowed(const int32_t* bitmask_row, int64_t v) {
   return (static_cast<uint32_t>(bitmask_row[v >> 5]) >> (v & 31)) & 1u;
 }
 
+// Token ids an op writes (and logprob_ids.h reads back) in the caller's dtype: int64, torch's,
+// or int32, vLLM's. Ids lie in [-1, 2^31) (the ops bound the vocabulary below 2^31): both hold them.
+struct TokenIds {
+  void* data;
+  bool int32;
+  LP_HOST_DEVICE int64_t get(int64_t i) const {
+    return int32 ? static_cast<const int32_t*>(data)[i] : static_cast<const int64_t*>(data)[i];
+  }
+  LP_HOST_DEVICE void set(int64_t i, int64_t id) const {
+    if (int32) static_cast<int32_t*>(data)[i] = static_cast<int32_t>(id);
+    else static_cast<int64_t*>(data)[i] = id;
+  }
+  // The ids from index `first` on.
+  LP_HOST_DEVICE TokenIds from(int64_t first) const {
+    return {int32 ? static_cast<void*>(static_cast<int32_t*>(data) + first)
+                  : static_cast<void*>(static_cast<int64_t*>(data) + first), int32};
+  }
+};
+
 // CPU kernels split work through this callback (the binding passes at::parallel_for),
 // so that kernel code does not depend on torch's threading API.
 using ParallelFor =

@@ -24,14 +24,14 @@ namespace logits_processor {
 
 // ids: [rows, 1 + n] contiguous, columns 1.. the listed ids followed by -1 up to the end.
 struct LogprobIds {
-  int64_t* ids;
+  TokenIds ids;
   int64_t rows;
   int64_t n;  // N, the top-N columns after column 0
 };
 
 // Whether column 1 + j of row `row` is past the listed ids (holds -1).
 LP_HOST_DEVICE bool is_past_support(const LogprobIds& p, int64_t row, int64_t j) {
-  return p.ids[row * (1 + p.n) + 1 + j] < 0;
+  return p.ids.get(row * (1 + p.n) + 1 + j) < 0;
 }
 
 void fill_ids_past_support_cpu(const LogprobIds& params, const ParallelFor& parallel_for);

@@ -14,13 +14,13 @@ void fill_ids_past_support_cpu(const LogprobIds& p, const ParallelFor& parallel_
       int64_t count = 0;
       while (count < p.n && !is_past_support(p, row, count)) ++count;
       if (count == p.n) continue;
-      int64_t* columns = p.ids + row * (1 + p.n) + 1;
+      const TokenIds columns = p.ids.from(row * (1 + p.n) + 1);
       listed.assign(static_cast<size_t>(p.n), 0);
       for (int64_t j = 0; j < count; ++j)
-        if (columns[j] < p.n) listed[static_cast<size_t>(columns[j])] = 1;
+        if (columns.get(j) < p.n) listed[static_cast<size_t>(columns.get(j))] = 1;
       int64_t next = count;
       for (int64_t v = 0; v < p.n && next < p.n; ++v)
-        if (!listed[static_cast<size_t>(v)]) columns[next++] = v;
+        if (!listed[static_cast<size_t>(v)]) columns.set(next++, v);
     }
   });
 }

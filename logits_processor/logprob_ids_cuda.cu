@@ -25,7 +25,7 @@ struct IdsShared {
 __global__ void __launch_bounds__(kThreads) fill_ids_kernel(LogprobIds p) {
   __shared__ IdsShared sh;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    int64_t* columns = p.ids + row * (1 + p.n) + 1;
+    const TokenIds columns = p.ids.from(row * (1 + p.n) + 1);
     // The listed count: n less the longest run of -1 at the end, i.e. the first -1's column.
     uint64_t past = 0;
     for (int64_t j = threadIdx.x; j < p.n; j += kThreads)
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kThreads) fill_ids_kernel(LogprobIds p) {
       for (int w = threadIdx.x; w < kChunkWords; w += kThreads) sh.listed[w] = 0;
       __syncthreads();
       for (int64_t j = threadIdx.x; j < count; j += kThreads) {
-        const int64_t v = columns[j] - base;
+        const int64_t v = columns.get(j) - base;
         if (v >= 0 && v < 32 * kChunkWords) atomicOr(&sh.listed[v >> 5], 1u << (v & 31));
       }
       __syncthreads();
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kThreads) fill_ids_kernel(LogprobIds p) {
       for (int w = first; w < first + kWordsPerThread && at < p.n; ++w) {
         const int64_t start = base + 32 * static_cast<int64_t>(w);
         for (int b = 0; b < 32 && at < p.n && start + b < p.n; ++b)
-          if (!(sh.listed[w] >> b & 1u)) columns[at++] = start + b;
+          if (!(sh.listed[w] >> b & 1u)) columns.set(at++, start + b);
       }
       __syncthreads();  // the scan's storage, reused by the sum
       next += static_cast<int64_t>(block_sum(mine, sh));

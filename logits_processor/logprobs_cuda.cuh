@@ -36,18 +36,18 @@ struct TopList {
 };
 
 // What one pass over a row's kept set gives a thread: its part of the fine masses and of the
-// count of kept tokens scoring above s_token.
+// rank's count (rank_counts against s_token).
 struct KeptPass {
   FineMass z;
-  uint64_t above;
+  uint64_t ranked;
 };
 
 // The pass, by the whole block (`row` has been cut): also visit(i, key) for each kept
 // candidate, and into *top (emptied first) this thread's best n (<= kTopChunk) packed (key,
 // index) pairs below `bound` (n = 0: top unused).
 template <Dtype D, typename Visit>
-__device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token, uint64_t bound, int n, TopList* top,
-                              Visit&& visit) {
+__device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token, bool ties_max, uint64_t bound, int n,
+                              TopList* top, Visit&& visit) {
   KeptPass k{{0, 0}, 0};
   if (n > 0) top->clear();
   row.for_each_candidate([&](int64_t i, float s) {
@@ -56,7 +56,7 @@ __device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token, uint64_t 
     const FineMass m = fine_mass(s, row.s_max);
     k.z.high += m.high;
     k.z.low += m.low;
-    k.above += s > s_token;
+    k.ranked += rank_counts(s, s_token, ties_max);
     visit(i, key);
     const uint64_t packed = pack_argmax(key, i);
     if (n > 0 && packed < bound) top->offer(packed, n);
@@ -66,7 +66,7 @@ __device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token, uint64_t 
 
 template <Dtype D>
 __device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token) {
-  return kept_pass(row, s_token, 0, 0, nullptr, [](int64_t, uint32_t) {});
+  return kept_pass(row, s_token, false, 0, 0, nullptr, [](int64_t, uint32_t) {});
 }
 
 // The block's best n of the threads' lists into sh.top, best first; their count. n rounds of
@@ -223,7 +223,7 @@ __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, in
   }
   const int64_t columns = 1 + out.num_logprobs;
   float* logprobs = out.logprobs + row * columns;
-  int64_t* ids = out.token_ids + row * columns;
+  const TokenIds ids = out.token_ids.from(row * columns);
   const int64_t token = sampler.sample(sh);
   TopList list;  // one list for the top-N and the kept ids' own passes, in turn
   KeptSet set;
@@ -241,8 +241,8 @@ __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, in
     finish_kept(out, row, set, sampler, list, true, sh);
     collecting = false;
   }
-  if (threadIdx.x == 0) p.out[row] = token, out.ranks[row] = kNoRank;
-  for (int64_t c = threadIdx.x; c < columns; c += kThreads) logprobs[c] = kNegInf, ids[c] = -1;
+  if (threadIdx.x == 0) p.out.set(row, token), out.ranks[row] = kNoRank;
+  for (int64_t c = threadIdx.x; c < columns; c += kThreads) logprobs[c] = kNegInf, ids.set(c, -1);
   if (token < 0) return;
   // (sample cut the row unless one pass decided it: greedy or unfiltered. A row collecting
   // its kept set has a candidate, its token: its cut cannot fail.)
@@ -257,29 +257,29 @@ __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, in
   const float s_token = d.kept_score(token);
   uint64_t bound = ~uint64_t{0};
   int n = static_cast<int>(out.num_logprobs < kTopChunk ? out.num_logprobs : kTopChunk);
-  const KeptPass k = kept_pass(d, s_token, bound, n, &list, collect);
+  const KeptPass k = kept_pass(d, s_token, out.rank_ties_max, bound, n, &list, collect);
   const bool kept = collecting;
   collecting = false;  // (the top-N's further passes collect nothing)
   const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
-  const uint64_t above = block_sum(k.above, sh);  // (its barriers order the padding first)
+  const uint64_t ranked = block_sum(k.ranked, sh);  // (its barriers order the padding first)
   if (threadIdx.x == 0) {
     logprobs[0] = token_logprob(s_token, d.s_max, log_z);
-    ids[0] = token;
-    out.ranks[row] = 1 + static_cast<int64_t>(above);
+    ids.set(0, token);
+    out.ranks[row] = token_rank(ranked, out.rank_ties_max);
   }
   for (int64_t done = 0; n > 0;) {
     const int found = merge_top(list, n, sh);
     if (threadIdx.x < found) {
       const int64_t index = unpack_index(sh.top[threadIdx.x]);
       logprobs[1 + done + threadIdx.x] = token_logprob(d.kept_score(index), d.s_max, log_z);
-      ids[1 + done + threadIdx.x] = index;
+      ids.set(1 + done + threadIdx.x, index);
     }
     done += found;
     if (found < n || done == out.num_logprobs) break;
     bound = sh.top[n - 1];
     __syncthreads();  // every thread has read sh.top before the next chunk writes it
     n = static_cast<int>(out.num_logprobs - done < kTopChunk ? out.num_logprobs - done : kTopChunk);
-    kept_pass(d, s_token, bound, n, &list, collect);
+    kept_pass(d, s_token, out.rank_ties_max, bound, n, &list, collect);
   }
   if (kept) finish_kept(out, row, set, d, list, false, sh);
 }

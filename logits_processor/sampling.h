@@ -42,7 +42,7 @@ struct LogprobsParams {
   const int64_t* given_tokens;
   int64_t num_logprobs;     // the top-N columns after column 0
   float* logprobs;          // [rows, 1 + num_logprobs] contiguous (token_logprobs: [rows])
-  int64_t* token_ids;       // [rows, 1 + num_logprobs] contiguous, or null (token_logprobs)
+  TokenIds token_ids;       // [rows, 1 + num_logprobs] contiguous, or null (token_logprobs)
   int64_t* ranks;           // [rows], or null (token_logprobs)
   // sample_with_logprobs(..., return_kept=K): the kept set of each row's draw (greedy rows:
   // the token alone; rows with nothing allowed: empty) as a bitmask [rows, kept_words] in
@@ -58,6 +58,7 @@ struct LogprobsParams {
   // null otherwise.
   float* filtered;
   bool filtered_as_logits;  // the scores, -inf outside the kept set; else the probabilities
+  bool rank_ties_max;       // sample_with_logprobs' rank_ties="max" (token_rank)
 };
 
 // How top-p composes with the other filters (docs/semantics-sampling.md):
@@ -91,7 +92,7 @@ struct SamplingParams : LogitsView {
   const int32_t* bitmask;  // optional, XGrammar's layout; columns past its width are allowed
   int64_t bitmask_row_stride;
   int64_t bitmask_width;  // in words
-  int64_t* out;  // the tokens drawn (null for token_logprobs, which draws none)
+  TokenIds out;  // the tokens drawn (null for token_logprobs, which draws none)
   LogprobsParams logprobs;
   // Fused penalties (when enabled): each logit is read as apply_penalties_ would have left it
   // (penalties.h), before the bitmask's and the filters' decisions; the logits are not written.
@@ -394,6 +395,15 @@ LP_HOST_DEVICE float greedy_filtered_value(bool as_logits, int64_t i, int64_t to
 // the kernels: logprob_ids.h); a row with nothing allowed has token -1, every logprob -inf,
 // ids 0..N-1 in columns 1..N and rank 0.
 constexpr int64_t kNoRank = 0;
+
+// The sampled token's rank, from a count over its distribution's scores s of
+// rank_counts(s, s_token) (rank_ties, the way pandas' rank() names it): "min" (the default),
+// 1 + the number of scores above the token's; "max" (vLLM's, vllm/v1/sample/ops/logprobs.py),
+// the number at or above it, the token's own included. Scores compare as floats: -0.0 ties +0.0.
+LP_HOST_DEVICE bool rank_counts(float s, float s_token, bool ties_max) { return ties_max ? s >= s_token : s > s_token; }
+LP_HOST_DEVICE int64_t token_rank(uint64_t count, bool ties_max) {
+  return static_cast<int64_t>(count) + (ties_max ? 0 : 1);
+}
 
 void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for);
 

@@ -163,10 +163,11 @@ float kept_max(const float* __restrict scores, int64_t n, float floor) {
 
 constexpr int64_t kTopBlock = 256;  // tokens a top-N block skip covers
 
-int64_t count_above(const float* __restrict scores, int64_t vocab, float s) {
+// The count token_rank takes: the scores that rank_counts against s.
+int64_t rank_count(const float* __restrict scores, int64_t vocab, float s, bool ties_max) {
   int64_t count = 0;
 #pragma omp simd reduction(+ : count)
-  for (int64_t i = 0; i < vocab; ++i) count += scores[i] > s;
+  for (int64_t i = 0; i < vocab; ++i) count += rank_counts(scores[i], s, ties_max);
   return count;
 }
 
@@ -236,23 +237,23 @@ class RowSampler {
     const LogprobsParams& out = p_.logprobs;
     const int64_t columns = 1 + out.num_logprobs;
     float* logprobs = out.logprobs + row_ * columns;
-    int64_t* ids = out.token_ids + row_ * columns;
+    const TokenIds ids = out.token_ids.from(row_ * columns);
     const int64_t token = sample();
-    p_.out[row_] = token;
+    p_.out.set(row_, token);
     if (out.kept_bitmask) write_kept(token);  // before the scores are reloaded (greedy, raw)
     std::fill(logprobs, logprobs + columns, kNegInf);
-    std::fill(ids, ids + columns, int64_t{-1});
+    for (int64_t c = 0; c < columns; ++c) ids.set(c, -1);
     out.ranks[row_] = kNoRank;
     if (token < 0 || !distribution(true)) return;
     const double log_z = this->log_z();
     logprobs[0] = logprob_of(token, log_z);
-    ids[0] = token;
-    out.ranks[row_] = 1 + count_above(scores_, p_.vocab, scores_[token]);
+    ids.set(0, token);
+    out.ranks[row_] = token_rank(rank_count(scores_, p_.vocab, scores_[token], out.rank_ties_max), out.rank_ties_max);
     const int64_t n = top_tokens(out.num_logprobs);
     for (int64_t j = 0; j < n; ++j) {
       const uint32_t index = scratch_.top[j].index;
       logprobs[1 + j] = token_logprob(scores_[index], s_max_, log_z);
-      ids[1 + j] = index;
+      ids.set(1 + j, index);
     }
   }
 
@@ -612,7 +613,7 @@ void sample_cpu(const SamplingParams& params, const ParallelFor& parallel_for) {
       for (int64_t row = begin; row < end; ++row) {
         RowSampler<D> sampler(params, row, scratch);
         if (!params.logprobs.enabled)
-          params.out[row] = sampler.sample();
+          params.out.set(row, sampler.sample());
         else if (params.logprobs.filtered)
           sampler.write_filtered();
         else if (params.logprobs.given_tokens)

@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Spli
       count_chunk(sampler, split, row, chunk, begin, end, sh);
     } else if (chunk == 0) {
       const int64_t token = sampler.sample(sh);
-      if (threadIdx.x == 0) p.out[row] = token;
+      if (threadIdx.x == 0) p.out.set(row, token);
     }
   });
 }

@@ -23,7 +23,7 @@
 //              sums   [ln Z's digits H, L                                          (logprobs)
 //                      | the kept set's size]                                     (return_kept)
 //              kept   [the kept set's bitmask words, this shard's bits]   (return_kept, summed)
-//   rank:      sums   [count of scores above the token's]                          (logprobs)
+//   rank:      sums   [count of scores that rank against the token's: token_rank]  (logprobs)
 // and `finish` (no exchange) writes the outputs. Top-k and top-p in "joint" order select at
 // the same time (5 stages); in "top_k_first" order top-p starts when top-k's cutoff is known
 // (10 stages), its mass then only that of the tokens top-k keeps. With logprobs_mode "raw" the
@@ -55,6 +55,7 @@ struct ShardPlan {
   int64_t num_logprobs;
   bool raw_logprobs;
   int64_t kept_k;
+  bool rank_ties_max;  // the rank stage counts rank_counts(..., true) (sampling.h's token_rank)
 };
 
 // The draw stage's words: its sums [ln Z's H, L (logprobs) | the kept size (return_kept)] and
@@ -440,12 +441,13 @@ struct ShardOutputs {
   int64_t ranks;
   int64_t num_logprobs;  // < 0: tokens only
   int64_t kept_k;        // 0: no kept set
+  bool rank_ties_max;    // as the plan's
   const int64_t* draw_picks;  // [ranks, rows, draw_picks_width]
   const int64_t* draw_sums;   // [rows, draw_sums_width]
   const int64_t* rank_sums;   // [rows, 1]
-  int64_t* tokens;
+  TokenIds tokens;
   float* logprobs;
-  int64_t* token_ids;
+  TokenIds token_ids;
   int64_t* token_ranks;
   int64_t* kept_ids;   // [rows, kept_k]
   int64_t* kept_size;  // [rows]
@@ -495,26 +497,26 @@ LP_HOST_DEVICE void finish_shard_row(const ShardOutputs& out, const int64_t* sta
   int64_t winner = -1;
   const int64_t* picks = out.draw_picks + row * width;
   const int64_t token = unpack_or_none(drawn_pack(s, out.ranks, picks, stride, &winner));
-  out.tokens[row] = token;
+  out.tokens.set(row, token);
   if (out.kept_k > 0) finish_kept(out, picks, stride, row);
   if (n < 0) return;
   float* logprobs = out.logprobs + row * (1 + n);
-  int64_t* ids = out.token_ids + row * (1 + n);
-  for (int64_t c = 0; c <= n; ++c) logprobs[c] = kNegInf, ids[c] = -1;
+  const TokenIds ids = out.token_ids.from(row * (1 + n));
+  for (int64_t c = 0; c <= n; ++c) logprobs[c] = kNegInf, ids.set(c, -1);
   out.token_ranks[row] = kNoRank;
   if (token < 0 || winner < 0) return;
   const int64_t* sums = out.draw_sums + row * draw_sums_width(n, out.kept_k);
   const double log_z = log_normaliser({static_cast<uint64_t>(sums[0]), static_cast<uint64_t>(sums[1])});
   const uint32_t token_key = static_cast<uint32_t>(picks[winner * stride + 1]);
   logprobs[0] = token_logprob(key_score(token_key), s.logprob_s_max, log_z);
-  ids[0] = token;
-  out.token_ranks[row] = 1 + out.rank_sums[row];
+  ids.set(0, token);
+  out.token_ranks[row] = token_rank(static_cast<uint64_t>(out.rank_sums[row]), out.rank_ties_max);
   uint64_t bound = ~uint64_t{0};  // (above every pack: scores are finite, so no key is all ones)
   for (int64_t j = 0; j < n; ++j) {
     bound = next_top(picks + 2, out.ranks, stride, n, bound);
     if (bound == kNoToken) break;
     logprobs[1 + j] = token_logprob(key_score(static_cast<uint32_t>(bound >> 32)), s.logprob_s_max, log_z);
-    ids[1 + j] = unpack_index(bound);
+    ids.set(1 + j, unpack_index(bound));
   }
 }
 

@@ -159,8 +159,8 @@ class ShardRowSampler {
     std::copy(kept_.begin(), kept_.end(), packs);
   }
 
-  // rank: how many of the shard's scores (raw log-probabilities: raw scores) are above the
-  // drawn token's (its key from the draw's picks, `token_key`).
+  // rank: how many of the shard's scores (raw log-probabilities: raw scores) rank against the
+  // drawn token's (rank_counts; its key from the draw's picks, `token_key`).
   void rank(const ShardRow& s, const ShardPlan& plan, uint32_t token_key, int64_t* sums) const {
     sums[0] = 0;
     if (s.greedy == kNoToken) return;
@@ -171,10 +171,11 @@ class ShardRowSampler {
       scores = scores_;
     }
     const float token_score = key_score(token_key);
-    int64_t above = 0;
-#pragma omp simd reduction(+ : above)
-    for (int64_t j = 0; j < p_.vocab; ++j) above += scores[j] > token_score;
-    sums[0] = token_key == 0xffffffffu ? 0 : above;
+    const bool ties_max = plan.rank_ties_max;
+    int64_t counted = 0;
+#pragma omp simd reduction(+ : counted)
+    for (int64_t j = 0; j < p_.vocab; ++j) counted += rank_counts(scores[j], token_score, ties_max);
+    sums[0] = token_key == 0xffffffffu ? 0 : counted;
   }
 
  private:

@@ -202,20 +202,22 @@ __device__ void draw_shard(const ShardRowView<D>& row, const ShardRow& s, int64_
   if (k > 0) draw_kept(row, d, kept_count, sums + kept_sums_word(n), picks + kept_picks_word(n), kept, list, sh);
 }
 
-// rank: how many of the shard's scores (raw log-probabilities: raw scores) are above the
-// drawn token's.
+// rank: how many of the shard's scores (raw log-probabilities: raw scores) rank against the
+// drawn token's (rank_counts).
 template <Dtype D>
 __device__ void rank_shard(const ShardRowView<D>& row, const ShardRow& s, uint32_t token_key, int64_t* sums,
                            ShardShared& sh) {
-  uint64_t above = 0;
+  uint64_t counted = 0;
   if (s.greedy != kNoToken) {  // (the same for the whole block)
-    const bool raw = row.a.plan.raw_logprobs;
+    const bool raw = row.a.plan.raw_logprobs, ties_max = row.a.plan.rank_ties_max;
     const ShardScores sc = shard_scores(row.r, s.greedy, s.greedy_row != 0);
     const float token_score = key_score(token_key);
-    row.each([&](int64_t j, float v) { above += (raw ? row.raw_at(j) : row.score_of(v, sc)) > token_score; });
-    above = block_sum(above, sh.sampler);
+    row.each([&](int64_t j, float v) {
+      counted += rank_counts(raw ? row.raw_at(j) : row.score_of(v, sc), token_score, ties_max);
+    });
+    counted = block_sum(counted, sh.sampler);
   }
-  if (threadIdx.x == 0) sums[0] = s.greedy == kNoToken || token_key == 0xffffffffu ? 0 : static_cast<int64_t>(above);
+  if (threadIdx.x == 0) sums[0] = s.greedy == kNoToken || token_key == 0xffffffffu ? 0 : static_cast<int64_t>(counted);
 }
 
 // (__grid_constant__: the stage functions take the step by reference.)

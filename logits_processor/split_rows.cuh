@@ -186,7 +186,7 @@ __device__ void single_pass_chunk(const RowSampler<D>& sampler, const Split& spl
       return;
     }
   }
-  if (threadIdx.x == 0) sampler.p.out[row] = unpack_or_none(best);
+  if (threadIdx.x == 0) sampler.p.out.set(row, unpack_or_none(best));
 }
 
 // The second kernel's part of an unfiltered row marked kRedrawn: each chunk's draw from
@@ -203,7 +203,7 @@ __device__ void redraw_chunk(RowSampler<D>& sampler, const Split& split, int64_t
   if (threadIdx.x == 0) split.partials(row)[chunk] = winner;
   if (!last_to_arrive(&state.counted, split.splits, sh)) return;
   const uint64_t best = partials_max(split.partials(row), split.splits, sh);
-  if (threadIdx.x == 0) sampler.p.out[row] = unpack_or_none(best);
+  if (threadIdx.x == 0) sampler.p.out.set(row, unpack_or_none(best));
 }
 
 // --- the first kernel ---------------------------------------------------------------------
@@ -362,7 +362,7 @@ __device__ void draw_cut_chunk(RowSampler<D>& sampler, const Split& split, int64
       best = max(best, sampler.gumbel_argmax(in_bin, sh, 0, sampler.p.vocab));
     }
   }
-  if (threadIdx.x == 0) sampler.p.out[row] = unpack_or_none(best);
+  if (threadIdx.x == 0) sampler.p.out.set(row, unpack_or_none(best));
 }
 
 // A top-p row (cut_from_chunks bounded its gathering by kBinCapacity): each chunk's
@@ -401,7 +401,7 @@ __device__ void draw_top_p_chunk(RowSampler<D>& sampler, const Split& split, int
   const uint32_t t_p = radix_select<true>(keys, kAllKeys, 0, top_p_target(sampler.r.top_p, total), sampler.s_max, sh);
   sampler.threshold = max(floor, t_p);
   const uint64_t best = sampler.entries_argmax(gathered, kNoToken, sh);
-  if (threadIdx.x == 0) sampler.p.out[row] = unpack_or_none(best);
+  if (threadIdx.x == 0) sampler.p.out.set(row, unpack_or_none(best));
 }
 
 // A top-p row without top-k (bracket_top_p estimated that t_p lies in bins [low_bin, high]):
@@ -451,7 +451,7 @@ __device__ bool draw_top_p_bracket(RowSampler<D>& sampler, const Split& split, i
   if (t_p == kNoKey && from > lower) return false;  // t_p below the entries, and above t_minp
   sampler.threshold = max(lower, t_p);
   const uint64_t best = sampler.entries_argmax(gathered, partials_max(split.partials(row), split.splits, sh), sh);
-  if (threadIdx.x == 0) sampler.p.out[row] = unpack_or_none(best);
+  if (threadIdx.x == 0) sampler.p.out.set(row, unpack_or_none(best));
   return true;
 }
 
@@ -477,7 +477,7 @@ __device__ void RowSampler<D>::draw_chunk(const Split& split, int64_t row, int64
   }
   if (whole) {  // (one call: `sample` is inlined where it is called)
     const int64_t token = sample(sh);
-    if (threadIdx.x == 0) p.out[row] = token;
+    if (threadIdx.x == 0) p.out.set(row, token);
   }
 }
 

@@ -145,3 +145,9 @@ def guarded(draw, rows: Optional[int], width: int, make) -> Guarded:
     offset = draw(st.integers(0, pad))
     body = width + offset if rows is None else rows * (width + pad)
     return Guarded(make(2 * GUARD + body), rows, width, pad, offset)
+
+
+def schema_order(op, **values) -> tuple:
+    """`values` in the order of `op`'s schema (the binding's ops take them positionally): the
+    arguments of torch.library.opcheck."""
+    return tuple(values[argument.name] for argument in op.default._schema.arguments)

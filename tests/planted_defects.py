@@ -99,6 +99,8 @@ DEFECTS: dict[str, tuple[str, Callable]] = {
     "sample-ignores-bitmask": ("sample", _rerun_with(bitmask=None)),
     "sample-ignores-filter_apply_order": ("sample", _rerun_with(filter_apply_order="joint")),
     "kept-set-ignores-top_p": ("sample_with_kept", _rerun_with(top_p=None, top_p_value=1.0)),
+    # vLLM's rank convention dropped: ties never counted against the token.
+    "logprobs-ignore-rank_ties": ("sample_with_logprobs", _rerun_with(rank_ties="min")),
     "sharded-ignores-bitmask": ("sample_shard_step", _shard_step_with(bitmask=None)),
     # The fused penalties dropped: sample as if called without penalties=.
     "sample-ignores-penalties": ("sample", _rerun_with(

@@ -75,9 +75,11 @@ def case_inputs(case: dict, lp) -> dict:
                                            logit_bias_values=bias_values)
     if case.get("filter_apply_order"):
         kwargs["filter_apply_order"] = case["filter_apply_order"]
-    for name in ("logprobs_mode", "return_kept"):  # (sample_with_logprobs' and sample_sharded's)
+    for name in ("logprobs_mode", "rank_ties", "return_kept"):  # (sample_with_logprobs' and sample_sharded's)
         if case.get(name):
             kwargs[name] = case[name]
+    if case.get("ids_dtype"):  # (a name in the case: the cases travel as JSON)
+        kwargs["ids_dtype"] = getattr(torch, case["ids_dtype"])
     return kwargs
 
 

@@ -1,3 +1,5 @@
+// The argument checks every op family uses (checks.h says what each one checks).
+
 #include "checks.h"
 
 #include <torch/csrc/stable/ops.h>
@@ -166,6 +168,20 @@ void check_output(const Tensor& t, const Tensor& logits, const char* name, Scala
               " must be a contiguous tensor of shape [", rows, ", ", columns, "], got shape ",
               shape_name(t.sizes()));
   }
+}
+
+Tensor token_ids_input(const Tensor& ids, const char* name) {
+  const ScalarType given = ids.scalar_type();
+  CHECK_ARG(given == ScalarType::Long || given == ScalarType::Int, name, " must be int64 or int32, got ", given);
+  return given == ScalarType::Long ? ids : torch::stable::to(ids, ScalarType::Long);
+}
+
+logits_processor::TokenIds token_ids_output(const Tensor& t, const Tensor& logits, const char* name,
+                                            int64_t columns) {
+  const bool int32 = t.scalar_type() == ScalarType::Int;
+  CHECK_ARG(int32 || t.scalar_type() == ScalarType::Long, name, " must be int64 or int32, got ", t.scalar_type());
+  check_output(t, logits, name, t.scalar_type(), columns);
+  return {t.data_ptr(), int32};
 }
 
 void check_support(const std::optional<Tensor>& bitmask, const std::optional<Tensor>& ids, const Tensor& logits) {

@@ -15,6 +15,8 @@
 #include <string>
 #include <utility>
 
+#include "../logits_processor/common.h"
+
 HIDDEN_NAMESPACE_BEGIN(binding)
 
 using torch::headeronly::ScalarType;
@@ -86,6 +88,15 @@ int choice_index(const std::string& value, const char* name, std::initializer_li
 // or [rows, columns].
 void check_output(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype,
                   int64_t columns = -1);
+
+// Token ids an op reads, int64 or int32 (vLLM's): as int64, an int32 tensor converted (a new
+// tensor each call; int64 ids are read in place).
+Tensor token_ids_input(const Tensor& ids, const char* name);
+
+// A token-id output of the sampler ops, checked as check_output checks, in the caller's dtype:
+// int64 or int32.
+logits_processor::TokenIds token_ids_output(const Tensor& t, const Tensor& logits, const char* name,
+                                            int64_t columns = -1);
 
 // token_logprobs' support (support_ops.cpp), exactly one of: a packed bitmask, int32
 // [rows, ceil(vocab / 32)] (XGrammar's layout), or token ids, int64 [rows, K], K >= 1 (-1

@@ -35,10 +35,10 @@ void check_prompt_mask_width(const RowView& mask, int64_t vocab) {
             (vocab + 31) / 32, " words per row for V = ", vocab, ", got ", mask.width);
 }
 
-// Token ids (int64, [B] or [B, K], on `state`'s device): values outside [-1, vocab) in host
-// memory are an error; in device memory the kernels skip them.
-void check_token_ids(const Tensor& ids, const char* name, const Tensor& state, int64_t vocab) {
-  CHECK_ARG(ids.scalar_type() == ScalarType::Long, name, " must be int64, got ", ids.scalar_type());
+// Token ids (int64 or int32, [B] or [B, K], on `state`'s device), as int64: values outside
+// [-1, vocab) in host memory are an error; in device memory the kernels skip them.
+Tensor checked_token_ids(const Tensor& given, const char* name, const Tensor& state, int64_t vocab) {
+  const Tensor ids = token_ids_input(given, name);
   CHECK_ARG(ids.dim() == 1 || ids.dim() == 2, name, " must be 1-D or 2-D, got ", ids.dim(), "-D");
   CHECK_ARG(ids.device() == state.device(), name, " must be on the state's device (",
             device_name(state.device()), "), got ", device_name(ids.device()));
@@ -47,6 +47,7 @@ void check_token_ids(const Tensor& ids, const char* name, const Tensor& state, i
     CHECK_ARG(lo >= -1 && hi < vocab, name, " must lie in [0, ", vocab, ") or be -1 (none), got values in [",
               lo, ", ", hi, "]");
   }
+  return ids;
 }
 
 // The map `rows` (row b of the batch -> state row rows[b]): int64 [batch], on the CPU (checked
@@ -167,8 +168,8 @@ PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args, int
   if (args.logit_bias_ids.has_value() || args.logit_bias_values.has_value()) {
     CHECK_ARG(args.logit_bias_ids.has_value(), "logit_bias_ids must be given with logit_bias_values");
     CHECK_ARG(args.logit_bias_values.has_value(), "logit_bias_values must be given with logit_bias_ids");
-    const Tensor& ids = *args.logit_bias_ids;
-    CHECK_ARG(ids.scalar_type() == ScalarType::Long, "logit_bias_ids must be int64, got ", ids.scalar_type());
+    call.bias_ids = token_ids_input(*args.logit_bias_ids, "logit_bias_ids");
+    const Tensor& ids = *call.bias_ids;
     CHECK_ARG(ids.device() == logits.device(), "logit_bias_ids must be on the logits' device (",
               device_name(logits.device()), "), got ", device_name(ids.device()));
     CHECK_ARG(ids.dim() == 2 && ids.size(0) == lv.rows, "logit_bias_ids must be 2-D [", lv.rows,
@@ -223,10 +224,10 @@ void apply_penalties_(const Tensor& logits, const Tensor& prompt_mask, const Ten
 void update_output_counts_(const Tensor& output_counts, const Tensor& token_ids,
                            const std::optional<Tensor>& rows) {
   const RowView cv = output_counts_view(output_counts);
-  check_token_ids(token_ids, "token_ids", output_counts, cv.width);
+  const Tensor ids = checked_token_ids(token_ids, "token_ids", output_counts, cv.width);
   const std::optional<Tensor> rows_t =
-      state_rows(rows, output_counts, "token_ids", token_ids.size(0), "output_counts", cv.rows);
-  lp::TokenCountParams p = token_count_params(token_ids, cv.width, rows_t, cv.rows);
+      state_rows(rows, output_counts, "token_ids", ids.size(0), "output_counts", cv.rows);
+  lp::TokenCountParams p = token_count_params(ids, cv.width, rows_t, cv.rows);
   p.counts = output_counts.mutable_data_ptr<int32_t>();
   p.state_row_stride = cv.row_stride;
   run_count_tokens(p, output_counts);
@@ -242,19 +243,21 @@ void penalty_state_from_tokens(const Tensor& prompt_token_ids, const Tensor& out
   CHECK_ARG(!has_internal_overlap(prompt_mask),
             "prompt_mask must not have overlapping rows (e.g. an expanded tensor)");
   CHECK_ARG(!shares_storage(prompt_mask, output_counts), "prompt_mask must not share memory with output_counts");
-  for (const auto& [ids, name] : {std::pair{&prompt_token_ids, "prompt_token_ids"},
-                                  std::pair{&output_token_ids, "output_token_ids"}}) {
-    check_token_ids(*ids, name, output_counts, cv.width);
-    CHECK_ARG(ids->dim() == 2 && ids->size(0) == cv.rows, name, " must be 2-D [", cv.rows,
-              ", L] (one row per request, -1 padded), got shape ", shape_name(ids->sizes()));
-  }
+  const auto request_ids = [&](const Tensor& given, const char* name) {
+    const Tensor ids = checked_token_ids(given, name, output_counts, cv.width);
+    CHECK_ARG(ids.dim() == 2 && ids.size(0) == cv.rows, name, " must be 2-D [", cv.rows,
+              ", L] (one row per request, -1 padded), got shape ", shape_name(ids.sizes()));
+    return ids;
+  };
+  const Tensor prompt_ids = request_ids(prompt_token_ids, "prompt_token_ids");
+  const Tensor output_ids = request_ids(output_token_ids, "output_token_ids");
   CHECK_ARG(mv.rows == cv.rows, "prompt_mask must have as many rows as output_counts (", cv.rows,
             "), got ", mv.rows);
-  lp::TokenCountParams marks = token_count_params(prompt_token_ids, cv.width, std::nullopt, cv.rows);
+  lp::TokenCountParams marks = token_count_params(prompt_ids, cv.width, std::nullopt, cv.rows);
   marks.bits = prompt_mask.mutable_data_ptr<int32_t>();
   marks.state_row_stride = mv.row_stride;
   run_count_tokens(marks, output_counts);
-  lp::TokenCountParams counts = token_count_params(output_token_ids, cv.width, std::nullopt, cv.rows);
+  lp::TokenCountParams counts = token_count_params(output_ids, cv.width, std::nullopt, cv.rows);
   counts.counts = output_counts.mutable_data_ptr<int32_t>();
   counts.state_row_stride = cv.row_stride;
   run_count_tokens(counts, output_counts);

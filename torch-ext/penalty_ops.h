@@ -19,7 +19,7 @@ struct PenaltyArguments {
 // with the per-row tensors converted to the kernels' dtypes (held here for the call).
 struct PenaltyCall {
   logits_processor::Penalties penalties{};
-  std::optional<Tensor> rows, repetition, frequency, presence, bias_values;
+  std::optional<Tensor> rows, repetition, frequency, presence, bias_ids, bias_values;
 };
 
 // Validates `args`, whose prompt_mask and output_counts are given, for a vocabulary of `vocab`

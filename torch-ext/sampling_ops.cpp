@@ -97,14 +97,17 @@ bool raw_logprobs(const std::string& logprobs_mode) {
   return logprobs_mode == "raw";
 }
 
+bool rank_ties_max(const std::string& rank_ties) {
+  return choice_index(rank_ties, "rank_ties", {"min", "max"}) == 1;
+}
+
 void sample(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
             const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
             const Tensor& out) {
   SamplingCall call = sampling_call(logits, {LP_FILTER_ARGUMENTS(LP_FORWARD)},
                                     {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask);
   add_penalties(call, logits, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
-  check_output(out, logits, "out", ScalarType::Long);
-  call.params.out = out.mutable_data_ptr<int64_t>();
+  call.params.out = token_ids_output(out, logits, "out");
   run_sampling(call.params, logits);
 }
 
@@ -120,7 +123,8 @@ struct KeptOutputs {
 
 void run_sample_with_logprobs(const Tensor& logits, const FilterArguments& filters, const DrawArguments& draws,
                               const std::optional<Tensor>& bitmask, const PenaltyArguments& penalties,
-                              int64_t num_logprobs, const std::string& logprobs_mode, const Tensor& tokens,
+                              int64_t num_logprobs, const std::string& logprobs_mode,
+                              const std::string& rank_ties, const Tensor& tokens,
                               const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks,
                               const KeptOutputs* kept) {
   SamplingCall call = sampling_call(logits, filters, draws, bitmask);
@@ -129,14 +133,16 @@ void run_sample_with_logprobs(const Tensor& logits, const FilterArguments& filte
             "num_logprobs must be in [0, ", call.params.vocab, "] (the vocabulary), got ",
             num_logprobs);
   const bool raw = raw_logprobs(logprobs_mode);
-  check_output(tokens, logits, "tokens", ScalarType::Long);
+  const bool ties_max = rank_ties_max(rank_ties);
+  const lp::TokenIds token_out = token_ids_output(tokens, logits, "tokens");
   check_output(logprobs, logits, "logprobs", ScalarType::Float, 1 + num_logprobs);
-  check_output(logprob_token_ids, logits, "logprob_token_ids", ScalarType::Long, 1 + num_logprobs);
+  const lp::TokenIds ids_out = token_ids_output(logprob_token_ids, logits, "logprob_token_ids", 1 + num_logprobs);
   check_output(ranks, logits, "ranks", ScalarType::Long);
   lp::SamplingParams& p = call.params;
-  p.out = tokens.mutable_data_ptr<int64_t>();
-  p.logprobs = {true, raw, nullptr, num_logprobs, logprobs.mutable_data_ptr<float>(),
-                logprob_token_ids.mutable_data_ptr<int64_t>(), ranks.mutable_data_ptr<int64_t>()};
+  p.out = token_out;
+  p.logprobs = {true, raw, nullptr, num_logprobs, logprobs.mutable_data_ptr<float>(), ids_out,
+                ranks.mutable_data_ptr<int64_t>()};
+  p.logprobs.rank_ties_max = ties_max;
   if (kept) {
     CHECK_ARG(kept->k >= 1 && kept->k <= p.vocab, "return_kept must be in [1, ", p.vocab,
               "] (K, the kept ids per row), got ", kept->k);
@@ -159,23 +165,24 @@ void run_sample_with_logprobs(const Tensor& logits, const FilterArguments& filte
 void sample_with_logprobs(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER)
                           LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
                           LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) int64_t num_logprobs,
-                          const std::string& logprobs_mode, const Tensor& tokens,
+                          const std::string& logprobs_mode, const std::string& rank_ties, const Tensor& tokens,
                           const Tensor& logprobs, const Tensor& logprob_token_ids,
                           const Tensor& ranks) {
   run_sample_with_logprobs(logits, {LP_FILTER_ARGUMENTS(LP_FORWARD)}, {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask,
-                           {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)}, num_logprobs, logprobs_mode, tokens, logprobs,
-                           logprob_token_ids, ranks, nullptr);
+                           {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)}, num_logprobs, logprobs_mode, rank_ties, tokens,
+                           logprobs, logprob_token_ids, ranks, nullptr);
 }
 
 void sample_with_kept(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
                       const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
-                      int64_t num_logprobs, const std::string& logprobs_mode, int64_t kept_k, const Tensor& tokens,
+                      int64_t num_logprobs, const std::string& logprobs_mode, const std::string& rank_ties,
+                      int64_t kept_k, const Tensor& tokens,
                       const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks,
                       const Tensor& kept_bitmask, const Tensor& kept_ids, const Tensor& kept_size) {
   const KeptOutputs kept{kept_k, kept_bitmask, kept_ids, kept_size};
   run_sample_with_logprobs(logits, {LP_FILTER_ARGUMENTS(LP_FORWARD)}, {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask,
-                           {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)}, num_logprobs, logprobs_mode, tokens, logprobs,
-                           logprob_token_ids, ranks, &kept);
+                           {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)}, num_logprobs, logprobs_mode, rank_ties, tokens,
+                           logprobs, logprob_token_ids, ranks, &kept);
 }
 
 void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARGUMENTS(LP_PARAMETER)
@@ -192,8 +199,7 @@ void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARG
   const bool raw = raw_logprobs(logprobs_mode);
   check_output(out, logits, "out", ScalarType::Float);
   lp::SamplingParams& p = call.params;
-  p.logprobs = {true, raw, ids.const_data_ptr<int64_t>(), 0, out.mutable_data_ptr<float>(),
-                nullptr, nullptr};
+  p.logprobs = {true, raw, ids.const_data_ptr<int64_t>(), 0, out.mutable_data_ptr<float>(), {}, nullptr};
   run_sampling(p, logits);
 }
 
@@ -207,7 +213,7 @@ void filtered_distribution(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETE
   lp::SamplingParams& p = call.params;
   check_output(out, logits, "out", ScalarType::Float, p.vocab);
   CHECK_ARG(!shares_storage(out, logits), "out must not share memory with logits");
-  p.logprobs = {true, false, nullptr, 0, nullptr, nullptr, nullptr};
+  p.logprobs = {true, false, nullptr, 0, nullptr, {}, nullptr};
   // An empty output has nothing to write (and may have no data pointer, which the kernels
   // would read as "not filtered_distribution").
   if (p.vocab == 0 || p.rows == 0) return;
@@ -219,7 +225,7 @@ void filtered_distribution(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETE
 // --- the CPU or CUDA kernels -----------------------------------------------------------------
 
 void fill_ids_past_support(const Tensor& ids, int64_t n) {
-  const lp::LogprobIds p{ids.mutable_data_ptr<int64_t>(), ids.size(0), n};
+  const lp::LogprobIds p{{ids.data_ptr(), ids.scalar_type() == ScalarType::Int}, ids.size(0), n};
   if (!uses_cuda_kernels(ids)) return lp::fill_ids_past_support_cpu(p, run_parallel_for);
 #if defined(CUDA_KERNEL)
   lp::fill_ids_past_support_cuda(p, CudaLaunchContext(ids).stream());

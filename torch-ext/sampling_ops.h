@@ -43,6 +43,10 @@ void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArgume
 // and sample_shard_step's).
 bool raw_logprobs(const std::string& logprobs_mode);
 
+// A rank_ties argument, checked: true for "max" (vLLM's rank), false for "min" (sampling.h's
+// token_rank).
+bool rank_ties_max(const std::string& rank_ties);
+
 // The top-N ids past each row's support given real ids (logprob_ids.h), on the device of
 // `ids` ([rows, 1 + n], written by the kernel before; the same stream): sample_with_logprobs's
 // and sample_shard_finish's last step.

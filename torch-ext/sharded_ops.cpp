@@ -28,9 +28,11 @@ void check_words(const Tensor& t, const Tensor& like, const char* name, std::ini
             shape_name(t.sizes()));
 }
 
-lp::ShardPlan shard_plan(const FilterArguments& f, int64_t num_logprobs, bool raw_logprobs, int64_t kept_k) {
+lp::ShardPlan shard_plan(const FilterArguments& f, int64_t num_logprobs, bool raw_logprobs, int64_t kept_k,
+                         bool rank_ties_max) {
   return {f.top_k.has_value() || f.top_k_value > 0, f.top_p.has_value() || f.top_p_value < 1.0,
-          f.filter_apply_order == "top_k_first", num_logprobs, num_logprobs >= 0 && raw_logprobs, kept_k};
+          f.filter_apply_order == "top_k_first", num_logprobs, num_logprobs >= 0 && raw_logprobs, kept_k,
+          rank_ties_max};
 }
 
 void check_num_logprobs(int64_t num_logprobs, int64_t vocab_size) {
@@ -49,7 +51,8 @@ void check_kept_k(int64_t kept_k, int64_t vocab_size) {
 void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab_size,
                        LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
                        const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
-                       int64_t num_logprobs, const std::string& logprobs_mode, int64_t kept_k, int64_t stage,
+                       int64_t num_logprobs, const std::string& logprobs_mode, const std::string& rank_ties,
+                       int64_t kept_k, int64_t stage,
                        const Tensor& state, const Tensor& sums_in, const Tensor& picks_in, const Tensor& sums,
                        const Tensor& picks, const Tensor& kept_bitmask) {
   const FilterArguments filters{LP_FILTER_ARGUMENTS(LP_FORWARD)};
@@ -62,7 +65,8 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
   add_penalties(call, logits, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)}, vocab_size);
   check_num_logprobs(num_logprobs, vocab_size);
   check_kept_k(kept_k, vocab_size);
-  const lp::ShardPlan plan = shard_plan(filters, num_logprobs, raw_logprobs(logprobs_mode), kept_k);
+  const lp::ShardPlan plan =
+      shard_plan(filters, num_logprobs, raw_logprobs(logprobs_mode), kept_k, rank_ties_max(rank_ties));
   const int64_t stages = lp::shard_stages(plan);
   CHECK_ARG(stage >= 0 && stage < stages, "stage must be in [0, ", stages, ") for these filters, got ", stage);
   const int s = static_cast<int>(stage);
@@ -101,7 +105,8 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
 }
 
 void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Tensor& draw_sums,
-                         const Tensor& rank_sums, int64_t num_logprobs, int64_t kept_k, const Tensor& tokens,
+                         const Tensor& rank_sums, int64_t num_logprobs, int64_t kept_k,
+                         const std::string& rank_ties, const Tensor& tokens,
                          const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks,
                          const Tensor& kept_ids, const Tensor& kept_size) {
   CHECK_ARG(state.dim() == 2, "state must be 2-D [batch, ", lp::kShardStateWords, "], got ", state.dim(), "-D");
@@ -109,6 +114,7 @@ void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Te
   check_words(state, state, "state", {rows, lp::kShardStateWords});
   check_num_logprobs(num_logprobs, int64_t{1} << 31);
   check_kept_k(kept_k, int64_t{1} << 31);
+  const bool ties_max = rank_ties_max(rank_ties);
   CHECK_ARG(draw_picks.dim() == 3 && draw_picks.size(0) >= 1, "draw_picks must be 3-D [ranks, ", rows,
             ", width], got shape ", shape_name(draw_picks.sizes()));
   const int64_t n = num_logprobs;
@@ -116,10 +122,10 @@ void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Te
   check_words(draw_picks, state, "draw_picks", {group, rows, lp::draw_picks_width(n, kept_k)});
   check_words(draw_sums, state, "draw_sums", {rows, lp::draw_sums_width(n, kept_k)});
   check_words(rank_sums, state, "rank_sums", {rows, n < 0 ? 0 : 1});
-  check_output(tokens, state, "tokens", ScalarType::Long);
+  const lp::TokenIds token_out = token_ids_output(tokens, state, "tokens");
   const int64_t columns = n < 0 ? 0 : 1 + n;
   check_output(logprobs, state, "logprobs", ScalarType::Float, columns);
-  check_output(logprob_token_ids, state, "logprob_token_ids", ScalarType::Long, columns);
+  const lp::TokenIds ids_out = token_ids_output(logprob_token_ids, state, "logprob_token_ids", columns);
   check_output(ranks, state, "ranks", ScalarType::Long);
   check_output(kept_ids, state, "kept_ids", ScalarType::Long, kept_k);
   check_output(kept_size, state, "kept_size", ScalarType::Long);
@@ -127,12 +133,13 @@ void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Te
                              group,
                              n,
                              kept_k,
+                             ties_max,
                              draw_picks.const_data_ptr<int64_t>(),
                              draw_sums.const_data_ptr<int64_t>(),
                              rank_sums.const_data_ptr<int64_t>(),
-                             tokens.mutable_data_ptr<int64_t>(),
+                             token_out,
                              logprobs.mutable_data_ptr<float>(),
-                             logprob_token_ids.mutable_data_ptr<int64_t>(),
+                             ids_out,
                              ranks.mutable_data_ptr<int64_t>(),
                              kept_ids.mutable_data_ptr<int64_t>(),
                              kept_size.mutable_data_ptr<int64_t>()};

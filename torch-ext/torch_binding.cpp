@@ -16,7 +16,8 @@
   "Tensor? bitmask, "                           \
   LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT) \
   "int num_logprobs, "                             \
-  "str logprobs_mode, "
+  "str logprobs_mode, "                            \
+  "str rank_ties, "
 #define LP_SAMPLE_WITH_LOGPROBS_OUTPUTS \
   "Tensor(a!) tokens, "                 \
   "Tensor(b!) logprobs, "               \
@@ -111,6 +112,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "int num_logprobs, "
           "str logprobs_mode, "
+          "str rank_ties, "
           "int kept_k, "
           "int stage, "
           "Tensor(a!) state, "
@@ -127,6 +129,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "Tensor rank_sums, "
           "int num_logprobs, "
           "int kept_k, "
+          "str rank_ties, "
           "Tensor(a!) tokens, "
           "Tensor(b!) logprobs, "
           "Tensor(c!) logprob_token_ids, "

@@ -101,12 +101,13 @@ void sample(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGU
 void sample_with_logprobs(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER)
                           LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
                           LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) int64_t num_logprobs,
-                          const std::string& logprobs_mode, const Tensor& tokens,
+                          const std::string& logprobs_mode, const std::string& rank_ties, const Tensor& tokens,
                           const Tensor& logprobs, const Tensor& logprob_token_ids,
                           const Tensor& ranks);
 void sample_with_kept(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
                       const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
-                      int64_t num_logprobs, const std::string& logprobs_mode, int64_t kept_k, const Tensor& tokens,
+                      int64_t num_logprobs, const std::string& logprobs_mode, const std::string& rank_ties,
+                      int64_t kept_k, const Tensor& tokens,
                       const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks,
                       const Tensor& kept_bitmask, const Tensor& kept_ids, const Tensor& kept_size);
 void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARGUMENTS(LP_PARAMETER)
@@ -141,11 +142,13 @@ void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, con
 void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab_size,
                        LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
                        const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
-                       int64_t num_logprobs, const std::string& logprobs_mode, int64_t kept_k, int64_t stage,
+                       int64_t num_logprobs, const std::string& logprobs_mode, const std::string& rank_ties,
+                       int64_t kept_k, int64_t stage,
                        const Tensor& state, const Tensor& sums_in, const Tensor& picks_in, const Tensor& sums,
                        const Tensor& picks, const Tensor& kept_bitmask);
 void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Tensor& draw_sums,
-                         const Tensor& rank_sums, int64_t num_logprobs, int64_t kept_k, const Tensor& tokens,
+                         const Tensor& rank_sums, int64_t num_logprobs, int64_t kept_k,
+                         const std::string& rank_ties, const Tensor& tokens,
                          const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks,
                          const Tensor& kept_ids, const Tensor& kept_size);
 

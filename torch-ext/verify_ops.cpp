@@ -36,7 +36,7 @@ void check_position_tensor(const Tensor& t, const char* name, ScalarType dtype, 
 
 }  // namespace
 
-void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
+void verify_draft(const Tensor& target_logits, const Tensor& given_draft_token_ids,
                   const std::optional<Tensor>& num_draft_tokens,
                   const std::optional<Tensor>& draft_probs, LP_FILTER_ARGUMENTS(LP_PARAMETER)
                   LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
@@ -63,8 +63,7 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
   add_penalties(call, position0, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
   const int64_t vocab = call.params.vocab;
 
-  CHECK_ARG(draft_token_ids.scalar_type() == ScalarType::Long, "draft_token_ids must be int64, got ",
-            draft_token_ids.scalar_type());
+  const Tensor draft_token_ids = token_ids_input(given_draft_token_ids, "draft_token_ids");
   CHECK_ARG(draft_token_ids.device() == target_logits.device(),
             "draft_token_ids must be on target_logits' device (", device_name(target_logits.device()),
             "), got ", device_name(draft_token_ids.device()));

@@ -70,7 +70,7 @@ void check_host_tree(const Tensor& drafts, const Tensor& next_token, const Tenso
       const int64_t node = stack.back();
       stack.pop_back();
       for (int64_t c = at(next_token, b, node); c >= 0; c = at(next_sibling, b, c)) {
-        CHECK_ARG(!seen[c], "next_token/next_sibling must form a tree: node ", c, " of row ", b,
+        CHECK_ARG(!seen[c], "next_token and next_sibling must form a tree: node ", c, " of row ", b,
                   " is reached twice (a cycle or a shared node)");
         seen[c] = 1;
         const int64_t id = at(drafts, b, c);
@@ -84,7 +84,7 @@ void check_host_tree(const Tensor& drafts, const Tensor& next_token, const Tenso
 
 }  // namespace
 
-void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, const Tensor& next_token,
+void verify_tree(const Tensor& target_logits, const Tensor& given_draft_token_ids, const Tensor& next_token,
                  const Tensor& next_sibling, const std::optional<Tensor>& draft_probs,
                  LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
                  const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const Tensor& tokens,
@@ -108,6 +108,7 @@ void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, con
   add_penalties(call, root, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
   const int64_t vocab = call.params.vocab;
 
+  const Tensor draft_token_ids = token_ids_input(given_draft_token_ids, "draft_token_ids");
   check_node_tensor(draft_token_ids, "draft_token_ids", target_logits);
   check_node_tensor(next_token, "next_token", target_logits);
   check_node_tensor(next_sibling, "next_sibling", target_logits);

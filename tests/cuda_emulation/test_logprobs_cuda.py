@@ -47,14 +47,17 @@ def on(device, **tensors):
 def test_sample_with_logprobs_agrees_with_cpu(cuda_target, lp_cpu, mode, dtype, rows, vocab, num_logprobs):
     g = torch.Generator().manual_seed(rows * vocab + num_logprobs)
     logits = special_logits(rows, vocab, dtype, g)
+    # (Both rank conventions: the half-precision logits hold the most ties; both id dtypes.)
     kwargs = dict(row_params(rows, g), bitmask=special_bitmask(rows, vocab, g), num_logprobs=num_logprobs,
-                  logprobs_mode=mode)
+                  logprobs_mode=mode, rank_ties="min" if dtype == torch.float32 else "max",
+                  ids_dtype=torch.int32 if mode == "raw" else torch.int64)
     expected = lp_cpu.sample_with_logprobs(logits, **kwargs)
     device = cuda_target.device
     got = cuda_target.lp.sample_with_logprobs(logits.to(device), **on(device, **kwargs))
     assert_same(got, expected)
     assert torch.equal(expected.tokens, lp_cpu.sample(logits, **{k: v for k, v in kwargs.items()
-                                                                 if k not in ("num_logprobs", "logprobs_mode")}))
+                                                                 if k not in ("num_logprobs", "logprobs_mode",
+                                                                              "rank_ties")}).to(kwargs["ids_dtype"]))
     again = cuda_target.lp.token_logprobs(logits.to(device), got.tokens, logprobs_mode=mode,
                                           **on(device, **{k: kwargs[k] for k in ("temperature", "top_k", "top_p",
                                                                                   "min_p", "bitmask")}))

@@ -39,10 +39,13 @@ def test_sampler_agrees_with_cpu_per_row(emulation, lp_cpu, sms, dtype, rows, vo
     for with_bitmask, order in [(True, "joint"), (False, "joint"), (True, "top_k_first")]:
         extra = dict(bitmask=bitmask, filter_apply_order=order) if with_bitmask else dict(filter_apply_order=order)
         expected = lp_cpu.sample(logits, **extra, **params)
+        ids = torch.int32 if order == "top_k_first" else torch.int64  # (the kernels write either)
         before = emulation.launches()
         with emulation.gpu(sms) as lp:
-            got = lp.sample(logits, **extra, **params)
+            got = lp.sample(logits, **extra, **params, ids_dtype=ids)
         assert_launched(emulation, before)
+        assert got.dtype == ids
+        got = got.long()
         assert torch.equal(got, expected), (with_bitmask, order, (got != expected).nonzero().flatten().tolist())
 
 

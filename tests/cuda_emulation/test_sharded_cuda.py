@@ -21,8 +21,8 @@ def stage_arguments(lp, kwargs: dict, num_logprobs: int) -> tuple:
     arguments = sharded.sampler_arguments(**{k: kwargs.get(k, v) for k, v in defaults.items()})
     penalty = sharded.fused_penalty_arguments(kwargs.get("penalties"))
     order, mode = kwargs.get("filter_apply_order", "joint"), kwargs.get("logprobs_mode", "processed")
-    k = kwargs.get("return_kept", 0)
-    return arguments, penalty, order, mode, k, sharded._plan(arguments, order, num_logprobs, mode, k)
+    k, ties = kwargs.get("return_kept", 0), kwargs.get("rank_ties", "min")
+    return arguments, penalty, order, mode, ties, k, sharded._plan(arguments, order, num_logprobs, mode, k, ties)
 
 
 def run_stages(lp, shards, cuts, vocab, kwargs, num_logprobs, check=None):
@@ -30,7 +30,7 @@ def run_stages(lp, shards, cuts, vocab, kwargs, num_logprobs, check=None):
     finish (on the shards' device). check(stage, q, outputs) sees each shard's (state, sums,
     picks, kept bitmask)."""
     sharded = lp._sharded
-    arguments, penalty, order, mode, k, plan = stage_arguments(lp, kwargs, num_logprobs)
+    arguments, penalty, order, mode, ties, k, plan = stage_arguments(lp, kwargs, num_logprobs)
     rows, world, device = shards[0].shape[0], len(shards), shards[0].device
     words = lambda *shape: torch.full(shape, -7, dtype=torch.int64, device=device)  # noqa: E731 (garbage, not zeros)
     states = [words(rows, sharded._STATE_WORDS) for _ in shards]
@@ -46,7 +46,8 @@ def run_stages(lp, shards, cuts, vocab, kwargs, num_logprobs, check=None):
             kept = torch.full((rows, kept_width), -7, dtype=torch.int32, device=device)
             sharded.call(sharded.ops, "sample_shard_step", logits=shard, vocab_offset=cuts[q], vocab_size=vocab,
                          **arguments, filter_apply_order=order, bitmask=kwargs.get("bitmask"), **penalty,
-                         num_logprobs=num_logprobs, logprobs_mode=mode, kept_k=k, stage=stage, state=states[q],
+                         num_logprobs=num_logprobs, logprobs_mode=mode, rank_ties=ties, kept_k=k, stage=stage,
+                         state=states[q],
                          sums_in=sums_in, picks_in=picks_in, sums=sums, picks=picks, kept_bitmask=kept)
             if check:
                 check(stage, q, (states[q].clone(), sums, picks, kept if stage == plan.draw else None))
@@ -58,12 +59,13 @@ def run_stages(lp, shards, cuts, vocab, kwargs, num_logprobs, check=None):
         if stage == plan.draw:
             draw_picks, draw_sums = picks_in, sums_in
     n = num_logprobs
-    out = lp.SampleWithLogprobs(words(rows), torch.full((rows, 1 + n), 5.0, device=device), words(rows, 1 + n),
+    ids = lambda *shape: words(*shape).to(kwargs.get("ids_dtype", torch.int64))  # noqa: E731
+    out = lp.SampleWithLogprobs(ids(rows), torch.full((rows, 1 + n), 5.0, device=device), ids(rows, 1 + n),
                                 words(rows))
     kept_set = lp.KeptSet(merged_kept, words(rows, k), words(rows))
     sharded.call(sharded.ops, "sample_shard_finish", *out, kept_set.ids, kept_set.size, state=states[0],
                  draw_picks=draw_picks, draw_sums=draw_sums, rank_sums=sums_in if n >= 0 else words(rows, 0),
-                 num_logprobs=n, kept_k=k)
+                 num_logprobs=n, kept_k=k, rank_ties=ties)
     return out, kept_set, plan
 
 
@@ -72,7 +74,7 @@ CASES = [
     ("per_row", {"gen": 21, "rows": 14, "vocab": 3001}, 3, 4),
     ("top_k_first", {"gen": 22, "rows": 14, "vocab": 2500, "filter_apply_order": "top_k_first"}, 2, 2),
     ("ties_bf16", {"gen": 23, "rows": 7, "vocab": 2000, "kind": "ties", "dtype": "bfloat16", "top_k": 10,
-                   "top_p": 0.6}, 4, 6),
+                   "top_p": 0.6, "rank_ties": "max", "ids_dtype": "int32"}, 4, 6),
     ("special_fp16", {"gen": 24, "rows": 6, "vocab": 1500, "kind": "special", "dtype": "float16",
                       "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_p": 0.9}, 3, 3),
     ("bitmask_penalties", {"gen": 25, "rows": 5, "vocab": 2500, "bitmask": True, "penalties": True,
@@ -85,13 +87,14 @@ CASES = [
                                "temperature": [1.0, 0.0, 0.5, 2.0, 0.7, 1.0], "top_k": 20, "top_p": 0.9,
                                "logprobs_mode": "raw"}, 3, 40),
     ("raw_special_fp16", {"gen": 29, "rows": 6, "vocab": 1500, "kind": "special", "dtype": "float16",
-                          "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_p": 0.9, "logprobs_mode": "raw"},
-     2, 3),
+                          "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_p": 0.9, "logprobs_mode": "raw",
+                          "rank_ties": "max"}, 2, 3),
     # return_kept: the bitmask words, the size and the ids (K past two kTopChunk passes) of every
     # path's kept set; greedy rows, sets over K (no ids), nothing allowed, tokens only.
     ("kept_per_row", {"gen": 30, "rows": 14, "vocab": 3001, "return_kept": 45}, 3, 2),
     ("kept_special_tokens", {"gen": 31, "rows": 6, "vocab": 1500, "kind": "special", "dtype": "float16",
-                             "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_p": 0.5, "return_kept": 40},
+                             "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_p": 0.5, "return_kept": 40,
+                             "ids_dtype": "int32"},
      2, -1),
     ("kept_two_passes", {"gen": 32, "rows": 3, "vocab": 700, "top_k": 45, "return_kept": 45,  # 20 + 20 + 5
                          "logprobs_mode": "raw"}, 1, 2),

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from harness import schema_order
 from op_cases import FILTERS, random_state
 from reference import (pack_bitmask, penalties_reference, random_bitmask, sampling_reference, unpack_bitmask)
 
@@ -147,11 +148,6 @@ def test_out_takes_the_pair_the_call_returns(lp):
         lp.sample_with_logprobs(x, 0.8, num_logprobs=3, return_kept=8, out=(out, kept))
 
 
-def schema_order(op, **values) -> tuple:
-    """`values` in the order of `op`'s schema (the binding's ops take them positionally)."""
-    return tuple(values[argument.name] for argument in op.default._schema.arguments)
-
-
 def test_opcheck_and_compile(lp):
     """opcheck of the kept set's op and of the replay's two ops, and sample_with_logprobs(return_kept=)
     with token_logprobs(support=kept) in one fullgraph compile, equal to eager."""
@@ -170,7 +166,7 @@ def test_opcheck_and_compile(lp):
         ops.sample_with_kept, logits=logits, temperature=torch.rand(rows, generator=g) + 0.5, temperature_value=1.0,
         top_k=None, top_k_value=20, top_p=None, top_p_value=0.9, min_p=None, min_p_value=0.0,
         filter_apply_order="joint", seed=torch.arange(rows), seed_value=0, offset=None, offset_value=3,
-        bitmask=bitmask, **no_penalties, num_logprobs=2, logprobs_mode="processed", kept_k=8,
+        bitmask=bitmask, **no_penalties, num_logprobs=2, logprobs_mode="processed", rank_ties="min", kept_k=8,
         tokens=torch.empty(rows, dtype=torch.int64), logprobs=torch.empty(rows, 3),
         logprob_token_ids=torch.empty(rows, 3, dtype=torch.int64), ranks=torch.empty(rows, dtype=torch.int64),
         kept_bitmask=kept[0], kept_ids=kept[1], kept_size=kept[2]))

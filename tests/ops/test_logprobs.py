@@ -50,7 +50,7 @@ def expected_top(ref, scores, n):
     return ref.gather(1, order), order
 
 
-def check_against_reference(result, logits, n, mode, rows_checked_min=0.8, **kwargs):
+def check_against_reference(result, logits, n, mode, rows_checked_min=0.8, rank_ties="min", **kwargs):
     scores = support_scores(logits, mode=mode, **kwargs)
     ref = torch.log_softmax(scores.double(), dim=-1)
     good = unambiguous_rows(logits, mode, **kwargs) & (result.tokens >= 0)
@@ -66,10 +66,13 @@ def check_against_reference(result, logits, n, mode, rows_checked_min=0.8, **kwa
     finite = values > -math.inf
     assert torch.equal(got[:, 1:] > -math.inf, finite)
     assert ((got[:, 1:] - values).abs()[finite] <= TOLERANCE).all()
-    # ranks: 1 + the tokens strictly more likely, by score (equal scores are equally likely)
+    # ranks, by score (equal scores are equally likely): "min", 1 + the tokens strictly more
+    # likely; "max" (vLLM's), the tokens at least as likely, the sampled one included
     token_scores = scores[good].gather(1, tokens[:, None])
-    more_likely = (scores[good] > token_scores).sum(-1) + 1
-    assert torch.equal(result.ranks[good], more_likely)
+    if rank_ties == "min":
+        assert torch.equal(result.ranks[good], (scores[good] > token_scores).sum(-1) + 1)
+    else:
+        assert torch.equal(result.ranks[good], (scores[good] >= token_scores).sum(-1))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -107,6 +110,7 @@ def test_per_row_parameters_bitmask_ties_and_greedy(lp, mode, dtype):
     rows, vocab = 80, 2000
     logits = (torch.randn(rows, vocab, generator=g) * 3).to(dtype)
     logits[::6, : vocab // 3] = logits[::6, :1]  # ties everywhere, at every cutoff
+    logits[4::6, : vocab // 3] = logits[4::6].max(-1, keepdim=True).values  # ties at the top too
     logits[2::9, 100] = float("nan")
     logits[3, 7] = float("inf")
     bitmask = random_bitmask(rows, vocab, g, "words")
@@ -115,6 +119,14 @@ def test_per_row_parameters_bitmask_ties_and_greedy(lp, mode, dtype):
     result = lp.sample_with_logprobs(logits, seed=seeds, bitmask=bitmask, num_logprobs=20, logprobs_mode=mode, **params)
     assert torch.equal(result.tokens, lp.sample(logits, seed=seeds, bitmask=bitmask, **params))
     check_against_reference(result, logits, 20, mode, rows_checked_min=0.6, bitmask=bitmask, **params)
+    # vLLM's rank convention: the same draw and columns, the ties counted against the token
+    by_max = lp.sample_with_logprobs(logits, seed=seeds, bitmask=bitmask, num_logprobs=20, logprobs_mode=mode,
+                                     rank_ties="max", **params)
+    for field in ("tokens", "logprobs", "logprob_token_ids"):
+        assert torch.equal(getattr(by_max, field), getattr(result, field)), field
+    assert (by_max.ranks > result.ranks).any(), "no row had a tie with its token: the case tests nothing"
+    check_against_reference(by_max, logits, 20, mode, rows_checked_min=0.6, rank_ties="max", bitmask=bitmask,
+                            **params)
     greedy = params["temperature"] == 0
     assert torch.equal(result.tokens[greedy], lp.sample(logits[greedy], temperature=0.0, bitmask=bitmask[greedy]))
 
@@ -150,8 +162,9 @@ def test_padding_and_rows_with_nothing_allowed(lp):
     logits[2] = float("nan")
     logits[3, 5:] = float("-inf")  # five candidates
     result = lp.sample_with_logprobs(logits, top_k=3, seed=1, num_logprobs=8)
+    by_max = lp.sample_with_logprobs(logits, top_k=3, seed=1, num_logprobs=8, rank_ties="max")
     for row in (1, 2):  # nothing allowed: token -1, and the columns the lowest ids, at -inf
-        assert result.tokens[row] == -1 and result.ranks[row] == 0
+        assert result.tokens[row] == -1 and result.ranks[row] == 0 and by_max.ranks[row] == 0
         assert (result.logprobs[row] == -math.inf).all() and result.logprob_token_ids[row, 0] == -1
         assert result.logprob_token_ids[row, 1:].tolist() == list(range(8))
     # top_k = 3 keeps three tokens: the other five columns are the lowest ids outside them.
@@ -235,11 +248,12 @@ def test_opcheck_and_compile(lp):
     g = torch.Generator().manual_seed(206)
     logits = torch.randn(4, 300, generator=g)
     bitmask = random_bitmask(4, 300, g, "mixed")
-    outs = (torch.empty(4, dtype=torch.int64), torch.empty(4, 6), torch.empty(4, 6, dtype=torch.int64),
+    # (vLLM's conventions: int32 ids, ties counted in the rank)
+    outs = (torch.empty(4, dtype=torch.int32), torch.empty(4, 6), torch.empty(4, 6, dtype=torch.int32),
             torch.empty(4, dtype=torch.int64))
     no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None)
     args = (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "joint", torch.arange(4), 0, None, 3, bitmask,
-            *no_penalties, 5, "processed", *outs)
+            *no_penalties, 5, "processed", "max", *outs)
     torch.library.opcheck(lp._ops.ops.sample_with_logprobs, args)
     tokens = torch.randint(0, 300, (4,), generator=g)
     torch.library.opcheck(lp._ops.ops.token_logprobs, (logits, tokens, None, 0.7, None, 20, None, 1.0, None, 0.0, "top_k_first",
@@ -275,3 +289,4 @@ def test_kept_set_reference_agrees_with_sampling_reference(lp):
     logits = torch.randn(8, 400, generator=g) * 2
     kwargs = dict(temperature=0.9, top_k=50, top_p=0.9)
     assert torch.allclose(logprobs_reference(logits, **kwargs).exp(), sampling_reference(logits, **kwargs), atol=1e-12)
+

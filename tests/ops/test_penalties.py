@@ -248,7 +248,7 @@ def test_opcheck_and_compile(lp):
     outs = (torch.empty(4, dtype=torch.int64), torch.empty(4, 3), torch.empty(4, 3, dtype=torch.int64),
             torch.empty(4, dtype=torch.int64))
     torch.library.opcheck(ops.sample_with_logprobs, (logits, *filter_args, torch.arange(4), 0, None, 3, bitmask,
-                                                     *penalty_args, 2, "processed", *outs))
+                                                     *penalty_args, 2, "processed", "min", *outs))
     torch.library.opcheck(ops.token_logprobs, (logits, torch.randint(0, 300, (4,), generator=g), *filter_args, bitmask,
                                                *penalty_args, "processed", torch.empty(4)))
 

@@ -290,7 +290,7 @@ def test_bad_input_raises_naming_the_argument(lp):
         ("offset", dict(offset=torch.ones(4, 1, dtype=torch.int64))),
         ("bitmask", dict(bitmask=torch.zeros(4, 2, dtype=torch.int64))),
         ("bitmask", dict(bitmask=torch.zeros(3, 2, dtype=torch.int32))),
-        ("out", dict(out=torch.empty(4, dtype=torch.int32))),
+        ("out", dict(out=torch.empty(4, dtype=torch.int16))),
         ("out", dict(out=torch.empty(5, dtype=torch.int64))),
     ]
     for name, kwargs in cases:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import SANITIZED
-from harness import names_as_subject, same_bits
+from harness import names_as_subject, same_bits, schema_order
 from sharded_cases import case_inputs, case_logits, field_names, result_fields
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ CASES = [
     {"name": "per_row_top_k_first", "gen": 7, "rows": 6, "vocab": 4099, **ROW_PARAMETERS,
      "filter_apply_order": "top_k_first"},
     {"name": "ties", "gen": 8, "rows": 6, "vocab": 2000, "kind": "ties", "dtype": "bfloat16", "top_k": 10,
-     "top_p": 0.6, "num_logprobs": 6},
+     "top_p": 0.6, "num_logprobs": 6, "rank_ties": "max", "ids_dtype": "int32"},
     {"name": "special", "gen": 9, "rows": 6, "vocab": 1500, "kind": "special", "dtype": "float16",
      "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_p": 0.9, "num_logprobs": 3},
     {"name": "special_fp32", "gen": 10, "rows": 6, "vocab": 1500, "kind": "special",
@@ -50,10 +50,12 @@ CASES = [
      "top_k": 20, "top_p": 0.9, "num_logprobs": 2},
     {"name": "greedy_bitmask", "gen": 12, "rows": 5, "vocab": 2500, "bitmask": True, "temperature": 0.0,
      "num_logprobs": 4},
+    {"name": "tokens_int32", "gen": 19, "rows": 5, "vocab": 2500, "bitmask": True, "top_k": 20, "ids_dtype": "int32"},
     {"name": "raw_per_row", "gen": 14, "rows": 6, "vocab": 4099, **ROW_PARAMETERS, "bitmask": True,
      "penalties": True, "logprobs_mode": "raw", "num_logprobs": 7},
     {"name": "raw_special", "gen": 15, "rows": 6, "vocab": 1500, "kind": "special", "dtype": "bfloat16",
-     "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_k": 3, "logprobs_mode": "raw", "num_logprobs": 4},
+     "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_k": 3, "logprobs_mode": "raw", "num_logprobs": 4,
+     "rank_ties": "max"},
     # return_kept: greedy rows, sets of 1 and 5 and over K (ids -1), nothing allowed, tokens only,
     # and with raw log-probabilities (the kept set is still the draw's).
     {"name": "kept_per_row", "gen": 16, "rows": 6, "vocab": 4099, **ROW_PARAMETERS, "return_kept": 128,
@@ -143,6 +145,7 @@ def test_shards_must_tile_the_vocabulary(lp_cpu):
     ({"vocab_size": 2**31}, "vocab_size"),
     ({"top_p": 1.5}, "top_p"),
     ({"num_logprobs": 2, "logprobs_mode": "log"}, "logprobs_mode"),
+    ({"num_logprobs": 2, "rank_ties": "average"}, "rank_ties"),
     ({"return_kept": 0}, "return_kept"),
     ({"return_kept": 101}, "return_kept"),
     ({"bitmask": torch.zeros(3, 4, dtype=torch.int64)}, "bitmask"),
@@ -173,3 +176,58 @@ def test_bytes_per_row_within_two_percent_of_the_gather(lp_cpu, filters):
     """At V = 128256 the gather moves 4V bytes of fp32 logits per row; every path sends at most 2% of that."""
     sent = plan_bytes(lp_cpu, **filters)
     assert sent <= 0.02 * 4 * 128256, (filters, sent)
+
+
+def test_shard_ops_opcheck(lp_cpu):
+    """sample_shard_step at every stage of one call (two ranks' shards: the collectives are a sum
+    and a stack here) and sample_shard_finish under torch.library.opcheck (schema, fake and
+    dispatch), each on copies of what it writes; the stages' real results driven on, and the
+    outputs `sample_with_logprobs`' on the whole rows."""
+    sharded = sys.modules[lp_cpu.sample_sharded.__module__]
+    ops = lp_cpu._ops.ops
+    g = torch.Generator().manual_seed(77)
+    rows, vocab, cut, n, k = 3, 300, 130, 2, 4
+    logits = torch.randn(rows, vocab, generator=g)
+    shards = [logits[:, :cut].contiguous(), logits[:, cut:].contiguous()]
+    params = dict(temperature=torch.rand(rows, generator=g) + 0.5, top_k=20, top_p=0.9, min_p=0.0,
+                  seed=torch.arange(rows), offset=1)
+    arguments = sharded.sampler_arguments(**params)
+    plan = sharded._plan(arguments, "joint", n, "processed", k, "max")
+    penalty = sharded.fused_penalty_arguments(None)
+    words = lambda *shape: torch.zeros(shape, dtype=torch.int64)  # noqa: E731
+    states = [words(rows, sharded._STATE_WORDS) for _ in shards]
+    sums_in, picks_in = words(rows, 0), words(2, rows, 0)
+    kept_bitmask = torch.zeros(rows, (vocab + 31) // 32, dtype=torch.int32)
+    for stage in range(plan.stages):
+        widths = plan.widths(stage)
+        merged, gathered = words(rows, widths[0]), []
+        for q, shard in enumerate(shards):
+            sums, picks, kept = words(rows, widths[0]), words(rows, widths[1]), torch.zeros_like(kept_bitmask)
+            step = dict(logits=shard, vocab_offset=(0, cut)[q], vocab_size=vocab, **arguments, filter_apply_order="joint",
+                        bitmask=None, **penalty, num_logprobs=n, logprobs_mode="processed", rank_ties="max", kept_k=k,
+                        stage=stage, state=states[q], sums_in=sums_in, picks_in=picks_in, sums=sums, picks=picks,
+                        kept_bitmask=kept)
+            written = ("state", "sums", "picks", "kept_bitmask")
+            torch.library.opcheck(ops.sample_shard_step, schema_order(
+                ops.sample_shard_step, **step | {name: step[name].clone() for name in written}))
+            ops.sample_shard_step(*schema_order(ops.sample_shard_step, **step))
+            merged += sums
+            gathered.append(picks)
+            if stage == plan.draw:
+                kept_bitmask += kept
+        sums_in, picks_in = merged, torch.stack(gathered)
+        if stage == plan.draw:
+            draw_sums, draw_picks = sums_in, picks_in
+    ids = lambda *shape: torch.zeros(shape, dtype=torch.int32)  # noqa: E731 (vLLM's ids)
+    finish = dict(state=states[0], draw_picks=draw_picks, draw_sums=draw_sums, rank_sums=sums_in, num_logprobs=n,
+                  kept_k=k, rank_ties="max", tokens=ids(rows), logprobs=torch.zeros(rows, 1 + n),
+                  logprob_token_ids=ids(rows, 1 + n), ranks=words(rows), kept_ids=words(rows, k),
+                  kept_size=words(rows))
+    torch.library.opcheck(ops.sample_shard_finish, schema_order(ops.sample_shard_finish, **finish))
+    ops.sample_shard_finish(*schema_order(ops.sample_shard_finish, **finish))
+    expected, expected_kept = lp_cpu.sample_with_logprobs(logits, **params, num_logprobs=n, rank_ties="max",
+                                                          return_kept=k, ids_dtype=torch.int32)
+    for name, want in zip(expected._fields, expected):
+        assert same_bits(finish[name], want), name
+    assert torch.equal(finish["kept_ids"], expected_kept.ids) and torch.equal(kept_bitmask, expected_kept.bitmask)
+

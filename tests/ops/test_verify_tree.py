@@ -419,7 +419,7 @@ def bad_cases():
         "sibling-cycle": ("next_token", with_(next_sibling=link("next_sibling", 1, 2, 1))),
         "draft-past-vocab": ("draft_token_ids", with_(draft_token_ids=link("draft_token_ids", 1, 3, V))),
         "draft-negative": ("draft_token_ids", with_(draft_token_ids=link("draft_token_ids", 0, 2, -1))),
-        "drafts-int32": ("draft_token_ids", with_(draft_token_ids=t["draft_token_ids"].int())),
+        "drafts-int16": ("draft_token_ids", with_(draft_token_ids=t["draft_token_ids"].short())),
         "drafts-short": ("draft_token_ids", with_(draft_token_ids=t["draft_token_ids"][:, :3])),
         "next_token-rows": ("next_token", with_(next_token=t["next_token"][:1])),
         "next_sibling-float": ("next_sibling", with_(next_sibling=t["next_sibling"].float())),

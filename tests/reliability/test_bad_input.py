@@ -59,6 +59,11 @@ def inputs() -> SimpleNamespace:
         bias_ids=torch.tensor([[1, -1], [V - 1, 3], [0, 0], [-1, -1]]),
         bias_values=torch.randn(B, 2, generator=g),
         token_ids=torch.randint(-1, V, (B, 2), generator=g),
+        # verify_tree: three nodes, the root's two children (1 then 2)
+        tree_drafts=torch.full((B, 3), 5, dtype=torch.int64),
+        next_token=torch.tensor([[1, -1, -1]] * B),
+        next_sibling=torch.tensor([[-1, 2, -1]] * B),
+        tree_out=torch.full((B, 3), 7, dtype=torch.int64),
     )
 
 
@@ -216,7 +221,9 @@ def _sampler_cases() -> list[Case]:
         ("sample-bitmask-too-few-rows", "bitmask", sample(bitmask=lambda t: t.mask[:3])),
         ("sample-out-wrong-length", "out", sample(out=lambda t: t.row_i64[:3])),
         ("sample-out-float", "out", sample(out=lambda t: t.row_f32)),
-        ("sample-out-int32", "out", sample(out=lambda t: t.row_i64.view(torch.int32)[:B])),
+        ("sample-out-int16", "out", sample(out=lambda t: t.row_i64.view(torch.int16)[:B])),
+        ("sample-ids_dtype-int16", "ids_dtype", sample(ids_dtype=torch.int16)),
+        ("sample-ids_dtype-float", "ids_dtype", sample(ids_dtype=torch.float32)),
         ("sample-out-strided", "out", sample(out=lambda t: t.ids2[::2])),
     ]
     return [Case(*c) for c in cases]
@@ -251,8 +258,14 @@ def _logprobs_cases() -> list[Case]:
         ("logprobs-num_logprobs-float", "num_logprobs", with_logprobs(num_logprobs=2.5)),
         ("logprobs-logprobs_mode-unknown", "logprobs_mode", with_logprobs(logprobs_mode="logits")),
         ("logprobs-logprobs_mode-int", "logprobs_mode", with_logprobs(logprobs_mode=1)),
-        ("logprobs-out-tokens-int32", "tokens", with_logprobs(
-            num_logprobs=2, out=lambda t: _logprobs_outputs(t, tokens=lambda t: t.row_i64.view(torch.int32)[:B]))),
+        ("logprobs-rank_ties-unknown", "rank_ties", with_logprobs(rank_ties="dense")),
+        ("logprobs-rank_ties-none", "rank_ties", with_logprobs(rank_ties=None)),
+        ("logprobs-out-tokens-int16", "tokens", with_logprobs(
+            num_logprobs=2, out=lambda t: _logprobs_outputs(t, tokens=lambda t: t.row_i64.view(torch.int16)[:B]))),
+        ("logprobs-out-ids-uint32", "logprob_token_ids", with_logprobs(
+            num_logprobs=2, out=lambda t: _logprobs_outputs(
+                t, logprob_token_ids=lambda t: torch.empty(B, 3, dtype=torch.uint32)))),
+        ("logprobs-ids_dtype-uint8", "ids_dtype", with_logprobs(ids_dtype=torch.uint8)),
         ("logprobs-out-logprobs-wrong-columns", "logprobs", with_logprobs(
             num_logprobs=2, out=lambda t: _logprobs_outputs(t, logprobs=lambda t: t.out[:, :4]))),
         ("logprobs-out-logprobs-float16", "logprobs", with_logprobs(
@@ -306,7 +319,7 @@ def _verify_cases() -> list[Case]:
         ("verify-target-too-many-positions", "target_logits", verify(target=torch.zeros(1, 258, 1))),
         ("verify-drafts-one-too-few", "draft_token_ids", verify(drafts=lambda t: t.drafts[:, :1])),
         ("verify-drafts-wrong-rows", "draft_token_ids", verify(drafts=lambda t: t.drafts[:3])),
-        ("verify-drafts-int32", "draft_token_ids", verify(drafts=lambda t: t.drafts.int())),
+        ("verify-drafts-int16", "draft_token_ids", verify(drafts=lambda t: t.drafts.short())),
         ("verify-drafts-past-vocab", "draft_token_ids", verify(drafts=torch.full((B, 2), V))),
         ("verify-drafts-negative", "draft_token_ids", verify(drafts=torch.full((B, 2), -1))),
         ("verify-drafts-meta-device", "draft_token_ids", verify(drafts=lambda t: t.drafts.to("meta"))),
@@ -379,8 +392,8 @@ def _penalty_cases() -> list[Case]:
          penalties(**bias | dict(logit_bias_ids=lambda t: t.bias_ids + torch.tensor([[0, 0], [1, 0], [0, 0], [0, 0]])))),
         ("penalties-logit_bias_ids-below-padding", "logit_bias_ids",
          penalties(**bias | dict(logit_bias_ids=lambda t: t.bias_ids - 1))),
-        ("penalties-logit_bias_ids-int32", "logit_bias_ids",
-         penalties(**bias | dict(logit_bias_ids=lambda t: t.bias_ids.int()))),
+        ("penalties-logit_bias_ids-int16", "logit_bias_ids",
+         penalties(**bias | dict(logit_bias_ids=lambda t: t.bias_ids.short()))),
         ("penalties-logit_bias_ids-wrong-rows", "logit_bias_ids",
          penalties(logit_bias_ids=lambda t: t.bias_ids[:3], logit_bias_values=lambda t: t.bias_values[:3])),
         ("penalties-logit_bias_ids-1d", "logit_bias_ids",
@@ -441,7 +454,7 @@ def _penalty_cases() -> list[Case]:
         ("counts-output_counts-rows-unmapped", "output_counts", count_update(rows=None)),
         ("counts-token_ids-past-vocab", "token_ids", count_update(token_ids=lambda t: t.token_ids.clamp(min=0) + V - 1)),
         ("counts-token_ids-below-none", "token_ids", count_update(token_ids=lambda t: t.token_ids - V)),
-        ("counts-token_ids-int32", "token_ids", count_update(token_ids=lambda t: t.token_ids.int())),
+        ("counts-token_ids-int16", "token_ids", count_update(token_ids=lambda t: t.token_ids.short())),
         ("counts-token_ids-3d", "token_ids", count_update(token_ids=lambda t: t.token_ids.view(B, 2, 1))),
         ("counts-token_ids-float", "token_ids", count_update(token_ids=lambda t: t.token_ids.float())),
         ("counts-rows-past-state", "rows", count_update(rows=[0, 1, 2, B + 2])),
@@ -453,7 +466,7 @@ def _penalty_cases() -> list[Case]:
         ("state-vocab_size-too-small-for-ids", "prompt_token_ids", state_from_tokens(vocab_size=V // 2)),
         ("state-prompt_token_ids-1d", "prompt_token_ids", state_from_tokens(prompt=lambda t: t.token_ids[0])),
         ("state-prompt_token_ids-list", "prompt_token_ids", state_from_tokens(prompt=lambda t: t.token_ids.tolist())),
-        ("state-prompt_token_ids-int32", "prompt_token_ids", state_from_tokens(prompt=lambda t: t.token_ids.int())),
+        ("state-prompt_token_ids-int16", "prompt_token_ids", state_from_tokens(prompt=lambda t: t.token_ids.short())),
         ("state-output_token_ids-float", "output_token_ids", state_from_tokens(output=lambda t: t.token_ids.float())),
         ("state-output_token_ids-wrong-rows", "output_token_ids", state_from_tokens(output=lambda t: t.token_ids[:3])),
         ("state-output_token_ids-below-none", "output_token_ids", state_from_tokens(output=lambda t: t.token_ids - V)),
@@ -463,8 +476,59 @@ def _penalty_cases() -> list[Case]:
     return [Case(*c) for c in cases]
 
 
+def tree(target=lambda t: t.target, drafts=lambda t: t.tree_drafts, next_token=lambda t: t.next_token,
+         next_sibling=lambda t: t.next_sibling, **kwargs) -> Callable:
+    return _op("verify_tree", target, drafts, next_token, next_sibling, **kwargs)
+
+
+def sharded(logits=lambda t: t.logits, vocab_offset=0, vocab_size=V, **kwargs) -> Callable:
+    """sample_sharded in one process (the world of one: no process group needed)."""
+    return _op("sample_sharded", logits, vocab_offset, vocab_size, check_shards=False, **kwargs)
+
+
+def _tree_sharded_and_support_cases() -> list[Case]:
+    cases = [
+        # verify_tree
+        ("tree-target-2d", "target_logits", tree(target=lambda t: t.logits)),
+        ("tree-target-float64", "target_logits", tree(target=lambda t: t.target.double())),
+        ("tree-drafts-int16", "draft_token_ids", tree(drafts=lambda t: t.tree_drafts.short())),
+        ("tree-drafts-one-node-short", "draft_token_ids", tree(drafts=lambda t: t.tree_drafts[:, :2])),
+        ("tree-drafts-past-vocab", "draft_token_ids", tree(drafts=torch.full((B, 3), V))),
+        ("tree-next_token-float", "next_token", tree(next_token=lambda t: t.next_token.float())),
+        ("tree-next_token-past-nodes", "next_token", tree(next_token=torch.tensor([[3, -1, -1]] * B))),
+        ("tree-next_sibling-of-root", "next_sibling", tree(next_sibling=torch.tensor([[1, 2, -1]] * B))),
+        ("tree-next_token-cycle", "next_token", tree(next_token=torch.tensor([[1, 0, -1]] * B))),
+        ("tree-draft_probs-narrow", "draft_probs", tree(draft_probs=torch.full((B, 3, V - 1), 1 / V))),
+        ("tree-bitmask-2d", "bitmask", tree(bitmask=lambda t: t.mask)),
+        ("tree-top_p-above-1", "top_p", tree(top_p=1.5)),
+        ("tree-filter_apply_order-unknown", "filter_apply_order", tree(filter_apply_order="first")),
+        ("tree-out-tokens-float", "tokens", tree(out=lambda t: (t.tree_out.float(), t.tree_out, t.row_i64))),
+        ("tree-out-num_accepted-wrong-length", "num_accepted", tree(out=lambda t: (t.tree_out, t.tree_out, t.ids2))),
+        # sample_sharded, one process
+        ("sharded-local_logits-1d", "local_logits", sharded(logits=lambda t: t.logits[0])),
+        ("sharded-vocab_offset-negative", "vocab_offset", sharded(vocab_offset=-1)),
+        ("sharded-vocab_offset-past-vocab", "vocab_offset", sharded(vocab_offset=1)),
+        ("sharded-vocab_size-float", "vocab_size", sharded(vocab_size=float(V))),
+        ("sharded-top_p-above-1", "top_p", sharded(top_p=1.5)),
+        ("sharded-num_logprobs-negative", "num_logprobs", sharded(num_logprobs=-2)),
+        ("sharded-rank_ties-unknown", "rank_ties", sharded(num_logprobs=2, rank_ties="dense")),
+        ("sharded-ids_dtype-int16", "ids_dtype", sharded(ids_dtype=torch.int16)),
+        ("sharded-bitmask-int64", "bitmask", sharded(bitmask=lambda t: t.mask.long())),
+        ("sharded-return_kept-zero", "return_kept", sharded(return_kept=0)),
+        # token_logprobs(support=): the replay
+        ("support-float", "support", token_logprobs(support=lambda t: t.row_f32.view(B, 1))),
+        ("support-bitmask-wrong-words", "support", token_logprobs(support=lambda t: t.wide_mask)),
+        ("support-ids-1d", "support", token_logprobs(support=lambda t: t.ids)),
+        ("support-with-top_k", "top_k", token_logprobs(support=lambda t: t.mask, top_k=5)),
+        ("support-with-penalties-out", "out", token_logprobs(support=lambda t: t.mask, out=lambda t: t.row_f32)),
+        ("support-return_entropy-without-support", "return_entropy", token_logprobs(return_entropy=True)),
+        ("support-temperature-list", "temperature", token_logprobs(support=lambda t: t.mask, temperature=[1.0])),
+    ]
+    return [Case(*c) for c in cases]
+
+
 CASES = {c.id: c for c in _bitmask_cases() + _sampler_cases() + _penalty_cases() + _logprobs_cases()
-         + _verify_cases()}
+         + _verify_cases() + _tree_sharded_and_support_cases()}
 # Not part of the matrix: checks that the harness turns a crash into that case's failure.
 PROBES = {"crash-probe": Case("crash-probe", "-", lambda lp, t: os.abort())}
 

@@ -60,6 +60,13 @@ def indices_tensor(indices: Indices, name: str = "indices") -> Optional[torch.Te
     return torch.tensor(list(indices), dtype=torch.int64)
 
 
+def token_ids_dtype(ids_dtype: torch.dtype) -> torch.dtype:
+    """`ids_dtype`, checked: the dtype the sampler ops write token ids in (int64 or int32)."""
+    if ids_dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"ids_dtype must be torch.int64 or torch.int32, got {ids_dtype!r}")
+    return ids_dtype
+
+
 _ARGUMENT_NAMES: dict[str, tuple[str, ...]] = {}
 
 

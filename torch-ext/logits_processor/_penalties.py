@@ -49,7 +49,7 @@ class Penalties(NamedTuple):
         repetition_penalty (float or torch.Tensor): default 1.0 (off).
         frequency_penalty (float or torch.Tensor): default 0.0 (off).
         presence_penalty (float or torch.Tensor): default 0.0 (off).
-        logit_bias_ids (torch.Tensor, optional): int64 ``[B, L]``, -1 pads; default no biases.
+        logit_bias_ids (torch.Tensor, optional): int64 or int32 ``[B, L]``, -1 pads; default no biases.
         logit_bias_values (torch.Tensor, optional): floating-point ``[B, L]``.
         rows (sequence of int or integer tensor, optional): ``[B]``, logits row b -> state row
             rows[b]; default row b is state row b.
@@ -97,8 +97,9 @@ def penalty_state_from_tokens(
     """The penalty state of R requests from their token ids.
 
     Args:
-        prompt_token_ids (torch.Tensor): int64 ``[R, L]``, each row a request's prompt, padded with -1.
-        output_token_ids (torch.Tensor): int64 ``[R, L']``, each row the request's generated
+        prompt_token_ids (torch.Tensor): int64 or int32 ``[R, L]``, each row a request's prompt, padded
+            with -1.
+        output_token_ids (torch.Tensor): int64 or int32 ``[R, L']``, each row the request's generated
             tokens so far, padded with -1 (``L'`` may be 0).
         vocab_size (int): V, the number of tokens.
 
@@ -124,7 +125,7 @@ def update_output_counts_(output_counts: torch.Tensor, token_ids: torch.Tensor, 
 
     Args:
         output_counts (torch.Tensor): int32 ``[R, V]``, the state's counts, updated in place.
-        token_ids (torch.Tensor): int64 ``[B]`` (one token per row, as `sample` returns) or
+        token_ids (torch.Tensor): int64 or int32 ``[B]`` (one token per row, as `sample` returns) or
             ``[B, K]`` (several, e.g. accepted speculative tokens); -1 entries (no token) are skipped.
         rows (sequence of int or integer tensor, optional): ``[B]``, the state row of each row b;
             default row b is state row b, and B must be R.
@@ -177,7 +178,7 @@ def apply_penalties_(
             tensor on the logits' device (one request per row); default 1.0 (off).
         frequency_penalty (float or torch.Tensor): f, a number or a floating-point ``[B]`` tensor; default 0.0 (off).
         presence_penalty (float or torch.Tensor): p, a number or a floating-point ``[B]`` tensor; default 0.0 (off).
-        logit_bias_ids (torch.Tensor, optional): int64 ``[B, L]``, each row's biased token ids,
+        logit_bias_ids (torch.Tensor, optional): int64 or int32 ``[B, L]``, each row's biased token ids,
             -1 pads; default no biases.
         logit_bias_values (torch.Tensor, optional): floating-point ``[B, L]``, the biases of those ids.
         rows (sequence of int or integer tensor, optional): ``[B]``, on the CPU or the logits'

@@ -7,7 +7,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._args import Param, call, sampler_arguments
+from ._args import Param, call, sampler_arguments, token_ids_dtype
 from ._fakes import register_fakes
 from ._ops import ops
 from ._penalties import FUSED_PENALTY_ARGUMENTS, Penalties, fused_penalty_arguments
@@ -27,6 +27,7 @@ def sample(
     penalties: Optional[Penalties] = None,
     filter_apply_order: str = "joint",
     out: Optional[torch.Tensor] = None,
+    ids_dtype: torch.dtype = torch.int64,
 ) -> torch.Tensor:
     """Draw one token per row.
 
@@ -76,16 +77,20 @@ def sample(
             "joint", SGLang's). ``"top_k_first"``: top-p over the renormalised set that top-k
             and min-p keep (vLLM's order, FlashInfer's default "top_k_first"); see
             docs/semantics-sampling.md.
-        out (torch.Tensor, optional): int64 ``[B]``, where to write the tokens; default a new tensor.
+        out (torch.Tensor, optional): int64 or int32 ``[B]``, where to write the tokens; default
+            a new tensor.
+        ids_dtype (torch.dtype): the new tensor's dtype, ``torch.int64`` (default) or
+            ``torch.int32`` (vLLM's), written directly by the kernel; `out` sets its own.
 
     Returns:
-        torch.Tensor: int64 ``[B]`` (`out`), the token ids, in [0, V); -1 for a row with no
-        allowed logit above -inf.
+        torch.Tensor: ``[B]`` (`out`), the token ids, in [0, V); -1 for a row with no allowed
+        logit above -inf.
     """
     arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                   offset=offset)
+    ids = token_ids_dtype(ids_dtype)  # (checked with `out` too)
     if out is None:
-        out = torch.empty(logits.shape[:1], dtype=torch.int64, device=logits.device)
+        out = torch.empty(logits.shape[:1], dtype=ids, device=logits.device)
     call(ops, "sample", logits=logits, **arguments, filter_apply_order=filter_apply_order, bitmask=bitmask,
          **fused_penalty_arguments(penalties), out=out)
     return out
@@ -93,16 +98,17 @@ def sample(
 
 class SampleWithLogprobs(NamedTuple):
     """What `sample_with_logprobs` returns. vLLM's LogprobsTensors holds the same columns in
-    another order and dtype, ``(logprob_token_ids int32, logprobs, selected_token_ranks)``
-    (vllm/v1/outputs.py, vLLM 0.32), and counts a rank with ties (the tokens at least as likely
-    as the sampled one, itself included): the vLLM plugin converts (integrations/vllm/NOTES.md).
+    another order, ``(logprob_token_ids, logprobs, selected_token_ranks)`` (vllm/v1/outputs.py,
+    vLLM 0.32), its ids as ``ids_dtype=torch.int32`` writes them and its ranks as
+    ``rank_ties="max"`` counts them.
 
     Attributes:
-        tokens (torch.Tensor): int64 ``[B]``, the sampled tokens.
+        tokens (torch.Tensor): ``[B]``, the sampled tokens (int64, or int32: `ids_dtype`).
         logprobs (torch.Tensor): float32 ``[B, 1 + num_logprobs]``: column 0 the sampled
             token's log-probability, columns 1.. the most likely tokens'.
-        logprob_token_ids (torch.Tensor): int64 ``[B, 1 + num_logprobs]``, the ids of those columns.
-        ranks (torch.Tensor): int64 ``[B]``, the sampled token's rank.
+        logprob_token_ids (torch.Tensor): ``[B, 1 + num_logprobs]``, the ids of those columns
+            (the tokens' dtype).
+        ranks (torch.Tensor): int64 ``[B]``, the sampled token's rank (`rank_ties`).
     """
 
     tokens: torch.Tensor
@@ -125,8 +131,10 @@ def sample_with_logprobs(
     filter_apply_order: str = "joint",
     num_logprobs: int = 0,
     logprobs_mode: str = "processed",
+    rank_ties: str = "min",
     out: Optional[SampleWithLogprobs] = None,
     return_kept: Optional[int] = None,
+    ids_dtype: torch.dtype = torch.int64,
 ):
     """`sample`, and the log-probabilities of the draw, from the same passes over the logits.
 
@@ -155,21 +163,27 @@ def sample_with_logprobs(
             greedy rows (temperature <= 0) report log_softmax of the allowed logits at
             temperature 1, without the filters (their argmax is the most likely token there).
             ``"raw"``: log_softmax of the logits as given: no penalties, temperature, filter or bitmask.
+        rank_ties (str): how the rank counts tokens exactly as likely as the sampled one (its
+            ties, the way pandas' ``rank(method=)`` names it): ``"min"`` (default): 1 + the
+            number of tokens strictly more likely; ``"max"``: the number at least as likely, the
+            sampled token included (vLLM's ``selected_token_ranks``).
         out (SampleWithLogprobs, optional): preallocated tensors of the shapes below (for CUDA
             graphs); with `return_kept`, the pair ``(SampleWithLogprobs, KeptSet)`` the call
             returns; default new tensors.
         return_kept (int, optional): K >= 1: also return the kept set each token was drawn from
             (`KeptSet`: with its ids where it has at most K tokens), for a trainer to replay with
             `token_logprobs(..., support=)`; the tokens and logprobs are unchanged.
+        ids_dtype (torch.dtype): the dtype of new ``tokens`` and ``logprob_token_ids``,
+            ``torch.int64`` (default) or ``torch.int32`` (vLLM's); `out`'s tensors may be either.
 
     Returns:
-        SampleWithLogprobs: (`out`) ``tokens`` int64 ``[B]``; ``logprobs`` float32 and
-        ``logprob_token_ids`` int64 ``[B, 1 + N]``: column 0 the sampled token, columns 1.. the N
-        most likely tokens, most likely first, ties by lowest id; columns past the
-        distribution's support hold logprob -inf and the lowest ids outside the support, in
+        SampleWithLogprobs: (`out`) ``tokens`` ``[B]``; ``logprobs`` float32 and
+        ``logprob_token_ids`` ``[B, 1 + N]`` (ids in `ids_dtype`): column 0 the sampled token,
+        columns 1.. the N most likely tokens, most likely first, ties by lowest id; columns past
+        the distribution's support hold logprob -inf and the lowest ids outside the support, in
         increasing order (the rest of the vocabulary, tied at -inf), so columns 1.. never hold
-        -1; ``ranks`` int64 ``[B]``: 1 + the number of tokens strictly more likely than the
-        sampled one. A row with nothing allowed returns token -1, every logprob -inf, ids
+        -1; ``ranks`` int64 ``[B]``: the sampled token's rank under the same distribution
+        (`rank_ties`). A row with nothing allowed returns token -1, every logprob -inf, ids
         0..N-1 in columns 1..N and rank 0. With `return_kept`, the pair
         ``(SampleWithLogprobs, KeptSet)``.
     """
@@ -184,21 +198,22 @@ def sample_with_logprobs(
             out, kept = out
     arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                                   offset=offset)
+    ids = token_ids_dtype(ids_dtype)  # (checked with `out` too)
     if out is None:
         # (A wrong num_logprobs is reported by the op, which checks it before these shapes.)
         columns = 1 + num_logprobs if isinstance(num_logprobs, int) and num_logprobs >= 0 else 1
         rows = logits.shape[0] if logits.dim() > 0 else 0
         out = SampleWithLogprobs(
-            torch.empty(rows, dtype=torch.int64, device=logits.device),
+            torch.empty(rows, dtype=ids, device=logits.device),
             torch.empty(rows, columns, dtype=torch.float32, device=logits.device),
-            torch.empty(rows, columns, dtype=torch.int64, device=logits.device),
+            torch.empty(rows, columns, dtype=ids, device=logits.device),
             torch.empty(rows, dtype=torch.int64, device=logits.device),
         )
     penalty_arguments = fused_penalty_arguments(penalties)  # checked before `out` is unpacked
     if return_kept is None:
         call(ops, "sample_with_logprobs", *out, logits=logits, **arguments, filter_apply_order=filter_apply_order,
              bitmask=bitmask, **penalty_arguments,
-             num_logprobs=num_logprobs, logprobs_mode=logprobs_mode)
+             num_logprobs=num_logprobs, logprobs_mode=logprobs_mode, rank_ties=rank_ties)
         return out
     if kept is None:
         rows, vocab = (logits.shape[0], logits.shape[-1]) if logits.dim() == 2 else (0, 0)
@@ -206,7 +221,8 @@ def sample_with_logprobs(
                        torch.empty(rows, max(return_kept, 0), dtype=torch.int64, device=logits.device),
                        torch.empty(rows, dtype=torch.int64, device=logits.device))
     call(ops, "sample_with_kept", *out, *kept, logits=logits, **arguments, filter_apply_order=filter_apply_order,
-         bitmask=bitmask, **penalty_arguments, num_logprobs=num_logprobs, logprobs_mode=logprobs_mode, kept_k=return_kept)
+         bitmask=bitmask, **penalty_arguments, num_logprobs=num_logprobs, logprobs_mode=logprobs_mode,
+         rank_ties=rank_ties, kept_k=return_kept)
     return out, kept
 
 
@@ -270,12 +286,12 @@ def token_logprobs(
                         logprobs_mode=(logprobs_mode, "processed"), out=(out, None))
         for name, (value, default) in defaults.items():
             if isinstance(value, torch.Tensor) or value != default:
-                raise ValueError(f"token_logprobs: {name} cannot be given with support= (the support replaces "
+                raise ValueError(f"{name} cannot be given with support= (token_logprobs: the support replaces "
                                  "the filters; apply penalties to the logits first)")
         logprobs, entropy = replay(logits, token_ids, temperature, support)
         return (logprobs, entropy) if return_entropy else logprobs
     if return_entropy:
-        raise ValueError("token_logprobs: return_entropy needs support=")
+        raise ValueError("return_entropy needs support= (token_logprobs: the entropy of the kept set)")
     arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"token_ids must be a 1-D integer tensor, got {type(token_ids).__name__}")

@@ -10,7 +10,7 @@ from typing import NamedTuple, Optional, Union
 import torch
 import torch.distributed as dist
 
-from ._args import Param, call, sampler_arguments
+from ._args import Param, call, sampler_arguments, token_ids_dtype
 from ._fakes import register_fakes
 from ._ops import ops
 from ._penalties import Penalties, fused_penalty_arguments
@@ -34,6 +34,8 @@ class _Plan(NamedTuple):
     num_logprobs: int  # -1: tokens only
     raw_logprobs: bool = False  # (only with num_logprobs >= 0)
     kept_k: int = 0  # return_kept's K; 0: no kept set
+    rank_ties_max: bool = False  # rank_ties="max" (read at the rank stage and in finish only; a bool, as
+    # the plan's hash is compared across processes and a str's hash is salted per process)
 
     @property
     def selects(self) -> int:
@@ -67,12 +69,13 @@ class _Plan(NamedTuple):
         return 0 if n < 0 else 1, 0
 
 
-def _plan(arguments: dict, filter_apply_order: str, num_logprobs: int, logprobs_mode: str, kept_k: int = 0) -> _Plan:
+def _plan(arguments: dict, filter_apply_order: str, num_logprobs: int, logprobs_mode: str, kept_k: int = 0,
+          rank_ties: str = "min") -> _Plan:
     """The plan of a call with these sampler arguments (`sampler_arguments`')."""
     return _Plan(arguments["top_k"] is not None or arguments["top_k_value"] > 0,
                  arguments["top_p"] is not None or arguments["top_p_value"] < 1.0,
                  filter_apply_order == "top_k_first", num_logprobs, num_logprobs >= 0 and logprobs_mode == "raw",
-                 kept_k)
+                 kept_k, rank_ties == "max")
 
 
 def _world(group) -> tuple[int, int]:
@@ -106,7 +109,7 @@ def _check_shards(logits: torch.Tensor, vocab_offset: int, vocab_size: int, plan
     """The ranks' shapes, plans and scalar parameters agree and their shards tile [0, vocab_size):
     one all_gather of a few words, read on the host (graph capture: check_shards=False)."""
     names = ["local_logits' batch size", "vocab_size",
-             "the filters (top_k, top_p, filter_apply_order, num_logprobs, logprobs_mode, return_kept)",
+             "the filters (top_k, top_p, filter_apply_order, num_logprobs, logprobs_mode, rank_ties, return_kept)",
              *(name.removesuffix("_value") for name in scalars)]
     mine = [logits.shape[0], vocab_size, hash(plan) & (2**62 - 1), *(_bits(v) for v in scalars.values())]
     words = torch.tensor([vocab_offset, logits.shape[1], *mine], dtype=torch.int64, device=logits.device)
@@ -142,8 +145,10 @@ def sample_sharded(
     filter_apply_order: str = "joint",
     num_logprobs: Optional[int] = None,
     logprobs_mode: str = "processed",
+    rank_ties: str = "min",
     return_kept: Optional[int] = None,
     check_shards: bool = True,
+    ids_dtype: torch.dtype = torch.int64,
 ):
     """`sample` (or `sample_with_logprobs`) on logits split by vocabulary over the ranks of
     `group`, without gathering them: every rank gets the tokens that `sample` returns on the
@@ -170,15 +175,17 @@ def sample_sharded(
         num_logprobs (int, optional): N >= 0: return `sample_with_logprobs`' result (the
             log-probabilities, the N most likely tokens); default None: the tokens.
         logprobs_mode (str): ``"processed"`` (default) or ``"raw"``, as in `sample_with_logprobs`.
+        rank_ties (str): ``"min"`` (default) or ``"max"``, as in `sample_with_logprobs`.
         return_kept (int, optional): K >= 1: also return the kept set each token was drawn from
             (`KeptSet`, as `sample_with_logprobs` returns it: the whole row's bitmask on every
             rank, one more all_reduce of its ceil(V / 32) words); default None.
         check_shards (bool): first exchange the shapes, plan and scalar parameters and raise if
             the ranks disagree or the shards do not tile the vocabulary (a host read: pass
             False to capture the call in a CUDA graph); default True.
+        ids_dtype (torch.dtype): the tokens' and top-N ids' dtype, as in `sample_with_logprobs`.
 
     Returns:
-        torch.Tensor: int64 ``[B]``, the tokens (as `sample`); with `num_logprobs`, a
+        torch.Tensor: ``[B]``, the tokens (as `sample`); with `num_logprobs`, a
         `SampleWithLogprobs` (as `sample_with_logprobs`), on every rank; with `return_kept`, the
         pair (that, `KeptSet`).
     """
@@ -200,9 +207,12 @@ def sample_sharded(
         raise ValueError(f"return_kept must be None or an int K >= 1 (the kept ids per row), got {return_kept!r}")
     if logprobs_mode not in ("processed", "raw"):
         raise ValueError(f"logprobs_mode must be 'raw' or 'processed', got {logprobs_mode!r}")
+    if rank_ties not in ("min", "max"):
+        raise ValueError(f"rank_ties must be 'min' or 'max', got {rank_ties!r}")
+    ids = token_ids_dtype(ids_dtype)
     n = -1 if num_logprobs is None else num_logprobs
     kept_k = return_kept or 0
-    plan = _plan(arguments, filter_apply_order, n, logprobs_mode, kept_k)
+    plan = _plan(arguments, filter_apply_order, n, logprobs_mode, kept_k, rank_ties)
     world, _ = _world(group)
     if check_shards:
         scalars = {name: value for name, value in arguments.items() if name.endswith("_value")}
@@ -218,7 +228,7 @@ def sample_sharded(
         sums, picks = words(rows, sums_width), words(rows, picks_width)
         call(ops, "sample_shard_step", logits=local_logits, vocab_offset=vocab_offset, vocab_size=vocab_size,
              **arguments, filter_apply_order=filter_apply_order, bitmask=bitmask, **penalty_arguments,
-             num_logprobs=n, logprobs_mode=logprobs_mode, kept_k=kept_k, stage=stage, state=state, sums_in=sums_in,
+             num_logprobs=n, logprobs_mode=logprobs_mode, rank_ties=rank_ties, kept_k=kept_k, stage=stage, state=state, sums_in=sums_in,
              picks_in=picks_in, sums=sums, picks=picks, kept_bitmask=kept_bitmask)
         _all_reduce(sums, world, group)
         sums_in, picks_in = sums, _all_gather(picks, world, group)
@@ -227,11 +237,13 @@ def sample_sharded(
             _all_reduce(kept_bitmask, world, group)  # (each rank's bits are disjoint: the sum is their union)
     rank_sums = sums_in if n >= 0 else words(rows, 0)
     columns = 1 + n if n >= 0 else 0
-    out = SampleWithLogprobs(words(rows), torch.empty(rows, columns, dtype=torch.float32, device=device),
-                             words(rows, columns), words(rows))
+    out = SampleWithLogprobs(torch.empty(rows, dtype=ids, device=device),
+                             torch.empty(rows, columns, dtype=torch.float32, device=device),
+                             torch.empty(rows, columns, dtype=ids, device=device), words(rows))
     kept = KeptSet(kept_bitmask, words(rows, kept_k), words(rows))
     call(ops, "sample_shard_finish", *out, kept.ids, kept.size, state=state,
-         draw_picks=draw_picks, draw_sums=draw_sums, rank_sums=rank_sums, num_logprobs=n, kept_k=kept_k)
+         draw_picks=draw_picks, draw_sums=draw_sums, rank_sums=rank_sums, num_logprobs=n, kept_k=kept_k,
+         rank_ties=rank_ties)
     result = out if num_logprobs is not None else out.tokens
     return result if return_kept is None else (result, kept)
 

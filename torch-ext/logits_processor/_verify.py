@@ -81,7 +81,7 @@ def verify_draft(
     Args:
         target_logits (torch.Tensor): ``[B, S + 1, V]``, float32/float16/bfloat16; position j
             scores the token after j accepted drafts.
-        draft_token_ids (torch.Tensor): int64 ``[B, S]``, the drafts. Host drafts are
+        draft_token_ids (torch.Tensor): int64 or int32 ``[B, S]``, the drafts. Host drafts are
             range-checked; device ones outside [0, V) are rejected.
         num_draft_tokens (torch.Tensor, optional): integer ``[B]``: row b verifies its first n_b
             drafts; default all S. Host counts are checked to lie in [0, S]; device ones are clamped.

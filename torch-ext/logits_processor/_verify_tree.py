@@ -112,7 +112,8 @@ def verify_tree(
     Args:
         target_logits (torch.Tensor): ``[B, N, V]``, float32/float16/bfloat16, 1 <= N <= 256;
             row i scores the token after node i's path.
-        draft_token_ids (torch.Tensor): int64 ``[B, N]``, node i's draft token (node 0's ignored).
+        draft_token_ids (torch.Tensor): int64 or int32 ``[B, N]``, node i's draft token (node 0's
+            ignored).
         next_token (torch.Tensor): int64 ``[B, N]``, node i's first child or -1.
         next_sibling (torch.Tensor): int64 ``[B, N]``, node i's next sibling or -1.
         draft_probs (torch.Tensor, optional): float32 ``[B, N, V]``, row i the draft distribution
@@ -142,7 +143,8 @@ def verify_tree(
     if out is None:
         rows = target_logits.shape[0] if target_logits.dim() == 3 else 0
         width = 1
-        if next_token.dim() == 2 and next_sibling.shape == next_token.shape and next_token.device.type != "meta":
+        if (next_token.dim() == 2 and next_sibling.shape == next_token.shape and next_token.device.type != "meta"
+                and next_token.dtype == next_sibling.dtype == torch.int64):  # (else the op names the bad one)
             width = tree_depth(next_token.cpu(), next_sibling.cpu()) + 1
         device = target_logits.device
         out = VerifiedTree(torch.empty(rows, width, dtype=torch.int64, device=device),

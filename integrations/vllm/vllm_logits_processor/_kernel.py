@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from pathlib import Path
@@ -16,6 +17,8 @@ PUBLIC_API = (
     "Penalties", "apply_penalties_", "apply_token_bitmask_inplace", "penalty_state_from_tokens", "sample",
     "sample_with_logprobs", "update_output_counts_",
 )
+# The keywords the plugin passes that older versions lack (vLLM's int32 ids and rank convention).
+REQUIRED_KEYWORDS = {"sample": ("ids_dtype",), "sample_with_logprobs": ("ids_dtype", "rank_ties")}
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _loaded: dict[tuple[str, str, Optional[str]], ModuleType] = {}
@@ -72,5 +75,10 @@ def load(backend: Optional[str]) -> ModuleType:
     if missing:
         raise KernelSettingError(f"{ENV}: the kernel at {where!r} lacks {missing} in its __all__ "
                                  "(an older version of logits-processor?)")
+    lacking = [f"{name}({keyword}=)" for name, keywords in REQUIRED_KEYWORDS.items() for keyword in keywords
+               if keyword not in inspect.signature(getattr(module, name)).parameters]
+    if lacking:
+        raise KernelSettingError(f"{ENV}: the kernel at {where!r} lacks {lacking} (an older version of "
+                                 "logits-processor?)")
     _loaded[key] = module
     return module

@@ -18,9 +18,11 @@ What maps where (vLLM 0.32; the line numbers are in NOTES.md):
   vLLM's order (bias, then the penalties; penalty_order="vllm").
 - allowed_token_ids_mask, bad words and the built-in MinTokensLogitsProcessor's stop tokens as
   one packed bitmask (`bitmask=`), so the logits are not written and "raw" logprobs stay raw.
-- logprobs: `sample_with_logprobs(num_logprobs=N, logprobs_mode="raw" | "processed")` as
-  vLLM's LogprobsTensors (int32 ids [B, N+1], float32 values, int64 ranks [B]); the *_logits
-  modes report the logits (raw, or penalised / temperature-scaled) at those ids.
+- tokens in vLLM's int32 (`ids_dtype=torch.int32`, written by the kernel).
+- logprobs: `sample_with_logprobs(num_logprobs=N, logprobs_mode="raw" | "processed",
+  rank_ties="max")` as vLLM's LogprobsTensors (int32 ids [B, N+1], float32 values, int64 ranks
+  [B] counting the ties against the token, as vLLM does); the *_logits modes report the logits
+  (raw, or penalised / temperature-scaled) at those ids.
 """
 
 from __future__ import annotations
@@ -415,13 +417,15 @@ class PackageSampler:
         temperature, top_k, top_p, min_p, seeds, offsets = positional
         num_logprobs = md.max_num_logprobs
         if num_logprobs is None:
-            tokens = lp.sample(logits, temperature, top_k, top_p, min_p, seeds, offsets, **arguments)
+            tokens = lp.sample(logits, temperature, top_k, top_p, min_p, seeds, offsets, **arguments,
+                               ids_dtype=torch.int32)
             logprobs_tensors = None
         else:
             mode = self.logprobs_mode
             result = lp.sample_with_logprobs(logits, temperature, top_k, top_p, min_p, seeds, offsets, **arguments,
                                              num_logprobs=num_logprobs,
-                                             logprobs_mode="raw" if mode.startswith("raw") else "processed")
+                                             logprobs_mode="raw" if mode.startswith("raw") else "processed",
+                                             rank_ties="max", ids_dtype=torch.int32)
             tokens = result.tokens
             logprobs_tensors = self._logprobs_tensors(logits, result, mode, temperature, bitmask, penalties, md)
         # A row with nothing allowed: the package's token is -1, vLLM's argmax over an all -inf
@@ -429,34 +433,19 @@ class PackageSampler:
         if bool((tokens < 0).any()):
             self.stats["rows with nothing allowed"] += int((tokens < 0).sum())
             tokens = torch.where(tokens < 0, torch.zeros_like(tokens), tokens)
-        # TEMPORARY until the package can write ids in the caller's dtype: vLLM's are int32.
-        return SamplerOutput(sampled_token_ids=tokens.to(torch.int32).unsqueeze(-1),
-                             logprobs_tensors=logprobs_tensors)
+        return SamplerOutput(sampled_token_ids=tokens.unsqueeze(-1), logprobs_tensors=logprobs_tensors)
 
     def _logprobs_tensors(self, logits, result, mode, temperature, bitmask, penalties, md) -> LogprobsTensors:
-        ids = result.logprob_token_ids
-        values = result.logprobs
-        ranks = result.ranks
-        # (Past a row's support the package lists the lowest ids outside it at -inf, as vLLM's
-        # topk lists other ids there: every id decodes.)
-        tokens = ids[:, :1]
+        # The package's ids (int32) and ranks (rank_ties="max") are vLLM's. Past a row's support
+        # it lists the lowest ids outside it at -inf, as vLLM's topk lists other ids there:
+        # every id decodes.
+        ids, values = result.logprob_token_ids, result.logprobs
         if mode == "raw_logits":
-            values = torch.where(torch.isneginf(values), values, logits.float().gather(1, ids))
+            values = torch.where(torch.isneginf(values), values, logits.float().gather(1, ids.long()))
         elif mode == "processed_logits":
             scores = self._processed_scores(logits, temperature, bitmask, penalties, md)
-            values = torch.where(torch.isneginf(values), values, scores.gather(1, ids))
-        # TEMPORARY until the package offers vLLM's rank convention (the number of tokens at
-        # least as likely as the sampled one, itself included: vllm/v1/sample/ops/logprobs.py):
-        # the package counts the strictly more likely ones, plus 1. Ties are exact for the raw
-        # modes (counted on the logits); for the processed ones only ties among the top-N
-        # columns are seen.
-        if mode.startswith("raw"):
-            x = logits.float()
-            ranks = (x >= x.gather(1, tokens)).sum(-1)
-        else:
-            ties = ((values[:, 1:] == values[:, :1]) & (ids[:, 1:] != tokens)).sum(-1)
-            ranks = ranks + ties
-        return LogprobsTensors(ids.to(torch.int32), values, ranks.to(torch.int64))
+            values = torch.where(torch.isneginf(values), values, scores.gather(1, ids.long()))
+        return LogprobsTensors(ids, values, result.ranks)
 
     def _processed_scores(self, logits, temperature, bitmask, penalties, md) -> torch.Tensor:
         """vLLM's processed logits: penalised, masked, divided by the temperature (greedy rows
