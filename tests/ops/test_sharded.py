@@ -203,8 +203,8 @@ def test_shard_ops_opcheck(lp_cpu):
         merged, gathered = words(rows, widths[0]), []
         for q, shard in enumerate(shards):
             sums, picks, kept = words(rows, widths[0]), words(rows, widths[1]), torch.zeros_like(kept_bitmask)
-            step = dict(logits=shard, vocab_offset=(0, cut)[q], vocab_size=vocab, **arguments, filter_apply_order="joint",
-                        bitmask=None, **penalty, num_logprobs=n, logprobs_mode="processed", rank_ties="max", kept_k=k,
+            step = dict(logits=shard, vocab_offset=(0, cut)[q], vocab_size=vocab, **arguments,
+                        filter_apply_order="joint", bitmask=None, **penalty, num_logprobs=n, logprobs_mode="processed", rank_ties="max", kept_k=k,
                         stage=stage, state=states[q], sums_in=sums_in, picks_in=picks_in, sums=sums, picks=picks,
                         kept_bitmask=kept)
             written = ("state", "sums", "picks", "kept_bitmask")

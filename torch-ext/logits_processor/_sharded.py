@@ -228,8 +228,8 @@ def sample_sharded(
         sums, picks = words(rows, sums_width), words(rows, picks_width)
         call(ops, "sample_shard_step", logits=local_logits, vocab_offset=vocab_offset, vocab_size=vocab_size,
              **arguments, filter_apply_order=filter_apply_order, bitmask=bitmask, **penalty_arguments,
-             num_logprobs=n, logprobs_mode=logprobs_mode, rank_ties=rank_ties, kept_k=kept_k, stage=stage, state=state, sums_in=sums_in,
-             picks_in=picks_in, sums=sums, picks=picks, kept_bitmask=kept_bitmask)
+             num_logprobs=n, logprobs_mode=logprobs_mode, rank_ties=rank_ties, kept_k=kept_k, stage=stage,
+             state=state, sums_in=sums_in, picks_in=picks_in, sums=sums, picks=picks, kept_bitmask=kept_bitmask)
         _all_reduce(sums, world, group)
         sums_in, picks_in = sums, _all_gather(picks, world, group)
         if stage == plan.draw:
