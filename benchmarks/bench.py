@@ -47,6 +47,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from timing import synchronize
 from torch_reference import (kept_probs, penalize, sample_reference, sample_with_logprobs_reference, unpack_bitmask,
                              verify_draft_reference)
 
@@ -175,11 +176,6 @@ class Case:
     @property
     def label(self) -> str:
         return f"{self.op} {self.device} B={self.batch} V={self.vocab} {self.dtype} {self.variant}"
-
-
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def time_calls(impl: Impl, calls: int, first: int, nbuf: int, device: str) -> float:

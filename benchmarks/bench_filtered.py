@@ -14,14 +14,12 @@ way (the torch chain keeps the same tokens on these inputs, ties aside).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+from timing import median_times, write_report
 from torch_reference import kept_probs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,23 +34,6 @@ def torch_filtered_probs(logits: torch.Tensor) -> torch.Tensor:
     renormalised as a user's code would."""
     kept = kept_probs(logits, **FILTERS)
     return kept / kept.sum(-1, keepdim=True)
-
-
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def median_times(calls: dict, device: str, repeats: int) -> dict:
-    times = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():  # interleaved: a noisy moment hits every implementation
-            synchronize(device)
-            start = time.perf_counter()
-            call()
-            synchronize(device)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> int:
@@ -92,9 +73,7 @@ def main() -> int:
         cells = " | ".join(f"{t[name] * 1e6:.0f} us" for name in calls)
         print(f"| {batch} | {dtype} | {cells} | {t['filtered_probs'] / t['sample']:.2f} | "
               f"{t['torch'] / t['filtered_probs']:.1f}x{'' if same else ' (kept sets differ!)'} |", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
-    return 0
+    return write_report(args.json, report)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 from pathlib import Path
 
 import torch
 import transformers
-from bench_filtered import median_times
+from timing import median_times, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = dict(do_sample=True, temperature=0.8, top_k=50, top_p=0.9, repetition_penalty=1.1)
@@ -75,9 +74,7 @@ def main() -> int:
         report.append({"vocab": vocab, "device": device, "tokens_per_second": rate})
         print(f"| {vocab} | {rate['transformers']:.0f} tok/s | {rate['logits-processor']:.0f} tok/s | "
               f"{rate['logits-processor'] / rate['transformers']:.2f}x |", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
-    return 0
+    return write_report(args.json, report)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from timing import write_report
+
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 128256
 KEPT = 50  # tokens per row's support: a top-k 50 / top-p 0.95 rollout's kept set at most
@@ -148,9 +150,7 @@ def main() -> int:
         memory = f"{ours['peak_bytes'] / max(theirs['peak_bytes'], 1):.2f}" if both else ""
         print(f"| {rows} | {dtype} | {cells[0]} | {cells[1]} | {speed} | {memory}"
               f"{' (sums disagree!)' if both and not agree else ''} |", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(rows_out, indent=1) + "\n")
-    return 0
+    return write_report(args.json, rows_out)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ the last node's kept set holds.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 
 import bench
 from bench import OURS, Case, Impl, buffer_count, log, markdown, ratio_target, run_case
+from timing import write_report
 from torch_reference import kept_probs, verify_tree_reference
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,9 +138,7 @@ def main() -> int:
                               "N=32"))
     report = {"cases": cases, "targets": [target]}
     log(markdown(report))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
-    return 0
+    return write_report(args.json, report)
 
 
 if __name__ == "__main__":

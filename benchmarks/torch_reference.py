@@ -127,23 +127,15 @@ def kept_probs(
     return kept
 
 
-def sample_reference(
-    logits: torch.Tensor,
-    temperature: Param = 1.0,
-    top_k: Param = 0,
-    top_p: Param = 1.0,
-    min_p: Param = 0.0,
-    *,
-    bitmask: Optional[torch.Tensor] = None,
-    generator: Optional[torch.Generator] = None,
-    filter_apply_order: str = "joint",
-) -> torch.Tensor:
-    """int64 token ids [B], drawn from `kept_probs`; -1 for rows with no candidate."""
-    if _is_number_at_most_zero(temperature):
-        x = candidate_logits(logits, bitmask)
+def sample_reference(logits: torch.Tensor, *, generator: Optional[torch.Generator] = None, **filters) -> torch.Tensor:
+    """int64 token ids [B], drawn from `kept_probs` with the same `filters` (its keywords:
+    temperature, top_k, top_p, min_p, bitmask, filter_apply_order); -1 for rows with no
+    candidate."""
+    if _is_number_at_most_zero(filters.get("temperature", 1.0)):
+        x = candidate_logits(logits, filters.get("bitmask"))
         ids = x.argmax(-1)
         return torch.where((x > float("-inf")).any(-1), ids, -1)
-    kept = kept_probs(logits, temperature, top_k, top_p, min_p, bitmask=bitmask, filter_apply_order=filter_apply_order)
+    kept = kept_probs(logits, **filters)
     has_candidate = kept.amax(-1) > 0
     # multinomial rejects all-zero rows: give them any distribution, their answer is -1.
     kept = torch.where(has_candidate.unsqueeze(-1), kept, 1.0)
@@ -204,7 +196,8 @@ def sample_with_logprobs_reference(
     """What engines run for raw logprobs: a [B, V] log_softmax, topk, gather and a rank count,
     then the sort-based sampler. (tokens, logprobs [B, 1 + N], ids [B, 1 + N], ranks)."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    tokens = sample_reference(logits, temperature, top_k, top_p, min_p, generator=generator)
+    tokens = sample_reference(logits, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                              generator=generator)
     token_logprobs = logprobs.gather(1, tokens.clamp(min=0).unsqueeze(1))
     ranks = (logprobs > token_logprobs).sum(-1) + 1
     top = logprobs.topk(num_logprobs, dim=-1)
@@ -263,22 +256,19 @@ def verify_tree_reference(
     draft_token_ids: torch.Tensor,
     next_token: torch.Tensor,
     next_sibling: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
     *,
     generator: Optional[torch.Generator] = None,
+    **filters,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tree verification of deterministic drafts as engines write it in torch (SGLang's
     target-only tree sampler): the filtered, renormalised target probabilities of every node,
     then a walk from the root, batched over rows: at each node its children in sibling order,
     child c accepted with probability r(c) / sum(r), r the node's probabilities with the
     rejected siblings zeroed; all rejected: a token drawn from r; at a leaf the bonus from its
-    probabilities. Number parameters; (tokens [B, D + 1] with -1 after the emitted ones,
-    num_accepted [B])."""
+    probabilities. `filters`: kept_probs' keywords, numbers. (tokens [B, D + 1] with -1 after
+    the emitted ones, num_accepted [B])."""
     batch, nodes, vocab = target_logits.shape
-    kept = kept_probs(target_logits.reshape(batch * nodes, vocab), temperature, top_k, top_p, min_p)
+    kept = kept_probs(target_logits.reshape(batch * nodes, vocab), **filters)
     probs = (kept / kept.sum(-1, keepdim=True)).view(batch, nodes, vocab)
     rows = torch.arange(batch, device=target_logits.device)
     node = torch.zeros(batch, dtype=torch.int64, device=target_logits.device)

@@ -109,6 +109,15 @@ def model_vocab_size(model) -> int:
     return model.get_output_embeddings().weight.shape[0]
 
 
+def load_all(path: str | None):
+    """What a demo starts from: (device, the package, tokenizer, model, XGrammar's tokenizer
+    info sized to the model's logits)."""
+    device = default_device()
+    lp = load_package(device)
+    tokenizer, model = load_model(path, device)
+    return device, lp, tokenizer, model, tokenizer_info(tokenizer, model_vocab_size(model))
+
+
 def tokenizer_info(tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
     # Sized to the model's vocabulary, so XGrammar's bitmask covers every logit and disallows
     # the padding ids past the tokenizer's: a constrained row can never draw one.

@@ -147,10 +147,7 @@ def main(argv=None) -> int:
     parser.add_argument("--branches", type=int, default=3, help="continuations merged into the tree")
     parser.add_argument("--max-tokens", type=int, default=160)
     args = parser.parse_args(argv)
-    device = _offline.default_device()
-    lp = _offline.load_package(device)
-    tokenizer, model = _offline.load_model(args.model, device)
-    info = _offline.tokenizer_info(tokenizer, _offline.model_vocab_size(model))
+    device, lp, tokenizer, model, info = _offline.load_all(args.model)
     ok = True
     totals = {}
     for request in [r for r in demo.REQUESTS if r.constrained]:

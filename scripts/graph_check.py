@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
-from kernels import get_local_kernel
+from device_package import load_package
 
-ROOT = Path(__file__).resolve().parent.parent
 ROWS, VOCAB, STEPS, DRAFTS = 32, 32000, 6, 3
 # A tree of 5 nodes: 0 -> {1, 2}, 1 -> {3, 4} (first child, next sibling).
 NEXT_TOKEN, NEXT_SIBLING = [1, 3, -1, -1, -1], [-1, 2, -1, 4, -1]
@@ -136,11 +134,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("graph_check: no CUDA GPU visible", flush=True)
+    lp = load_package(args.device, "graph_check")
+    if lp is None:
         return 2
-    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")),
-                          backend=None if args.device == "cuda" else "cpu")
     checks: dict[str, bool] = {}
     step = Step(lp, args.device, torch.Generator(device=args.device).manual_seed(0))
 

@@ -18,14 +18,11 @@ shared segments, and memcheck only sees accesses outside whole allocations.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
 import torch
-from kernels import get_local_kernel
+from device_package import load_package
 
-ROOT = Path(__file__).resolve().parent.parent
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 FAILURES: list[str] = []
 
@@ -300,11 +297,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("sanitizer_cases: no CUDA GPU visible", flush=True)
+    lp = load_package(args.device, "sanitizer_cases")
+    if lp is None:
         return 2
-    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")),
-                          backend=None if args.device == "cuda" else "cpu")
     g = torch.Generator().manual_seed(0)
     bitmask_cases(lp, args.device, g)
     print("sanitizer_cases: bitmask cases done", flush=True)

@@ -19,7 +19,6 @@ HIDDEN_NAMESPACE_BEGIN(binding)
 
 namespace lp = logits_processor;
 
-static void run_bitmask(const lp::BitmaskParams& params, const Tensor& logits);
 
 namespace {
 
@@ -107,7 +106,7 @@ void apply_token_bitmask_inplace(const Tensor& logits, const Tensor& bitmask,
     idx = indices_on_device(*indices, logits);
     p.indices = idx->const_data_ptr<int64_t>();
   }
-  run_bitmask(p, logits);
+  RUN_KERNEL(apply_bitmask, logits, p);
 }
 
 void apply_packed_bitmask(const Tensor& logits, const Tensor& bitmask, double fill_value,
@@ -130,16 +129,7 @@ void apply_packed_bitmask(const Tensor& logits, const Tensor& bitmask, double fi
   p.in_row_stride = p.out_row_stride;
   p.out = out.data_ptr();
   p.out_row_stride = ov.row_stride;
-  run_bitmask(p, logits);
-}
-
-// --- the CPU or CUDA kernel ------------------------------------------------------------------
-
-static void run_bitmask(const lp::BitmaskParams& params, const Tensor& logits) {
-  if (!uses_cuda_kernels(logits)) return lp::apply_bitmask_cpu(params, run_parallel_for);
-#if defined(CUDA_KERNEL)
-  lp::apply_bitmask_cuda(params, CudaLaunchContext(logits).stream());
-#endif
+  RUN_KERNEL(apply_bitmask, logits, p);
 }
 
 HIDDEN_NAMESPACE_END(binding)

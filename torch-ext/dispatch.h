@@ -56,6 +56,18 @@ class CudaLaunchContext {
 #endif
 #endif
 
+// Runs a kernel pair, logits_processor::<name>_cpu and <name>_cuda, on the arguments: the CPU
+// one on torch's thread pool, or, where `on` takes the CUDA kernels, the CUDA one on its
+// stream. (A macro: a build without CUDA has no <name>_cuda to name.)
+#if defined(CUDA_KERNEL)
+#define RUN_KERNEL(name, on, ...)                                                                    \
+  (uses_cuda_kernels(on) ? logits_processor::name##_cuda(__VA_ARGS__, CudaLaunchContext(on).stream()) \
+                         : logits_processor::name##_cpu(__VA_ARGS__, run_parallel_for))
+#else
+#define RUN_KERNEL(name, on, ...) \
+  (uses_cuda_kernels(on) ? void() : logits_processor::name##_cpu(__VA_ARGS__, run_parallel_for))
+#endif
+
 // The logits as the kernels see them (checked by the caller).
 logits_processor::LogitsView logits_view(const Tensor& logits, const RowView& lv);
 

@@ -16,8 +16,6 @@ HIDDEN_NAMESPACE_BEGIN(binding)
 
 namespace lp = logits_processor;
 
-static void run_penalties(const lp::LogitsView& view, const lp::Penalties& penalties, const Tensor& logits);
-static void run_count_tokens(const lp::TokenCountParams& params, const Tensor& state);
 
 namespace {
 
@@ -218,7 +216,7 @@ void apply_penalties_(const Tensor& logits, const Tensor& prompt_mask, const Ten
   // The state in the sampler ops' (optional) form: copies of the tensor handles, not the data.
   const std::optional<Tensor> mask = prompt_mask, counts = output_counts;
   const PenaltyCall call = penalty_call(logits, {mask, counts, LP_PENALTY_ARGUMENTS(LP_FORWARD) rows});
-  run_penalties(logits_view(logits, lv), call.penalties, logits);
+  RUN_KERNEL(apply_penalties, logits, logits_view(logits, lv), call.penalties);
 }
 
 void update_output_counts_(const Tensor& output_counts, const Tensor& token_ids,
@@ -265,14 +263,7 @@ void penalty_state_from_tokens(const Tensor& prompt_token_ids, const Tensor& out
 
 // --- the CPU or CUDA kernels -----------------------------------------------------------------
 
-static void run_penalties(const lp::LogitsView& view, const lp::Penalties& penalties, const Tensor& logits) {
-  if (!uses_cuda_kernels(logits)) return lp::apply_penalties_cpu(view, penalties, run_parallel_for);
-#if defined(CUDA_KERNEL)
-  lp::apply_penalties_cuda(view, penalties, CudaLaunchContext(logits).stream());
-#endif
-}
-
-static void run_count_tokens(const lp::TokenCountParams& params, const Tensor& state) {
+void run_count_tokens(const lp::TokenCountParams& params, const Tensor& state) {
   if (!uses_cuda_kernels(state)) return lp::count_tokens_cpu(params);
 #if defined(CUDA_KERNEL)
   lp::count_tokens_cuda(params, CudaLaunchContext(state).stream());

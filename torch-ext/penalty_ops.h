@@ -26,4 +26,8 @@ struct PenaltyCall {
 // tokens (-1: the logits' width; sample_sharded's shards: the whole vocabulary's).
 PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args, int64_t vocab = -1);
 
+// Runs count_tokens' CPU or CUDA kernel on `params` (the penalty state's, or token_logprobs'
+// support bitmask from ids), on the device of `state`.
+void run_count_tokens(const logits_processor::TokenCountParams& params, const Tensor& state);
+
 HIDDEN_NAMESPACE_END(binding)

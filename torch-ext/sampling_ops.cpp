@@ -226,10 +226,7 @@ void filtered_distribution(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETE
 
 void fill_ids_past_support(const Tensor& ids, int64_t n) {
   const lp::LogprobIds p{{ids.data_ptr(), ids.scalar_type() == ScalarType::Int}, ids.size(0), n};
-  if (!uses_cuda_kernels(ids)) return lp::fill_ids_past_support_cpu(p, run_parallel_for);
-#if defined(CUDA_KERNEL)
-  lp::fill_ids_past_support_cuda(p, CudaLaunchContext(ids).stream());
-#endif
+  RUN_KERNEL(fill_ids_past_support, ids, p);
 }
 
 static void run_sampling(const lp::SamplingParams& p, const Tensor& logits) {

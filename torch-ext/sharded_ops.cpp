@@ -97,11 +97,7 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
                            picks.mutable_data_ptr<int64_t>(),
                            kept_width > 0 ? kept_bitmask.mutable_data_ptr<int32_t>() : nullptr,
                            kept_width};
-  if (!uses_cuda_kernels(logits)) return lp::sample_shard_cpu(step, run_parallel_for);
-#if defined(CUDA_KERNEL)
-  const CudaLaunchContext context(logits);
-  lp::sample_shard_cuda(step, context.stream());
-#endif
+  RUN_KERNEL(sample_shard, logits, step);
 }
 
 void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Tensor& draw_sums,
@@ -143,14 +139,7 @@ void sample_shard_finish(const Tensor& state, const Tensor& draw_picks, const Te
                              ranks.mutable_data_ptr<int64_t>(),
                              kept_ids.mutable_data_ptr<int64_t>(),
                              kept_size.mutable_data_ptr<int64_t>()};
-  if (!uses_cuda_kernels(state)) {
-    lp::finish_shard_cpu(out, state.const_data_ptr<int64_t>(), run_parallel_for);
-  } else {
-#if defined(CUDA_KERNEL)
-    const CudaLaunchContext context(state);
-    lp::finish_shard_cuda(out, state.const_data_ptr<int64_t>(), context.stream());
-#endif
-  }
+  RUN_KERNEL(finish_shard, state, out, state.const_data_ptr<int64_t>());
   if (n > 0) fill_ids_past_support(logprob_token_ids, n);
 }
 

@@ -9,6 +9,7 @@
 #include "../logits_processor/support_logprobs.h"
 #include "checks.h"
 #include "dispatch.h"
+#include "penalty_ops.h"
 #include "torch_binding.h"
 
 HIDDEN_NAMESPACE_BEGIN(binding)
@@ -16,13 +17,6 @@ HIDDEN_NAMESPACE_BEGIN(binding)
 namespace lp = logits_processor;
 
 namespace {
-
-void run_count_tokens(const lp::TokenCountParams& params, const Tensor& state) {
-  if (!uses_cuda_kernels(state)) return lp::count_tokens_cpu(params);
-#if defined(CUDA_KERNEL)
-  lp::count_tokens_cuda(params, CudaLaunchContext(state).stream());
-#endif
-}
 
 // The support as a bitmask: given, or marked from token ids into a zeroed [rows, words]
 // bitmask by update_output_counts_'s kernel (ids out of range skipped, repeats set one bit).
@@ -77,20 +71,6 @@ SupportCall support_call(const Tensor& logits, const Tensor& token_ids, const st
   return call;
 }
 
-void run_forward(const lp::SupportParams& p, const Tensor& logits) {
-  if (!uses_cuda_kernels(logits)) return lp::support_logprobs_cpu(p, run_parallel_for);
-#if defined(CUDA_KERNEL)
-  lp::support_logprobs_cuda(p, CudaLaunchContext(logits).stream());
-#endif
-}
-
-void run_backward(const lp::SupportParams& p, const Tensor& logits) {
-  if (!uses_cuda_kernels(logits)) return lp::support_logprobs_backward_cpu(p, run_parallel_for);
-#if defined(CUDA_KERNEL)
-  lp::support_logprobs_backward_cuda(p, CudaLaunchContext(logits).stream());
-#endif
-}
-
 // The forward's outputs (the backward's saved inputs).
 void set_outputs(lp::SupportParams& p, const Tensor& logits, const Tensor& logprobs, const Tensor& entropy,
                  const Tensor& normaliser) {
@@ -108,7 +88,7 @@ void support_logprobs(LP_SUPPORT_ARGUMENTS(LP_PARAMETER) const Tensor& logprobs,
                       const Tensor& normaliser) {
   SupportCall call = support_call(logits, token_ids, temperature, temperature_value, support_bitmask, support_ids);
   set_outputs(call.params, logits, logprobs, entropy, normaliser);
-  run_forward(call.params, logits);
+  RUN_KERNEL(support_logprobs, logits, call.params);
 }
 
 void support_logprobs_backward(const Tensor& grad_logprobs, const Tensor& grad_entropy,
@@ -127,7 +107,7 @@ void support_logprobs_backward(const Tensor& grad_logprobs, const Tensor& grad_e
   p.grad_logprobs = grad_logprobs.const_data_ptr<float>();
   p.grad_entropy = grad_entropy.const_data_ptr<float>();
   p.grad_logits = grad_logits.mutable_data_ptr();
-  run_backward(p, logits);
+  RUN_KERNEL(support_logprobs_backward, logits, p);
 }
 
 HIDDEN_NAMESPACE_END(binding)

@@ -5,17 +5,16 @@
 #include <optional>
 #include <string>
 
-#include "../logits_processor/verify.h"
+#include "verify_ops.h"
+
 #include "checks.h"
 #include "dispatch.h"
-#include "sampling_ops.h"
 #include "torch_binding.h"
 
 HIDDEN_NAMESPACE_BEGIN(binding)
 
 namespace lp = logits_processor;
 
-static void run_verify(const lp::VerifyParams& v, const Tensor& target_logits);
 
 namespace {
 
@@ -100,6 +99,17 @@ void verify_draft(const Tensor& target_logits, const Tensor& given_draft_token_i
     }
   }
 
+  lp::VerifyParams v = verify_params(call, positions, target_logits, bitmask, draft_token_ids, draft_probs);
+  v.num_draft_tokens = optional_data<int64_t>(draft_counts);
+  v.block = block_verification;
+  v.tokens = tokens.mutable_data_ptr<int64_t>();
+  v.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
+  RUN_KERNEL(verify, target_logits, v);
+}
+
+lp::VerifyParams verify_params(const SamplingCall& call, int64_t positions, const Tensor& target_logits,
+                               const std::optional<Tensor>& bitmask, const Tensor& draft_token_ids,
+                               const std::optional<Tensor>& draft_probs) {
   lp::VerifyParams v{};
   v.target = call.params;
   v.positions = positions;
@@ -113,25 +123,12 @@ void verify_draft(const Tensor& target_logits, const Tensor& given_draft_token_i
   v.draft_tokens = draft_token_ids.const_data_ptr<int64_t>();
   v.draft_row_stride = draft_token_ids.stride(0);
   v.draft_position_stride = draft_token_ids.stride(1);
-  v.num_draft_tokens = optional_data<int64_t>(draft_counts);
   if (draft_probs.has_value()) {
     v.draft_probs = draft_probs->const_data_ptr<float>();
     v.draft_probs_row_stride = draft_probs->stride(0);
     v.draft_probs_position_stride = draft_probs->stride(1);
   }
-  v.block = block_verification;
-  v.tokens = tokens.mutable_data_ptr<int64_t>();
-  v.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
-  run_verify(v, target_logits);
-}
-
-// --- the CPU or CUDA kernel ------------------------------------------------------------------
-
-static void run_verify(const lp::VerifyParams& v, const Tensor& target_logits) {
-  if (!uses_cuda_kernels(target_logits)) return lp::verify_cpu(v, run_parallel_for);
-#if defined(CUDA_KERNEL)
-  lp::verify_cuda(v, CudaLaunchContext(target_logits).stream());
-#endif
+  return v;
 }
 
 HIDDEN_NAMESPACE_END(binding)

@@ -9,14 +9,13 @@
 #include "../logits_processor/verify_tree.h"
 #include "checks.h"
 #include "dispatch.h"
-#include "sampling_ops.h"
 #include "torch_binding.h"
+#include "verify_ops.h"
 
 HIDDEN_NAMESPACE_BEGIN(binding)
 
 namespace lp = logits_processor;
 
-static void run_verify_tree(const lp::TreeParams& t, const Tensor& target_logits);
 
 namespace {
 
@@ -130,24 +129,8 @@ void verify_tree(const Tensor& target_logits, const Tensor& given_draft_token_id
     check_host_tree(draft_token_ids, next_token, next_sibling, vocab);
 
   lp::TreeParams t{};
-  lp::VerifyParams& v = t.chain;
-  v.target = call.params;
-  v.positions = nodes + 1;  // (no node is verify_draft's bonus position)
-  v.logits_position_stride = target_logits.stride(1);
-  if (bitmask.has_value()) {
-    v.target.bitmask = bitmask->const_data_ptr<int32_t>();
-    v.target.bitmask_row_stride = bitmask->stride(0);
-    v.target.bitmask_width = bitmask->size(2);
-    v.bitmask_position_stride = bitmask->stride(1);
-  }
-  v.draft_tokens = draft_token_ids.const_data_ptr<int64_t>();
-  v.draft_row_stride = draft_token_ids.stride(0);
-  v.draft_position_stride = draft_token_ids.stride(1);
-  if (draft_probs.has_value()) {
-    v.draft_probs = draft_probs->const_data_ptr<float>();
-    v.draft_probs_row_stride = draft_probs->stride(0);
-    v.draft_probs_position_stride = draft_probs->stride(1);
-  }
+  // (nodes + 1 positions: no node is verify_draft's bonus position)
+  t.chain = verify_params(call, nodes + 1, target_logits, bitmask, draft_token_ids, draft_probs);
   t.nodes = nodes;
   t.next_token = next_token.const_data_ptr<int64_t>();
   t.next_token_row_stride = next_token.stride(0);
@@ -159,16 +142,7 @@ void verify_tree(const Tensor& target_logits, const Tensor& given_draft_token_id
   t.tokens = tokens.mutable_data_ptr<int64_t>();
   t.node_ids = node_ids.mutable_data_ptr<int64_t>();
   t.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
-  run_verify_tree(t, target_logits);
-}
-
-// --- the CPU or CUDA kernel ------------------------------------------------------------------
-
-static void run_verify_tree(const lp::TreeParams& t, const Tensor& target_logits) {
-  if (!uses_cuda_kernels(target_logits)) return lp::verify_tree_cpu(t, run_parallel_for);
-#if defined(CUDA_KERNEL)
-  lp::verify_tree_cuda(t, CudaLaunchContext(target_logits).stream());
-#endif
+  RUN_KERNEL(verify_tree, target_logits, t);
 }
 
 HIDDEN_NAMESPACE_END(binding)

@@ -104,6 +104,28 @@ def assert_launched(emulation, before: int) -> None:
     assert emulation.launches() > before, "the op did not launch an emulated kernel"
 
 
+def sample_agrees_with_cpu(emulation, lp_cpu, sms: int, logits: torch.Tensor, **kwargs) -> torch.Tensor:
+    """`sample` on a GPU of `sms` SMs (launching an emulated kernel) returns the CPU's tokens
+    bit for bit; returns them."""
+    expected = lp_cpu.sample(logits, **kwargs)
+    before = emulation.launches()
+    with emulation.gpu(sms) as lp:
+        got = lp.sample(logits, **kwargs)
+    assert_launched(emulation, before)
+    assert torch.equal(got, expected), (got != expected).nonzero().flatten().tolist()
+    return got
+
+
+def logprobs_agree_with_cpu(emulation, lp_cpu, sms: int, logits: torch.Tensor, **kwargs) -> None:
+    """`sample_with_logprobs` on a GPU of `sms` SMs returns the CPU's tensors bit for bit."""
+    expected = lp_cpu.sample_with_logprobs(logits, **kwargs)
+    with emulation.gpu(sms) as lp:
+        got = lp.sample_with_logprobs(logits, **kwargs)
+    for name, a, b in zip(expected._fields, got, expected):
+        assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
+                           b.view(torch.int32) if b.is_floating_point() else b), name
+
+
 
 # The cutoffs' key bins (the top 12 bits of the score key): filters whose cutoffs fall inside
 # one crowded bin (crowded_logits).

@@ -122,10 +122,11 @@ MUTANTS = [
     # s_max cut over their chunks from the clamped scores instead of going to one block.
     Mutant("rebase-from-scores", ROW_SAMPLER, "top = max(top, static_cast<uint64_t>(score_key(x)));",
            "top = max(top, static_cast<uint64_t>(score_key(score(x, r.temperature))));", "fibers", AGREEMENT,
-           "tiny_temperatures_agree", "tests/cuda_emulation/test_tiny_temperatures_cuda.py"),
+           "tiny_temperatures_agree and whole_rows", "tests/cuda_emulation/test_tiny_temperatures_cuda.py"),
     Mutant("split-saturated", SPLIT, "listed > kBinListCapacity || saturated_score(row_max_score(static_cast<uint32_t>(max_key)))",
            "listed > kBinListCapacity && saturated_score(row_max_score(static_cast<uint32_t>(max_key)))",
-           "fibers", AGREEMENT, "tiny_temperatures_split", "tests/cuda_emulation/test_tiny_temperatures_cuda.py"),
+           "fibers", AGREEMENT, "tiny_temperatures_agree and split_over_blocks",
+           "tests/cuda_emulation/test_tiny_temperatures_cuda.py"),
     # A device tree's link N taken as a node (the bound off by one): the last row's walk reads
     # past its tensors.
     Mutant("tree-link-bound", TREE_LINKS, "value >= 0 && value < nodes", "value >= 0 && value <= nodes",

@@ -14,15 +14,14 @@ from sharded_cases import case_inputs, case_logits, shard_bounds
 
 
 def stage_arguments(lp, kwargs: dict, num_logprobs: int) -> tuple:
-    """The driver's own argument handling (the package's _sharded module): the op's
-    sampler and penalty arguments, the filter order, logprobs mode and K, and the plan."""
+    """The driver's own argument handling (the package's _sharded module): the op's sampling
+    controls as schema arguments, the logprobs mode, rank ties and K, and the plan."""
     sharded = lp._sharded
-    defaults = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, offset=0)  # (sample_sharded's)
-    arguments = sharded.sampler_arguments(**{k: kwargs.get(k, v) for k, v in defaults.items()})
-    penalty = sharded.fused_penalty_arguments(kwargs.get("penalties"))
-    order, mode = kwargs.get("filter_apply_order", "joint"), kwargs.get("logprobs_mode", "processed")
-    k, ties = kwargs.get("return_kept", 0), kwargs.get("rank_ties", "min")
-    return arguments, penalty, order, mode, ties, k, sharded._plan(arguments, order, num_logprobs, mode, k, ties)
+    controls = lp.SamplingControls(**{k: v for k, v in kwargs.items() if k in sharded.DRAW_CONTROLS})
+    arguments = controls.arguments(*sharded.DRAW_CONTROLS)
+    mode, ties = kwargs.get("logprobs_mode", "processed"), kwargs.get("rank_ties", "min")
+    k = kwargs.get("return_kept", 0)
+    return arguments, mode, ties, k, sharded._plan(arguments, num_logprobs, mode, k, ties)
 
 
 def run_stages(lp, shards, cuts, vocab, kwargs, num_logprobs, check=None):
@@ -30,7 +29,7 @@ def run_stages(lp, shards, cuts, vocab, kwargs, num_logprobs, check=None):
     finish (on the shards' device). check(stage, q, outputs) sees each shard's (state, sums,
     picks, kept bitmask)."""
     sharded = lp._sharded
-    arguments, penalty, order, mode, ties, k, plan = stage_arguments(lp, kwargs, num_logprobs)
+    arguments, mode, ties, k, plan = stage_arguments(lp, kwargs, num_logprobs)
     rows, world, device = shards[0].shape[0], len(shards), shards[0].device
     words = lambda *shape: torch.full(shape, -7, dtype=torch.int64, device=device)  # noqa: E731 (garbage, not zeros)
     states = [words(rows, sharded._STATE_WORDS) for _ in shards]
@@ -45,10 +44,9 @@ def run_stages(lp, shards, cuts, vocab, kwargs, num_logprobs, check=None):
             sums, picks = words(rows, sums_width), words(rows, picks_width)
             kept = torch.full((rows, kept_width), -7, dtype=torch.int32, device=device)
             sharded.call(sharded.ops, "sample_shard_step", logits=shard, vocab_offset=cuts[q], vocab_size=vocab,
-                         **arguments, filter_apply_order=order, bitmask=kwargs.get("bitmask"), **penalty,
-                         num_logprobs=num_logprobs, logprobs_mode=mode, rank_ties=ties, kept_k=k, stage=stage,
-                         state=states[q],
-                         sums_in=sums_in, picks_in=picks_in, sums=sums, picks=picks, kept_bitmask=kept)
+                         **arguments, num_logprobs=num_logprobs, logprobs_mode=mode, rank_ties=ties, kept_k=k,
+                         stage=stage, state=states[q], sums_in=sums_in, picks_in=picks_in, sums=sums, picks=picks,
+                         kept_bitmask=kept)
             if check:
                 check(stage, q, (states[q].clone(), sums, picks, kept if stage == plan.draw else None))
             if stage == plan.draw:

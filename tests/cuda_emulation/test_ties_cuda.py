@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED, assert_launched
+from cuda_emulation.cases import SANITIZED, logprobs_agree_with_cpu, sample_agrees_with_cpu
 from op_cases import CHI_SQUARE_LIMIT, TIE_FILTERS, TIE_VALUES, chi_square, tie_dtypes, tie_row
 
 # (Sanitized builds: one case on each side of the origin's threshold, and +inf, in the three
@@ -38,13 +38,7 @@ def tie_batch(value, dtype, rows, vocab, offset=0):
 def test_ties_agree_with_cpu(emulation, lp_cpu, value, dtype, filters):
     rows, vocab, sms = WHOLE
     logits, tied, kwargs = tie_batch(value, dtype, rows, vocab)
-    kwargs |= TIE_FILTERS[filters]
-    expected = lp_cpu.sample(logits, **kwargs)
-    before = emulation.launches()
-    with emulation.gpu(sms) as lp:
-        got = lp.sample(logits, **kwargs)
-    assert_launched(emulation, before)
-    assert torch.equal(got, expected), (got != expected).nonzero().flatten().tolist()
+    got = sample_agrees_with_cpu(emulation, lp_cpu, sms, logits, **kwargs, **TIE_FILTERS[filters])
     if not SANITIZED:
         assert chi_square(got, tied) < CHI_SQUARE_LIMIT
 
@@ -69,10 +63,4 @@ def test_ties_split_over_blocks_agree_with_cpu(emulation, lp_cpu, value, dtype, 
 @pytest.mark.parametrize("value,dtype", CASES)
 def test_tie_logprobs_agree_with_cpu(emulation, lp_cpu, value, dtype, filters):
     logits, tied, kwargs = tie_batch(value, dtype, 32, 300)
-    kwargs |= TIE_FILTERS[filters]
-    expected = lp_cpu.sample_with_logprobs(logits, num_logprobs=4, **kwargs)
-    with emulation.gpu(8) as lp:
-        got = lp.sample_with_logprobs(logits, num_logprobs=4, **kwargs)
-    for name, a, b in zip(expected._fields, got, expected):
-        assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
-                           b.view(torch.int32) if b.is_floating_point() else b), name
+    logprobs_agree_with_cpu(emulation, lp_cpu, 8, logits, num_logprobs=4, **kwargs, **TIE_FILTERS[filters])

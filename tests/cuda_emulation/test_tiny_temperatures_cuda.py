@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from cuda_emulation.cases import DTYPES, SANITIZED, assert_launched
+from cuda_emulation.cases import DTYPES, SANITIZED, logprobs_agree_with_cpu, sample_agrees_with_cpu
 from op_cases import TIE_FILTERS
 from reference import pack_bitmask
 
@@ -45,13 +45,8 @@ def seeds(rows: int, offset: int = 0) -> dict:
 def agrees_with_cpu(emulation, lp_cpu, shape, dtype, temperature, filters):
     rows, vocab, sms = shape
     logits = batch(rows, vocab, dtype, 7)
-    kwargs = dict(seeds(rows), temperature=temperature, **TIE_FILTERS[filters])
-    expected = lp_cpu.sample(logits, **kwargs)
-    before = emulation.launches()
-    with emulation.gpu(sms) as lp:
-        got = lp.sample(logits, **kwargs)
-    assert_launched(emulation, before)
-    assert torch.equal(got, expected), (got != expected).nonzero().flatten().tolist()
+    got = sample_agrees_with_cpu(emulation, lp_cpu, sms, logits, **seeds(rows), temperature=temperature,
+                                 **TIE_FILTERS[filters])
     if temperature < 1e-30:  # the argmax limit: one of the row's largest logits
         top = torch.nan_to_num(logits.float(), nan=-math.inf)
         assert bool((top.gather(1, got[:, None]) == top.max(1, keepdim=True).values).all())
@@ -61,16 +56,9 @@ def agrees_with_cpu(emulation, lp_cpu, shape, dtype, temperature, filters):
 @pytest.mark.parametrize("filters", FILTERS)
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
-def test_tiny_temperatures_agree_with_cpu(emulation, lp_cpu, dtype, temperature, filters):
-    agrees_with_cpu(emulation, lp_cpu, WHOLE, dtype, temperature, filters)
-
-
-@pytest.mark.emulation
-@pytest.mark.parametrize("filters", FILTERS)
-@pytest.mark.parametrize("temperature", TEMPERATURES)
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d)[6:])
-def test_tiny_temperatures_split_over_blocks_agree_with_cpu(emulation, lp_cpu, dtype, temperature, filters):
-    agrees_with_cpu(emulation, lp_cpu, SPLIT, dtype, temperature, filters)
+@pytest.mark.parametrize("shape", [WHOLE, SPLIT], ids=["whole_rows", "split_over_blocks"])
+def test_tiny_temperatures_agree_with_cpu(emulation, lp_cpu, shape, dtype, temperature, filters):
+    agrees_with_cpu(emulation, lp_cpu, shape, dtype, temperature, filters)
 
 
 @pytest.mark.emulation
@@ -78,13 +66,8 @@ def test_tiny_temperatures_split_over_blocks_agree_with_cpu(emulation, lp_cpu, d
 @pytest.mark.parametrize("temperature", TEMPERATURES)
 def test_tiny_temperature_logprobs_agree_with_cpu(emulation, lp_cpu, temperature, filters):
     logits = batch(16, 300, torch.float32, 8)
-    kwargs = dict(seeds(16), temperature=temperature, **TIE_FILTERS[filters])
-    expected = lp_cpu.sample_with_logprobs(logits, num_logprobs=5, **kwargs)
-    with emulation.gpu(8) as lp:
-        got = lp.sample_with_logprobs(logits, num_logprobs=5, **kwargs)
-    for name, a, b in zip(expected._fields, got, expected):
-        assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
-                           b.view(torch.int32) if b.is_floating_point() else b), name
+    logprobs_agree_with_cpu(emulation, lp_cpu, 8, logits, num_logprobs=5, **seeds(16), temperature=temperature,
+                            **TIE_FILTERS[filters])
 
 
 @pytest.mark.emulation

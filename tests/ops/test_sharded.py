@@ -191,9 +191,8 @@ def test_shard_ops_opcheck(lp_cpu):
     shards = [logits[:, :cut].contiguous(), logits[:, cut:].contiguous()]
     params = dict(temperature=torch.rand(rows, generator=g) + 0.5, top_k=20, top_p=0.9, min_p=0.0,
                   seed=torch.arange(rows), offset=1)
-    arguments = sharded.sampler_arguments(**params)
-    plan = sharded._plan(arguments, "joint", n, "processed", k, "max")
-    penalty = sharded.fused_penalty_arguments(None)
+    arguments = lp_cpu.SamplingControls(**params).arguments(*sharded.DRAW_CONTROLS)
+    plan = sharded._plan(arguments, n, "processed", k, "max")
     words = lambda *shape: torch.zeros(shape, dtype=torch.int64)  # noqa: E731
     states = [words(rows, sharded._STATE_WORDS) for _ in shards]
     sums_in, picks_in = words(rows, 0), words(2, rows, 0)
@@ -204,7 +203,7 @@ def test_shard_ops_opcheck(lp_cpu):
         for q, shard in enumerate(shards):
             sums, picks, kept = words(rows, widths[0]), words(rows, widths[1]), torch.zeros_like(kept_bitmask)
             step = dict(logits=shard, vocab_offset=(0, cut)[q], vocab_size=vocab, **arguments,
-                        filter_apply_order="joint", bitmask=None, **penalty, num_logprobs=n, logprobs_mode="processed", rank_ties="max", kept_k=k,
+                        num_logprobs=n, logprobs_mode="processed", rank_ties="max", kept_k=k,
                         stage=stage, state=states[q], sums_in=sums_in, picks_in=picks_in, sums=sums, picks=picks,
                         kept_bitmask=kept)
             written = ("state", "sums", "picks", "kept_bitmask")

@@ -2,8 +2,8 @@
 
 Modules, each importing only from those above it: _ops (generated), _args (arguments as the
 ops take them) and _fakes (the ops' fake implementations), then _bitmask, _penalties,
-_replay (token_logprobs' replay over a support), _sampling, _filtered, _sharded, _verify and _verify_tree, one
-per op family.
+_controls (the sampling controls, declared once), _replay (token_logprobs' replay over a
+support), _sampling, _filtered, _sharded, _verify and _verify_tree, one per op family.
 """
 
 from ._bitmask import (
@@ -15,6 +15,7 @@ from ._bitmask import (
     get_bitmask_shape,
     reset_token_bitmask,
 )
+from ._controls import SamplingControls
 from ._filtered import filtered_logits, filtered_probs
 from ._penalties import Penalties, PenaltyState, apply_penalties_, penalty_state_from_tokens, update_output_counts_
 from ._sampling import KeptSet, SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
@@ -25,6 +26,7 @@ from ._verify_tree import VerifiedTree, verify_tree
 __all__ = [
     "KeptSet",
     "SampleWithLogprobs",
+    "SamplingControls",
     "VerifiedDraft",
     "VerifiedTree",
     "allocate_token_bitmask",

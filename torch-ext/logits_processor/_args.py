@@ -18,12 +18,6 @@ Param = Union[float, int, torch.Tensor]
 Indices = Union[Sequence[int], torch.Tensor, None]
 Rows = Indices  # indices of rows of the penalty state
 
-# The sampler's parameters and the type each is checked as when given as a number.
-SAMPLER_PARAMETERS: dict[str, type] = {
-    "temperature": float, "top_k": int, "top_p": float, "min_p": float, "seed": int, "offset": int,
-}
-
-
 def number_or_tensor(name: str, value: Param, kind: type) -> dict:
     """`value` as the schema arguments `<name>` and `<name>_value`."""
     if isinstance(value, torch.Tensor):
@@ -33,15 +27,6 @@ def number_or_tensor(name: str, value: Param, kind: type) -> dict:
     if kind is int and not isinstance(value, int):
         raise TypeError(f"{name} must be an int or an integer tensor, got {value!r}")
     return {name: None, f"{name}_value": kind(value)}
-
-
-def sampler_arguments(**params: Param) -> dict:
-    """Sampler parameters (keywords of SAMPLER_PARAMETERS) as the schema arguments, checked in
-    the order given."""
-    arguments: dict = {}
-    for name, value in params.items():
-        arguments |= number_or_tensor(name, value, SAMPLER_PARAMETERS[name])
-    return arguments
 
 
 def indices_tensor(indices: Indices, name: str = "indices") -> Optional[torch.Tensor]:

@@ -7,33 +7,27 @@ from typing import Optional
 
 import torch
 
-from ._args import Param, call, sampler_arguments
+from ._args import call
+from ._controls import DISTRIBUTION_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
-from ._penalties import FUSED_PENALTY_ARGUMENTS, Penalties, fused_penalty_arguments
+from ._penalties import FUSED_PENALTY_ARGUMENTS
 
 
-def _filtered(output: str, logits: torch.Tensor, temperature: Param, top_k: Param, top_p: Param, min_p: Param,
-              bitmask: Optional[torch.Tensor], penalties: Optional[Penalties], filter_apply_order: str,
+def _filtered(output: str, logits: torch.Tensor, controls: SamplingControls,
               out: Optional[torch.Tensor]) -> torch.Tensor:
-    arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    arguments = controls.arguments(*DISTRIBUTION_CONTROLS)
     if out is None:
         out = torch.empty(logits.shape if logits.dim() == 2 else (0, 0), dtype=torch.float32, device=logits.device)
-    call(ops, "filtered_distribution", logits=logits, **arguments, filter_apply_order=filter_apply_order,
-         bitmask=bitmask, **fused_penalty_arguments(penalties), output=output, out=out)
+    call(ops, "filtered_distribution", logits=logits, **arguments, output=output, out=out)
     return out
 
 
+@sampling_op(*DISTRIBUTION_CONTROLS)
 def filtered_probs(
     logits: torch.Tensor,
-    temperature: Param = 1.0,
-    top_k: Param = 0,
-    top_p: Param = 1.0,
-    min_p: Param = 0.0,
+    controls: SamplingControls,
     *,
-    bitmask: Optional[torch.Tensor] = None,
-    penalties: Optional[Penalties] = None,
-    filter_apply_order: str = "joint",
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The distribution `sample` draws from with the same arguments, as probabilities.
@@ -48,32 +42,21 @@ def filtered_probs(
 
     Args:
         logits (torch.Tensor): as in `sample`.
-        temperature (float or torch.Tensor): as in `sample`; default 1.0.
-        top_k (int or torch.Tensor): as in `sample`; default 0.
-        top_p (float or torch.Tensor): as in `sample`; default 1.0.
-        min_p (float or torch.Tensor): as in `sample`; default 0.0.
-        bitmask (torch.Tensor, optional): as in `sample`.
-        penalties (Penalties, optional): as in `sample`.
-        filter_apply_order (str): as in `sample`; default ``"joint"``.
+        {controls}
         out (torch.Tensor, optional): float32 ``[B, V]``, contiguous, on the logits' device, not
             the logits' memory; default a new tensor.
 
     Returns:
         torch.Tensor: float32 ``[B, V]`` (`out`).
     """
-    return _filtered("probs", logits, temperature, top_k, top_p, min_p, bitmask, penalties, filter_apply_order, out)
+    return _filtered("probs", logits, controls, out)
 
 
+@sampling_op(*DISTRIBUTION_CONTROLS)
 def filtered_logits(
     logits: torch.Tensor,
-    temperature: Param = 1.0,
-    top_k: Param = 0,
-    top_p: Param = 1.0,
-    min_p: Param = 0.0,
+    controls: SamplingControls,
     *,
-    bitmask: Optional[torch.Tensor] = None,
-    penalties: Optional[Penalties] = None,
-    filter_apply_order: str = "joint",
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """The distribution `sample` draws from with the same arguments, as the scores it compares.
@@ -86,12 +69,15 @@ def filtered_logits(
     its argmax alone, at its logit; a row with nothing allowed is all -inf. Identical on CPU
     and CUDA and whatever the batch.
 
-    Args: those of `filtered_probs`, the same defaults.
+    Args:
+        logits (torch.Tensor): as in `sample`.
+        {controls}
+        out (torch.Tensor, optional): as in `filtered_probs`.
 
     Returns:
         torch.Tensor: float32 ``[B, V]`` (`out`).
     """
-    return _filtered("logits", logits, temperature, top_k, top_p, min_p, bitmask, penalties, filter_apply_order, out)
+    return _filtered("logits", logits, controls, out)
 
 
 register_fakes("filtered_distribution", checked_last=FUSED_PENALTY_ARGUMENTS)

@@ -7,25 +7,19 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._args import Param, call, sampler_arguments, token_ids_dtype
+from ._args import call, token_ids_dtype
+from ._controls import DISTRIBUTION_CONTROLS, DRAW_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
-from ._penalties import FUSED_PENALTY_ARGUMENTS, Penalties, fused_penalty_arguments
+from ._penalties import FUSED_PENALTY_ARGUMENTS
 from ._replay import KeptSet, replay
 
 
+@sampling_op(*DRAW_CONTROLS, full_docs=True)
 def sample(
     logits: torch.Tensor,
-    temperature: Param = 1.0,
-    top_k: Param = 0,
-    top_p: Param = 1.0,
-    min_p: Param = 0.0,
-    seed: Param = 0,
-    offset: Param = 0,
+    controls: SamplingControls,
     *,
-    bitmask: Optional[torch.Tensor] = None,
-    penalties: Optional[Penalties] = None,
-    filter_apply_order: str = "joint",
     out: Optional[torch.Tensor] = None,
     ids_dtype: torch.dtype = torch.int64,
 ) -> torch.Tensor:
@@ -51,32 +45,7 @@ def sample(
 
     Args:
         logits (torch.Tensor): ``[B, V]``, float32/float16/bfloat16; not modified.
-        temperature (float or torch.Tensor): a number or a floating-point ``[B]`` tensor; default
-            1.0. <= 0 is greedy: the argmax, lowest index on ties.
-        top_k (int or torch.Tensor): keep the tokens with p >= the k-th largest p; an int or an
-            integer ``[B]`` tensor; <= 0 (default 0) disables the filter.
-        top_p (float or torch.Tensor): keep the smallest top set whose mass reaches top_p; in
-            [0, 1]; 1.0 (default) disables the filter.
-        min_p (float or torch.Tensor): keep the tokens with p >= min_p * max p; at most 1;
-            <= 0 (default 0.0) disables the filter.
-        seed (int or torch.Tensor): the Philox key. With an int, row b draws from the stream
-            keyed by (seed, b, offset); with an integer ``[B]`` tensor, from (seed[b], offset[b])
-            alone, so a request draws the same tokens whatever its row or batch. Default 0.
-        offset (int or torch.Tensor): the step counter of the stream, an int or an integer
-            ``[B]`` tensor: advance it every step (the draw is replayable). Default 0.
-        bitmask (torch.Tensor, optional): int32 ``[B, ceil(V / 32)]``, XGrammar's layout;
-            excludes disallowed tokens without writing the logits: the result equals
-            `apply_token_bitmask` on a copy, then `sample`. Default: every token allowed.
-        penalties (Penalties, optional): repetition, frequency and presence penalties and logit
-            biases from per-request state, applied as each logit is read (the logits are not
-            written): the result equals ``apply_penalties_(logits.clone(), **penalties._asdict())``
-            then `sample`, token for token (float16/bfloat16 penalised values are rounded to the
-            logits' dtype, as apply_penalties_ stores them). Default: none.
-        filter_apply_order (str): how top-p composes with top-k and min-p. ``"joint"``
-            (default): the intersection above, top-p over the whole row (FlashInfer's
-            "joint", SGLang's). ``"top_k_first"``: top-p over the renormalised set that top-k
-            and min-p keep (vLLM's order, FlashInfer's default "top_k_first"); see
-            docs/semantics-sampling.md.
+        {controls}
         out (torch.Tensor, optional): int64 or int32 ``[B]``, where to write the tokens; default
             a new tensor.
         ids_dtype (torch.dtype): the new tensor's dtype, ``torch.int64`` (default) or
@@ -86,13 +55,11 @@ def sample(
         torch.Tensor: ``[B]`` (`out`), the token ids, in [0, V); -1 for a row with no allowed
         logit above -inf.
     """
-    arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                                  offset=offset)
+    arguments = controls.arguments(*DRAW_CONTROLS)
     ids = token_ids_dtype(ids_dtype)  # (checked with `out` too)
     if out is None:
         out = torch.empty(logits.shape[:1], dtype=ids, device=logits.device)
-    call(ops, "sample", logits=logits, **arguments, filter_apply_order=filter_apply_order, bitmask=bitmask,
-         **fused_penalty_arguments(penalties), out=out)
+    call(ops, "sample", logits=logits, **arguments, out=out)
     return out
 
 
@@ -117,18 +84,11 @@ class SampleWithLogprobs(NamedTuple):
     ranks: torch.Tensor
 
 
+@sampling_op(*DRAW_CONTROLS)
 def sample_with_logprobs(
     logits: torch.Tensor,
-    temperature: Param = 1.0,
-    top_k: Param = 0,
-    top_p: Param = 1.0,
-    min_p: Param = 0.0,
-    seed: Param = 0,
-    offset: Param = 0,
+    controls: SamplingControls,
     *,
-    bitmask: Optional[torch.Tensor] = None,
-    penalties: Optional[Penalties] = None,
-    filter_apply_order: str = "joint",
     num_logprobs: int = 0,
     logprobs_mode: str = "processed",
     rank_ties: str = "min",
@@ -146,15 +106,7 @@ def sample_with_logprobs(
 
     Args:
         logits (torch.Tensor): as in `sample`.
-        temperature (float or torch.Tensor): as in `sample`; default 1.0.
-        top_k (int or torch.Tensor): as in `sample`; default 0.
-        top_p (float or torch.Tensor): as in `sample`; default 1.0.
-        min_p (float or torch.Tensor): as in `sample`; default 0.0.
-        seed (int or torch.Tensor): as in `sample`; default 0.
-        offset (int or torch.Tensor): as in `sample`; default 0.
-        bitmask (torch.Tensor, optional): as in `sample`.
-        penalties (Penalties, optional): as in `sample`.
-        filter_apply_order (str): as in `sample`; default ``"joint"``.
+        {controls}
         num_logprobs (int): N, in [0, V]: how many of the most likely tokens to report besides
             the sampled one; default 0.
         logprobs_mode (str): the distribution the log-probabilities are under:
@@ -196,8 +148,7 @@ def sample_with_logprobs(
                 raise TypeError("out: with return_kept, the pair (SampleWithLogprobs, KeptSet) that the call "
                                 f"returns, got {type(out).__name__}")
             out, kept = out
-    arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                                  offset=offset)
+    arguments = controls.arguments(*DRAW_CONTROLS)  # (penalties checked before `out` is unpacked)
     ids = token_ids_dtype(ids_dtype)  # (checked with `out` too)
     if out is None:
         # (A wrong num_logprobs is reported by the op, which checks it before these shapes.)
@@ -209,34 +160,26 @@ def sample_with_logprobs(
             torch.empty(rows, columns, dtype=ids, device=logits.device),
             torch.empty(rows, dtype=torch.int64, device=logits.device),
         )
-    penalty_arguments = fused_penalty_arguments(penalties)  # checked before `out` is unpacked
     if return_kept is None:
-        call(ops, "sample_with_logprobs", *out, logits=logits, **arguments, filter_apply_order=filter_apply_order,
-             bitmask=bitmask, **penalty_arguments,
-             num_logprobs=num_logprobs, logprobs_mode=logprobs_mode, rank_ties=rank_ties)
+        call(ops, "sample_with_logprobs", *out, logits=logits, **arguments, num_logprobs=num_logprobs,
+             logprobs_mode=logprobs_mode, rank_ties=rank_ties)
         return out
     if kept is None:
         rows, vocab = (logits.shape[0], logits.shape[-1]) if logits.dim() == 2 else (0, 0)
         kept = KeptSet(torch.empty(rows, (vocab + 31) // 32, dtype=torch.int32, device=logits.device),
                        torch.empty(rows, max(return_kept, 0), dtype=torch.int64, device=logits.device),
                        torch.empty(rows, dtype=torch.int64, device=logits.device))
-    call(ops, "sample_with_kept", *out, *kept, logits=logits, **arguments, filter_apply_order=filter_apply_order,
-         bitmask=bitmask, **penalty_arguments, num_logprobs=num_logprobs, logprobs_mode=logprobs_mode,
-         rank_ties=rank_ties, kept_k=return_kept)
+    call(ops, "sample_with_kept", *out, *kept, logits=logits, **arguments, num_logprobs=num_logprobs,
+         logprobs_mode=logprobs_mode, rank_ties=rank_ties, kept_k=return_kept)
     return out, kept
 
 
+@sampling_op(*DISTRIBUTION_CONTROLS)
 def token_logprobs(
     logits: torch.Tensor,
     token_ids: torch.Tensor,
-    temperature: Param = 1.0,
-    top_k: Param = 0,
-    top_p: Param = 1.0,
-    min_p: Param = 0.0,
+    controls: SamplingControls,
     *,
-    bitmask: Optional[torch.Tensor] = None,
-    penalties: Optional[Penalties] = None,
-    filter_apply_order: str = "joint",
     logprobs_mode: str = "processed",
     out: Optional[torch.Tensor] = None,
     support: Optional[torch.Tensor] = None,
@@ -255,13 +198,7 @@ def token_logprobs(
         token_ids (torch.Tensor): integer ``[B]`` on the logits' device, one token per row. An
             id outside the distribution's support gets -inf, and so does one outside [0, V)
             (such as the -1 of a row with nothing allowed): device tensors are not read on the host.
-        temperature (float or torch.Tensor): as in `sample`; default 1.0.
-        top_k (int or torch.Tensor): as in `sample`; default 0.
-        top_p (float or torch.Tensor): as in `sample`; default 1.0.
-        min_p (float or torch.Tensor): as in `sample`; default 0.0.
-        bitmask (torch.Tensor, optional): as in `sample`.
-        penalties (Penalties, optional): as in `sample`.
-        filter_apply_order (str): as in `sample`; default ``"joint"``.
+        {controls}
         logprobs_mode (str): ``"processed"`` (default) or ``"raw"``, as in `sample_with_logprobs`.
         out (torch.Tensor, optional): float32 ``[B]``, where to write the result; default a new tensor.
         support (KeptSet or torch.Tensor, optional): the tokens each row's distribution is
@@ -281,25 +218,23 @@ def token_logprobs(
         in their dtype); with `return_entropy`, the pair ``(logprobs, entropy)``.
     """
     if support is not None:
-        defaults = dict(top_k=(top_k, 0), top_p=(top_p, 1.0), min_p=(min_p, 0.0), bitmask=(bitmask, None),
-                        penalties=(penalties, None), filter_apply_order=(filter_apply_order, "joint"),
-                        logprobs_mode=(logprobs_mode, "processed"), out=(out, None))
-        for name, (value, default) in defaults.items():
-            if isinstance(value, torch.Tensor) or value != default:
-                raise ValueError(f"{name} cannot be given with support= (token_logprobs: the support replaces "
-                                 "the filters; apply penalties to the logits first)")
-        logprobs, entropy = replay(logits, token_ids, temperature, support)
+        clash = controls.first_not_default(*DISTRIBUTION_CONTROLS[1:])  # (all but the temperature)
+        if clash is None and (logprobs_mode != "processed" or out is not None):
+            clash = "logprobs_mode" if logprobs_mode != "processed" else "out"
+        if clash is not None:
+            raise ValueError(f"{clash} cannot be given with support= (token_logprobs: the support replaces "
+                             "the filters; apply penalties to the logits first)")
+        logprobs, entropy = replay(logits, token_ids, controls.temperature, support)
         return (logprobs, entropy) if return_entropy else logprobs
     if return_entropy:
         raise ValueError("return_entropy needs support= (token_logprobs: the entropy of the kept set)")
-    arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    arguments = controls.arguments(*DISTRIBUTION_CONTROLS)
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"token_ids must be a 1-D integer tensor, got {type(token_ids).__name__}")
     if out is None:
         out = torch.empty(logits.shape[:1], dtype=torch.float32, device=logits.device)
-    call(ops, "token_logprobs", logits=logits, token_ids=token_ids, **arguments,
-         filter_apply_order=filter_apply_order, bitmask=bitmask,
-         **fused_penalty_arguments(penalties), logprobs_mode=logprobs_mode, out=out)
+    call(ops, "token_logprobs", logits=logits, token_ids=token_ids, **arguments, logprobs_mode=logprobs_mode,
+         out=out)
     return out
 
 

@@ -10,11 +10,19 @@ from typing import NamedTuple, Optional, Union
 import torch
 import torch.distributed as dist
 
-from ._args import Param, call, sampler_arguments, token_ids_dtype
+from ._args import call, token_ids_dtype
+from ._controls import DRAW_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
-from ._penalties import Penalties, fused_penalty_arguments
 from ._sampling import KeptSet, SampleWithLogprobs
+
+# Where sample_sharded's controls differ from `sample`'s: the whole row's, on every rank.
+_DOCS = {
+    "bitmask": "the whole row's mask, int32 ``[B, ceil(V / 32)]`` (XGrammar's layout; every rank holds it), "
+               "as in `sample`.",
+    "penalties": "as in `sample`, the whole vocabulary's state on every rank (each reads its columns; the "
+                 "updates, from the tokens, are the same everywhere).",
+}
 
 # sharded.h's layout of the exchanged words (the op checks every shape against its own).
 _SELECT_LEVELS = 5
@@ -69,12 +77,12 @@ class _Plan(NamedTuple):
         return 0 if n < 0 else 1, 0
 
 
-def _plan(arguments: dict, filter_apply_order: str, num_logprobs: int, logprobs_mode: str, kept_k: int = 0,
-          rank_ties: str = "min") -> _Plan:
-    """The plan of a call with these sampler arguments (`sampler_arguments`')."""
+def _plan(arguments: dict, num_logprobs: int, logprobs_mode: str, kept_k: int = 0, rank_ties: str = "min") -> _Plan:
+    """The plan of a call with these sampler arguments (`SamplingControls.arguments`')."""
     return _Plan(arguments["top_k"] is not None or arguments["top_k_value"] > 0,
                  arguments["top_p"] is not None or arguments["top_p_value"] < 1.0,
-                 filter_apply_order == "top_k_first", num_logprobs, num_logprobs >= 0 and logprobs_mode == "raw",
+                 arguments["filter_apply_order"] == "top_k_first", num_logprobs,
+                 num_logprobs >= 0 and logprobs_mode == "raw",
                  kept_k, rank_ties == "max")
 
 
@@ -128,21 +136,14 @@ def _check_shards(logits: torch.Tensor, vocab_offset: int, vocab_size: int, plan
         raise ValueError(f"vocab_offset: the shards cover [0, {end}), not [0, vocab_size = {vocab_size})")
 
 
+@sampling_op(*DRAW_CONTROLS, docs=_DOCS)
 def sample_sharded(
     local_logits: torch.Tensor,
     vocab_offset: int,
     vocab_size: int,
-    temperature: Param = 1.0,
-    top_k: Param = 0,
-    top_p: Param = 1.0,
-    min_p: Param = 0.0,
-    seed: Param = 0,
-    offset: Param = 0,
+    controls: SamplingControls = None,
     *,
     group: Optional[dist.ProcessGroup] = None,
-    bitmask: Optional[torch.Tensor] = None,
-    penalties: Optional[Penalties] = None,
-    filter_apply_order: str = "joint",
     num_logprobs: Optional[int] = None,
     logprobs_mode: str = "processed",
     rank_ties: str = "min",
@@ -164,14 +165,9 @@ def sample_sharded(
         local_logits (torch.Tensor): ``[B, V_shard]``, float32/float16/bfloat16: this rank's columns.
         vocab_offset (int): the vocabulary index of this rank's column 0.
         vocab_size (int): V, the whole vocabulary.
-        temperature, top_k, top_p, min_p, seed, offset: as in `sample`, the same on every rank.
+        {controls}
         group (ProcessGroup, optional): the tensor-parallel group; default the world (a single
             process when torch.distributed is not initialised).
-        bitmask (torch.Tensor, optional): the whole row's mask, int32 ``[B, ceil(V / 32)]``
-            (XGrammar's layout; every rank holds it), as in `sample`.
-        penalties (Penalties, optional): as in `sample`, the whole vocabulary's state on every
-            rank (each reads its columns; the updates, from the tokens, are the same everywhere).
-        filter_apply_order (str): as in `sample`; default ``"joint"``.
         num_logprobs (int, optional): N >= 0: return `sample_with_logprobs`' result (the
             log-probabilities, the N most likely tokens); default None: the tokens.
         logprobs_mode (str): ``"processed"`` (default) or ``"raw"``, as in `sample_with_logprobs`.
@@ -196,9 +192,7 @@ def sample_sharded(
     if num_logprobs is not None and (isinstance(num_logprobs, bool) or not isinstance(num_logprobs, int)
                                      or num_logprobs < 0):
         raise ValueError(f"num_logprobs must be None or an int >= 0, got {num_logprobs!r}")
-    arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                                  offset=offset)
-    penalty_arguments = fused_penalty_arguments(penalties)
+    arguments = controls.arguments(*DRAW_CONTROLS)
     if not isinstance(local_logits, torch.Tensor) or local_logits.dim() != 2:
         raise ValueError(f"local_logits must be a 2-D tensor [batch, V_shard], got "
                          f"{getattr(local_logits, 'shape', type(local_logits).__name__)}")
@@ -212,7 +206,7 @@ def sample_sharded(
     ids = token_ids_dtype(ids_dtype)
     n = -1 if num_logprobs is None else num_logprobs
     kept_k = return_kept or 0
-    plan = _plan(arguments, filter_apply_order, n, logprobs_mode, kept_k, rank_ties)
+    plan = _plan(arguments, n, logprobs_mode, kept_k, rank_ties)
     world, _ = _world(group)
     if check_shards:
         scalars = {name: value for name, value in arguments.items() if name.endswith("_value")}
@@ -227,8 +221,7 @@ def sample_sharded(
         sums_width, picks_width = plan.widths(stage)
         sums, picks = words(rows, sums_width), words(rows, picks_width)
         call(ops, "sample_shard_step", logits=local_logits, vocab_offset=vocab_offset, vocab_size=vocab_size,
-             **arguments, filter_apply_order=filter_apply_order, bitmask=bitmask, **penalty_arguments,
-             num_logprobs=n, logprobs_mode=logprobs_mode, rank_ties=rank_ties, kept_k=kept_k, stage=stage,
+             **arguments, num_logprobs=n, logprobs_mode=logprobs_mode, rank_ties=rank_ties, kept_k=kept_k, stage=stage,
              state=state, sums_in=sums_in, picks_in=picks_in, sums=sums, picks=picks, kept_bitmask=kept_bitmask)
         _all_reduce(sums, world, group)
         sums_in, picks_in = sums, _all_gather(picks, world, group)

@@ -6,10 +6,19 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._args import Param, call, sampler_arguments
+from ._args import call
+from ._controls import DRAW_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
-from ._penalties import FUSED_PENALTY_ARGUMENTS, Penalties, fused_penalty_arguments
+from ._penalties import FUSED_PENALTY_ARGUMENTS
+
+# Where verify_draft's controls differ from `sample`'s: per position.
+_DOCS = {
+    "bitmask": "int32 ``[B, S + 1, ceil(V / 32)]``, position j's grammar mask (XGrammar's layout; the "
+               "matcher advanced over the drafts, then rolled back); default every token allowed.",
+    "penalties": "as in `sample` (state rows, penalty values and logit biases per row b, the same at every "
+                 "position), with each position's drafts before it counted as above; default none.",
+}
 
 
 class VerifiedDraft(NamedTuple):
@@ -25,21 +34,14 @@ class VerifiedDraft(NamedTuple):
     num_accepted: torch.Tensor
 
 
+@sampling_op(*DRAW_CONTROLS, docs=_DOCS)
 def verify_draft(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
     num_draft_tokens: Optional[torch.Tensor] = None,
     draft_probs: Optional[torch.Tensor] = None,
-    temperature: Param = 1.0,
-    top_k: Param = 0,
-    top_p: Param = 1.0,
-    min_p: Param = 0.0,
-    seed: Param = 0,
-    offset: Param = 0,
+    controls: SamplingControls = None,
     *,
-    bitmask: Optional[torch.Tensor] = None,
-    filter_apply_order: str = "joint",
-    penalties: Optional[Penalties] = None,
     block_verification: bool = False,
     out: Optional[VerifiedDraft] = None,
 ) -> VerifiedDraft:
@@ -88,31 +90,17 @@ def verify_draft(
         draft_probs (torch.Tensor, optional): float32 ``[B, S, V]``, the draft model's
             distribution q_j at each position; default None, for deterministic proposals (n-gram
             lookup, greedy EAGLE): q_j is then the point mass at the draft.
-        temperature (float or torch.Tensor): as in `sample`; default 1.0.
-        top_k (int or torch.Tensor): as in `sample`; default 0.
-        top_p (float or torch.Tensor): as in `sample`; default 1.0.
-        min_p (float or torch.Tensor): as in `sample`; default 0.0.
-        seed (int or torch.Tensor): as in `sample`; default 0.
-        offset (int or torch.Tensor): as in `sample`; default 0.
-        bitmask (torch.Tensor, optional): int32 ``[B, S + 1, ceil(V / 32)]``, position j's grammar
-            mask (XGrammar's layout; the matcher advanced over the drafts, then rolled back);
-            default every token allowed.
-        filter_apply_order (str): as in `sample`; default ``"joint"``.
+        {controls}
         block_verification (bool): with draft_probs, verify the drafts as a block (Sun et al.,
             ICLR 2025: the same law of the emitted tokens, never fewer accepted drafts in
             expectation; below); default False. Greedy rows are verified position by position.
-        penalties (Penalties, optional): as in `sample` (state rows, penalty values and logit
-            biases per row b, the same at every position), with each position's drafts before it
-            counted as above; default none.
         out (VerifiedDraft, optional): preallocated tensors of the shapes below; default new tensors.
 
     Returns:
         VerifiedDraft: ``(tokens int64 [B, S + 1], num_accepted int64 [B])`` (`out`'s tensors):
         ``tokens[b, :num_accepted[b] + 1]`` are the emitted tokens, the rest -1.
     """
-    arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                                  offset=offset)
-    penalty_arguments = fused_penalty_arguments(penalties)  # checked before `out` is unpacked
+    arguments = controls.arguments(*DRAW_CONTROLS)  # (penalties checked before `out` is unpacked)
     if out is None:
         shape = target_logits.shape if target_logits.dim() == 3 else (0, 1)
         out = VerifiedDraft(
@@ -121,7 +109,6 @@ def verify_draft(
         )
     call(ops, "verify_draft", *out, target_logits=target_logits, draft_token_ids=draft_token_ids,
          num_draft_tokens=num_draft_tokens, draft_probs=draft_probs, **arguments,
-         filter_apply_order=filter_apply_order, bitmask=bitmask, **penalty_arguments,
          block_verification=bool(block_verification))
     return VerifiedDraft(*out)
 

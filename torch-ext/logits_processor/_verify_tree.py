@@ -6,10 +6,19 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._args import Param, call, sampler_arguments
+from ._args import call
+from ._controls import DRAW_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
-from ._penalties import FUSED_PENALTY_ARGUMENTS, Penalties, fused_penalty_arguments
+from ._penalties import FUSED_PENALTY_ARGUMENTS
+
+# Where verify_tree's controls differ from `sample`'s: per node.
+_DOCS = {
+    "bitmask": "int32 ``[B, N, ceil(V / 32)]``, node i's grammar mask (what XGrammar's "
+               "``GrammarMatcher.traverse_draft_tree`` fills); default all allowed.",
+    "penalties": "as in `sample` (state rows, penalty values and logit biases per row b, the same at every "
+                 "node), with each node's path counted as above; default none.",
+}
 
 
 class VerifiedTree(NamedTuple):
@@ -50,22 +59,15 @@ def tree_depth(next_token: torch.Tensor, next_sibling: torch.Tensor) -> int:
     return int(depth[:, :nodes].max()) if rows else 0
 
 
+@sampling_op(*DRAW_CONTROLS, docs=_DOCS)
 def verify_tree(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
     next_token: torch.Tensor,
     next_sibling: torch.Tensor,
     draft_probs: Optional[torch.Tensor] = None,
-    temperature: Param = 1.0,
-    top_k: Param = 0,
-    top_p: Param = 1.0,
-    min_p: Param = 0.0,
-    seed: Param = 0,
-    offset: Param = 0,
+    controls: SamplingControls = None,
     *,
-    bitmask: Optional[torch.Tensor] = None,
-    filter_apply_order: str = "joint",
-    penalties: Optional[Penalties] = None,
     out: Optional[VerifiedTree] = None,
 ) -> VerifiedTree:
     """Tree speculative-decoding verification (EAGLE-style draft trees): the accepted path of each
@@ -119,27 +121,14 @@ def verify_tree(
         draft_probs (torch.Tensor, optional): float32 ``[B, N, V]``, row i the draft distribution
             q_i node i's children were drawn from; default None (deterministic drafts: EAGLE's
             top-k children, n-gram branches).
-        temperature (float or torch.Tensor): as in `sample`; default 1.0.
-        top_k (int or torch.Tensor): as in `sample`; default 0.
-        top_p (float or torch.Tensor): as in `sample`; default 1.0.
-        min_p (float or torch.Tensor): as in `sample`; default 0.0.
-        seed (int or torch.Tensor): as in `sample`; default 0.
-        offset (int or torch.Tensor): as in `sample`; default 0.
-        bitmask (torch.Tensor, optional): int32 ``[B, N, ceil(V / 32)]``, node i's grammar mask
-            (what XGrammar's ``GrammarMatcher.traverse_draft_tree`` fills); default all allowed.
-        filter_apply_order (str): as in `sample`; default ``"joint"``.
-        penalties (Penalties, optional): as in `sample` (state rows, penalty values and logit
-            biases per row b, the same at every node), with each node's path counted as above;
-            default none.
+        {controls}
         out (VerifiedTree, optional): preallocated tensors (tokens and node_ids ``[B, D + 1]``,
             D + 1 <= 256, num_accepted ``[B]``); default new tensors.
 
     Returns:
         VerifiedTree: ``(tokens [B, D + 1], node_ids [B, D + 1], num_accepted [B])``, int64.
     """
-    arguments = sampler_arguments(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                                  offset=offset)
-    penalty_arguments = fused_penalty_arguments(penalties)  # checked before `out` is unpacked
+    arguments = controls.arguments(*DRAW_CONTROLS)  # (penalties checked before `out` is unpacked)
     if out is None:
         rows = target_logits.shape[0] if target_logits.dim() == 3 else 0
         width = 1
@@ -151,8 +140,7 @@ def verify_tree(
                            torch.empty(rows, width, dtype=torch.int64, device=device),
                            torch.empty(rows, dtype=torch.int64, device=device))
     call(ops, "verify_tree", *out, target_logits=target_logits, draft_token_ids=draft_token_ids,
-         next_token=next_token, next_sibling=next_sibling, draft_probs=draft_probs, **arguments,
-         filter_apply_order=filter_apply_order, bitmask=bitmask, **penalty_arguments)
+         next_token=next_token, next_sibling=next_sibling, draft_probs=draft_probs, **arguments)
     return VerifiedTree(*out)
 
 

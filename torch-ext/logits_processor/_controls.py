@@ -1,0 +1,199 @@
+"""The sampling controls, each declared once: its name, default, type, docs and how it reaches
+the kernels. Every sampler op (`sample`, `sample_with_logprobs`, `token_logprobs`,
+`filtered_*`, `sample_sharded`, `verify_draft`, `verify_tree`) takes its controls from here:
+
+- `sampling_op` builds the op's public signature (each control a keyword, as before, and
+  ``controls=`` for a `SamplingControls` built once per step) and its docstring's entries;
+- `SamplingControls.arguments` checks them and turns them into the schema's arguments.
+
+Adding a control: a `Control` line in CONTROLS, its schema arguments in torch_binding.cpp, the
+kernels' read of it, its tests (docs/development.md, "Adding a sampling control").
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from ._args import number_or_tensor
+from ._penalties import fused_penalty_arguments
+
+
+@dataclass(frozen=True)
+class Control:
+    """One sampling control.
+
+    number: float or int for "a number or a per-row tensor" (two schema arguments, `<name>` and
+    `<name>_value`: _args.number_or_tensor); None for an argument passed as given (the op
+    checks it). positional: whether it may also be given by position (after the op's own
+    leading arguments, in CONTROLS' order)."""
+
+    name: str
+    default: Any
+    annotation: str
+    doc: str
+    number: Optional[type] = None
+    positional: bool = True
+
+    def entry(self, brief: bool, text: Optional[str] = None) -> str:
+        """The docstring's Args entry: `text`, or `sample`'s whole text, or (brief) a pointer to
+        it."""
+        kind = self.annotation.replace("Param", "float or torch.Tensor" if self.number is float
+                                       else "int or torch.Tensor")
+        kind = kind.replace("Optional[torch.Tensor]", "torch.Tensor, optional").replace(
+            "Optional[Penalties]", "Penalties, optional")
+        if text is not None or not brief:
+            return f"{self.name} ({kind}): {text or self.doc}"
+        default = "" if self.default is None else f"; default ``{self.default!r}``".replace("'", '"')
+        return f"{self.name} ({kind}): as in `sample`{default}."
+
+
+CONTROLS: dict[str, Control] = {c.name: c for c in (
+    Control("temperature", 1.0, "Param", number=float, doc=(
+        "a number or a floating-point ``[B]`` tensor; default 1.0. <= 0 is greedy: the argmax, "
+        "lowest index on ties.")),
+    Control("top_k", 0, "Param", number=int, doc=(
+        "keep the tokens with p >= the k-th largest p; an int or an integer ``[B]`` tensor; <= 0 "
+        "(default 0) disables the filter.")),
+    Control("top_p", 1.0, "Param", number=float, doc=(
+        "keep the smallest top set whose mass reaches top_p; in [0, 1]; 1.0 (default) disables "
+        "the filter.")),
+    Control("min_p", 0.0, "Param", number=float, doc=(
+        "keep the tokens with p >= min_p * max p; at most 1; <= 0 (default 0.0) disables the "
+        "filter.")),
+    Control("seed", 0, "Param", number=int, doc=(
+        "the Philox key. With an int, row b draws from the stream keyed by (seed, b, offset); with "
+        "an integer ``[B]`` tensor, from (seed[b], offset[b]) alone, so a request draws the same "
+        "tokens whatever its row or batch. Default 0.")),
+    Control("offset", 0, "Param", number=int, doc=(
+        "the step counter of the stream, an int or an integer ``[B]`` tensor: advance it every "
+        "step (the draw is replayable). Default 0.")),
+    Control("bitmask", None, "Optional[torch.Tensor]", positional=False, doc=(
+        "int32 ``[B, ceil(V / 32)]``, XGrammar's layout; excludes disallowed tokens without "
+        "writing the logits: the result equals `apply_token_bitmask` on a copy, then `sample`. "
+        "Default: every token allowed.")),
+    Control("penalties", None, "Optional[Penalties]", positional=False, doc=(
+        "repetition, frequency and presence penalties and logit biases from per-request state, "
+        "applied as each logit is read (the logits are not written): the result equals "
+        "``apply_penalties_(logits.clone(), **penalties._asdict())`` then `sample`, token for "
+        "token (float16/bfloat16 penalised values are rounded to the logits' dtype, as "
+        "apply_penalties_ stores them). Default: none.")),
+    Control("filter_apply_order", "joint", "str", positional=False, doc=(
+        "how top-p composes with top-k and min-p. ``\"joint\"`` (default): the intersection "
+        "above, top-p over the whole row (FlashInfer's \"joint\", SGLang's). ``\"top_k_first\"``: "
+        "top-p over the renormalised set that top-k and min-p keep (vLLM's order, FlashInfer's "
+        "default \"top_k_first\"); see docs/semantics-sampling.md.")),
+)}
+
+
+# The controls of the ops that draw, and of those that only compute the distribution.
+DRAW_CONTROLS = tuple(CONTROLS)
+DISTRIBUTION_CONTROLS = tuple(name for name in CONTROLS if name not in ("seed", "offset"))
+
+
+class SamplingControls(collections.namedtuple("_Controls", CONTROLS, defaults=[c.default for c in CONTROLS.values()])):
+    """A batch's sampling controls in one object (every field as the op's keyword of the same
+    name documents it, `sample`'s docstring), for an engine to build once per step and pass to
+    any sampler op as ``controls=``. Fields an op does not take (seed and offset in
+    `token_logprobs` and `filtered_*`) are ignored by it.
+    """
+
+    __slots__ = ()
+
+    def arguments(self, *names: str) -> dict:
+        """The controls `names` as the schema's arguments, each checked in that order."""
+        arguments: dict = {}
+        for name in names:
+            control, value = CONTROLS[name], getattr(self, name)
+            if control.number is not None:
+                arguments |= number_or_tensor(name, value, control.number)
+            elif name == "penalties":
+                arguments |= fused_penalty_arguments(value)
+            else:
+                arguments[name] = value
+        return arguments
+
+    def first_not_default(self, *names: str) -> Optional[str]:
+        """The first of `names` whose value is not its default (a tensor never is), or None."""
+        for name in names:
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor) or value != CONTROLS[name].default:
+                return name
+        return None
+
+
+def controls_from(controls: Optional[SamplingControls], **given: Any) -> SamplingControls:
+    """The call's controls: the keywords `given`, or `controls` (the keywords then at their
+    defaults)."""
+    if controls is None:
+        return SamplingControls(**given)
+    if not isinstance(controls, SamplingControls):
+        raise TypeError(f"controls must be a SamplingControls (or None), got {type(controls).__name__}")
+    clash = SamplingControls(**given).first_not_default(*given)
+    if clash is not None:
+        raise ValueError(f"{clash} given both as a keyword and in controls= (give each control once)")
+    return controls
+
+
+_CONTROLS_LINE = "{controls}"
+
+
+def sampling_op(*names: str, full_docs: bool = False, docs: Optional[dict[str, str]] = None) -> Callable:
+    """The public op from `impl(<leading>, controls, *, <own keywords>)`: the signature
+    ``(<leading>, <positional controls of names>, *, <keyword controls of names>, <own keywords>,
+    controls=None)``, each control at its default, and impl's docstring with its line
+    ``{controls}`` replaced by the controls' Args entries (`sample`'s whole text with
+    `full_docs`, else pointers to it; `docs` replaces an entry's text).
+
+    The function is generated as source (as dataclasses generates __init__), so that its
+    signature is a plain Python signature: inspect, positional calls and torch.compile see it
+    as if written out."""
+    docs = docs or {}
+
+    def make(impl: Callable) -> Callable:
+        params = list(inspect.signature(impl).parameters.values())
+        at = [p.name for p in params].index("controls")
+        leading, own = params[:at], params[at + 1:]
+        chosen = [CONTROLS[n] for n in names]
+        first = [c for c in chosen if c.positional]
+        rest = [c for c in chosen if not c.positional]
+        defaults = {p.name: p.default for p in leading + own if p.default is not inspect.Parameter.empty}
+        defaults |= {c.name: c.default for c in chosen}
+
+        def parameter(name: str) -> str:
+            return f"{name}=_defaults[{name!r}]" if name in defaults else name
+
+        signature = ", ".join([*(parameter(p.name) for p in leading), *(parameter(c.name) for c in first), "*",
+                               *(parameter(c.name) for c in rest), *(parameter(p.name) for p in own),
+                               "controls=None"])
+        given = ", ".join(f"{c.name}={c.name}" for c in chosen)
+        passed = ", ".join([*(p.name for p in leading), "_controls_from(controls, " + given + ")",
+                            *(f"{p.name}={p.name}" for p in own)])
+        source = f"def {impl.__name__}({signature}):\n    return _impl({passed})\n"
+        namespace = {"_defaults": defaults, "_impl": impl, "_controls_from": controls_from}
+        exec(compile(source, f"<sampling_op {impl.__name__}>", "exec"), namespace)
+        op = namespace[impl.__name__]
+        op.__module__, op.__qualname__ = impl.__module__, impl.__qualname__
+        op.__annotations__ = {**{c.name: c.annotation for c in chosen}, **impl.__annotations__,
+                              "controls": "Optional[SamplingControls]"}
+        op.__doc__ = _docstring(impl.__doc__, chosen, full_docs, docs)
+        op.sampling_controls = tuple(names)  # (read by the tests and the docs check)
+        return op
+
+    return make
+
+
+def _docstring(doc: str, chosen: list[Control], full_docs: bool, docs: dict[str, str]) -> str:
+    lines = doc.split("\n")
+    at = next(i for i, line in enumerate(lines) if line.strip() == _CONTROLS_LINE)
+    indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
+    entries = [c.entry(not full_docs, docs.get(c.name)) for c in chosen]
+    entries.append("controls (SamplingControls, optional): the controls above as one object (built once "
+                   "per step); the keywords then stay at their defaults.")
+    wrapped = [textwrap.fill(e, 100, initial_indent=indent, subsequent_indent=indent + "    ") for e in entries]
+    return "\n".join(lines[:at] + wrapped + lines[at + 1:])
