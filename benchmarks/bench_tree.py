@@ -5,7 +5,7 @@ rejection sampler (torch_reference.verify_tree_reference, SGLang's target-only r
 Trees as an EAGLE drafter builds them: breadth first, the root with 4 children, each later
 node with fewer (2, then 1), N nodes in all; each node's children are the top candidates of
 a drafter close to the target (the node's target logits plus noise), so most rows accept a
-few levels. B in {1, 32}, N in {8, 32, 64}, V = 128256, fp32, top-k 50 + top-p 0.9 (bench.py's
+few levels. B in {1, 32}, N in {8, 32, 64}, V = 128256, fp32, top-k 50 + top-p 0.9 (workloads.py's
 verify mode). The check: each implementation's tokens are a path of the tree, then a token
 the last node's kept set holds.
 
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-import bench
-from bench import OURS, Case, Impl, buffer_count, log, markdown, ratio_target, run_case
-from timing import write_report
+from report import markdown, ratio_target
+from timing import OURS, Case, Impl, buffer_count, log, run_case, write_report
 from torch_reference import kept_probs, verify_tree_reference
+from workloads import MODES, VERIFY_MODE
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 128256
@@ -71,7 +71,7 @@ def tree_inputs(batch: int, nodes: int, device: str, seed: int):
 
 
 def tree_case(lp, device: str, batch: int, nodes: int) -> Case:
-    params = bench.MODES[bench.VERIFY_MODE]
+    params = MODES[VERIFY_MODE]
     nbuf = buffer_count(batch * nodes * VOCAB * 4, device)
     sets = [tree_inputs(batch, nodes, device, seed) for seed in range(nbuf)]
     parent = sets[0][4]

@@ -15,7 +15,6 @@ and accepted drafts mostly from structure the grammar repeats).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 

@@ -547,7 +547,7 @@ def render(record: dict) -> tuple[str, str]:
         if not bench:
             continue
         sys.path.insert(0, str(ROOT / "benchmarks"))
-        from bench import markdown as bench_markdown
+        from report import markdown as bench_markdown
 
         meta = bench["meta"]
         tables += [f"## {heading}", "",

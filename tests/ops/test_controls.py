@@ -4,6 +4,7 @@ equal to the same keywords, op by op."""
 
 import inspect
 import sys
+import typing
 
 import pytest
 import torch
@@ -37,6 +38,9 @@ def test_signatures_come_from_the_declaration(lp_cpu, name):
         assert f"\n        {control} (" in op.__doc__, f"{name}'s docstring has no entry for {control}"
     assert list(parameters)[-1] == "controls" and parameters["controls"].default is None
     assert "        controls (SamplingControls, optional)" in op.__doc__
+    hints = typing.get_type_hints(op)  # (the generated op's annotations resolve, as for a written one)
+    assert hints["controls"] == typing.Optional[lp_cpu.SamplingControls]
+    assert hints[next(iter(parameters))] is torch.Tensor  # (logits, target_logits or local_logits)
 
 
 def batch_controls(lp, rows: int, vocab: int, g: torch.Generator, **extra):

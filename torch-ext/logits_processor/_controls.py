@@ -6,8 +6,9 @@ the kernels. Every sampler op (`sample`, `sample_with_logprobs`, `token_logprobs
   ``controls=`` for a `SamplingControls` built once per step) and its docstring's entries;
 - `SamplingControls.arguments` checks them and turns them into the schema's arguments.
 
-Adding a control: a `Control` line in CONTROLS, its schema arguments in torch_binding.cpp, the
-kernels' read of it, its tests (docs/development.md, "Adding a sampling control").
+Adding a control: a `Control` line in CONTROLS, its schema arguments in torch_binding.h's
+argument groups, the kernels' read of it, its tests (docs/development.md, "Adding a sampling
+control").
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ._args import number_or_tensor
-from ._penalties import fused_penalty_arguments
+from ._args import Param, number_or_tensor
+from ._penalties import Penalties, fused_penalty_arguments
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Control:
     number: float or int for "a number or a per-row tensor" (two schema arguments, `<name>` and
     `<name>_value`: _args.number_or_tensor); None for an argument passed as given (the op
     checks it). positional: whether it may also be given by position (after the op's own
-    leading arguments, in CONTROLS' order)."""
+    leading arguments, in CONTROLS' order). draw_only: a control of the ops that draw alone."""
 
     name: str
     default: Any
@@ -39,6 +40,7 @@ class Control:
     doc: str
     number: Optional[type] = None
     positional: bool = True
+    draw_only: bool = False  # read by the draw alone: not a control of the ops that draw nothing
 
     def entry(self, brief: bool, text: Optional[str] = None) -> str:
         """The docstring's Args entry: `text`, or `sample`'s whole text, or (brief) a pointer to
@@ -66,11 +68,11 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("min_p", 0.0, "Param", number=float, doc=(
         "keep the tokens with p >= min_p * max p; at most 1; <= 0 (default 0.0) disables the "
         "filter.")),
-    Control("seed", 0, "Param", number=int, doc=(
+    Control("seed", 0, "Param", number=int, draw_only=True, doc=(
         "the Philox key. With an int, row b draws from the stream keyed by (seed, b, offset); with "
         "an integer ``[B]`` tensor, from (seed[b], offset[b]) alone, so a request draws the same "
         "tokens whatever its row or batch. Default 0.")),
-    Control("offset", 0, "Param", number=int, doc=(
+    Control("offset", 0, "Param", number=int, draw_only=True, doc=(
         "the step counter of the stream, an int or an integer ``[B]`` tensor: advance it every "
         "step (the draw is replayable). Default 0.")),
     Control("bitmask", None, "Optional[torch.Tensor]", positional=False, doc=(
@@ -93,7 +95,7 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
 
 # The controls of the ops that draw, and of those that only compute the distribution.
 DRAW_CONTROLS = tuple(CONTROLS)
-DISTRIBUTION_CONTROLS = tuple(name for name in CONTROLS if name not in ("seed", "offset"))
+DISTRIBUTION_CONTROLS = tuple(name for name, control in CONTROLS.items() if not control.draw_only)
 
 
 class SamplingControls(collections.namedtuple("_Controls", CONTROLS, defaults=[c.default for c in CONTROLS.values()])):
@@ -175,7 +177,10 @@ def sampling_op(*names: str, full_docs: bool = False, docs: Optional[dict[str, s
         passed = ", ".join([*(p.name for p in leading), "_controls_from(controls, " + given + ")",
                             *(f"{p.name}={p.name}" for p in own)])
         source = f"def {impl.__name__}({signature}):\n    return _impl({passed})\n"
-        namespace = {"_defaults": defaults, "_impl": impl, "_controls_from": controls_from}
+        # (The impl's module and this one as its globals: the annotations resolve, as
+        # typing.get_type_hints needs.)
+        namespace = {**impl.__globals__, "Param": Param, "Penalties": Penalties, "SamplingControls": SamplingControls,
+                     "_defaults": defaults, "_impl": impl, "_controls_from": controls_from}
         exec(compile(source, f"<sampling_op {impl.__name__}>", "exec"), namespace)
         op = namespace[impl.__name__]
         op.__module__, op.__qualname__ = impl.__module__, impl.__qualname__
@@ -188,7 +193,9 @@ def sampling_op(*names: str, full_docs: bool = False, docs: Optional[dict[str, s
     return make
 
 
-def _docstring(doc: str, chosen: list[Control], full_docs: bool, docs: dict[str, str]) -> str:
+def _docstring(doc: Optional[str], chosen: list[Control], full_docs: bool, docs: dict[str, str]) -> Optional[str]:
+    if doc is None:  # (python -OO)
+        return None
     lines = doc.split("\n")
     at = next(i for i, line in enumerate(lines) if line.strip() == _CONTROLS_LINE)
     indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]

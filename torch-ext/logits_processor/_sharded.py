@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ._args import call, token_ids_dtype
-from ._controls import DRAW_CONTROLS, SamplingControls, sampling_op
+from ._controls import CONTROLS, DRAW_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
 from ._sampling import KeptSet, SampleWithLogprobs
@@ -160,6 +160,7 @@ def sample_sharded(
     summaries (a candidate count and maxima, digit histograms of the cutoffs, the draw's best
     pick: docs/sharded-sampling.md lists the stages and their bytes) through all_reduce and
     all_gather on `group`: CPU tensors (gloo) or CUDA tensors (NCCL; each stage one kernel launch).
+    Every argument but `local_logits` and `vocab_offset` must be the same on every rank.
 
     Args:
         local_logits (torch.Tensor): ``[B, V_shard]``, float32/float16/bfloat16: this rank's columns.
@@ -209,7 +210,7 @@ def sample_sharded(
     plan = _plan(arguments, n, logprobs_mode, kept_k, rank_ties)
     world, _ = _world(group)
     if check_shards:
-        scalars = {name: value for name, value in arguments.items() if name.endswith("_value")}
+        scalars = {f"{name}_value": arguments[f"{name}_value"] for name in DRAW_CONTROLS if CONTROLS[name].number}
         _check_shards(local_logits, vocab_offset, vocab_size, plan, scalars, world, group)
     rows, device = local_logits.shape[0], local_logits.device
     words = lambda *shape: torch.empty(shape, dtype=torch.int64, device=device)  # noqa: E731
