@@ -40,6 +40,16 @@ struct TokenIds {
   }
 };
 
+// A read-only integer array whose dtype, int64 or int32, is known at run time: a per-row
+// parameter read in the caller's dtype, without a converted copy (vLLM's int32 top_k).
+struct IntArray {
+  const void* data;  // nullptr: not given
+  bool int32;
+  LP_HOST_DEVICE int64_t get(int64_t i) const {
+    return int32 ? static_cast<const int32_t*>(data)[i] : static_cast<const int64_t*>(data)[i];
+  }
+};
+
 // CPU kernels split work through this callback (the binding passes at::parallel_for),
 // so that kernel code does not depend on torch's threading API.
 using ParallelFor =

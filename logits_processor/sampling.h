@@ -76,7 +76,7 @@ struct SamplingParams : LogitsView {
   // Each parameter is a per-row array, or nullptr and then the scalar beside it.
   const float* temperature;
   float temperature_value;
-  const int64_t* top_k;
+  IntArray top_k;  // int64 or int32 (its data nullptr: top_k_value)
   int64_t top_k_value;
   const float* top_p;
   float top_p_value;
@@ -122,7 +122,7 @@ LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   RowParams r;
   r.temperature = p.temperature ? p.temperature[row] : p.temperature_value;
   r.greedy = !(r.temperature > 0.0f);
-  r.top_k = p.top_k ? p.top_k[row] : p.top_k_value;
+  r.top_k = p.top_k.data ? p.top_k.get(row) : p.top_k_value;
   const float top_p = p.top_p ? p.top_p[row] : p.top_p_value;
   r.top_p = top_p >= 0.0f ? (top_p < 1.0f ? top_p : 1.0f) : (top_p < 0.0f ? 0.0f : 1.0f);
   const float min_p = p.min_p ? p.min_p[row] : p.min_p_value;

@@ -77,8 +77,10 @@ RowView row_view(const Tensor& t, const char* name);
 std::pair<int64_t, int64_t> host_int64_range(const Tensor& t);
 
 // A per-row sampling parameter: a length-B tensor on the logits' device, converted to the
-// kernel's dtype (a no-op, and no allocation, when it already is float32 / int64).
-Tensor row_parameter(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype);
+// kernel's dtype (a no-op, and no allocation, when it already is float32 / int64; with
+// `int32_too`, an int32 tensor is kept as it is too, for a kernel that reads either).
+Tensor row_parameter(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype,
+                     bool int32_too = false);
 
 // The index of `value` among `choices` (an option given by name, such as
 // filter_apply_order); else an error naming the argument and listing the choices.

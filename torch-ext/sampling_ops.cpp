@@ -35,11 +35,13 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
       choice_index(filters.filter_apply_order, "filter_apply_order", {"joint", "top_k_first"}));
 
   SamplingCall call;
-  const auto param = [&](const std::optional<Tensor>& t, const char* name, ScalarType dtype) {
-    return t.has_value() ? std::optional(row_parameter(*t, logits, name, dtype)) : std::nullopt;
+  const auto param = [&](const std::optional<Tensor>& t, const char* name, ScalarType dtype,
+                         bool int32_too = false) {
+    return t.has_value() ? std::optional(row_parameter(*t, logits, name, dtype, int32_too)) : std::nullopt;
   };
   call.temperature = param(filters.temperature, "temperature", ScalarType::Float);
-  call.top_k = param(filters.top_k, "top_k", ScalarType::Long);
+  // (vLLM's top_k is int32: the kernels read it as it is, IntArray.)
+  call.top_k = param(filters.top_k, "top_k", ScalarType::Long, /*int32_too=*/true);
   call.top_p = param(filters.top_p, "top_p", ScalarType::Float);
   call.min_p = param(filters.min_p, "min_p", ScalarType::Float);
   call.seed = param(draws.seed, "seed", ScalarType::Long);
@@ -61,7 +63,8 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   static_cast<lp::LogitsView&>(p) = logits_view(logits, lv);
   p.temperature = optional_data<float>(call.temperature);
   p.temperature_value = ieee_float(filters.temperature_value);
-  p.top_k = optional_data<int64_t>(call.top_k);
+  p.top_k = {call.top_k ? call.top_k->const_data_ptr() : nullptr,
+             call.top_k && call.top_k->scalar_type() == ScalarType::Int};
   p.top_k_value = filters.top_k_value;
   p.top_p = optional_data<float>(call.top_p);
   p.top_p_value = ieee_float(filters.top_p_value);

@@ -40,9 +40,11 @@ def test_sampler_agrees_with_cpu_per_row(emulation, lp_cpu, sms, dtype, rows, vo
         extra = dict(bitmask=bitmask, filter_apply_order=order) if with_bitmask else dict(filter_apply_order=order)
         expected = lp_cpu.sample(logits, **extra, **params)
         ids = torch.int32 if order == "top_k_first" else torch.int64  # (the kernels write either)
+        # (and read top_k in either: vLLM's int32, as it is, against the CPU's int64)
+        device_params = dict(params, top_k=params["top_k"].to(ids))
         before = emulation.launches()
         with emulation.gpu(sms) as lp:
-            got = lp.sample(logits, **extra, **params, ids_dtype=ids)
+            got = lp.sample(logits, **extra, **device_params, ids_dtype=ids)
         assert_launched(emulation, before)
         assert got.dtype == ids
         got = got.long()

@@ -1,5 +1,5 @@
 """With `out=` and per-row parameters of the ops' own dtypes (float32 temperature, top_p, min_p;
-int64 top_k, seed, offset, token ids), the binding converts nothing and the ops allocate no
+int64 or int32 top_k; int64 seed, offset, token ids), the binding converts nothing and the ops allocate no
 tensor (docs/guarantees.md, torch integration); a parameter of another dtype is converted, a new
 tensor on each call, which the count sees. Counted by torch's profiler (every allocation through
 PyTorch's allocator), through the loader, on CPU tensors: the conversions and outputs are the
@@ -56,9 +56,11 @@ NAMES = ["sample", "sample_with_logprobs", "sample_with_logprobs(return_kept)", 
          "filtered_probs", "filtered_logits"]
 
 
+@pytest.mark.parametrize("top_k_dtype", [torch.int64, torch.int32])  # (int32: vLLM's, read as it is)
 @pytest.mark.parametrize("name", NAMES)
-def test_no_allocation_with_out_and_parameters_of_the_ops_dtypes(lp, name):
+def test_no_allocation_with_out_and_parameters_of_the_ops_dtypes(lp, name, top_k_dtype):
     logits, rows, draws, bitmask = inputs()
+    rows["top_k"] = rows["top_k"].to(top_k_dtype)
     call = calls(lp, rows, draws, logits, bitmask)[name]
     call()  # (first call: lazy initialisation outside the count)
     assert allocations(call) == 0
@@ -66,9 +68,9 @@ def test_no_allocation_with_out_and_parameters_of_the_ops_dtypes(lp, name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_parameter_of_another_dtype_is_converted_on_each_call(lp, name):
-    """The count can fail: float64 top_p and int32 top_k allocate their float32/int64 copies."""
+    """The count can fail: float64 top_p and int16 top_k allocate their float32/int64 copies."""
     logits, rows, draws, bitmask = inputs()
-    rows = {**rows, "top_p": rows["top_p"].double(), "top_k": rows["top_k"].int()}
+    rows = {**rows, "top_p": rows["top_p"].double(), "top_k": rows["top_k"].to(torch.int16)}
     call = calls(lp, rows, draws, logits, bitmask)[name]
     call()
     assert allocations(call) >= 2

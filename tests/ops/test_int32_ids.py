@@ -1,6 +1,6 @@
 """Token ids in int32, as vLLM holds them: every op that reads ids takes int32 as well as int64
 (the same results), and the sampler ops write int32 ids on request (`ids_dtype`, or int32 `out`
-tensors), the same ids as int64."""
+tensors), the same ids as int64. vLLM's per-row top_k is int32 too: read as it is."""
 
 import torch
 
@@ -34,6 +34,30 @@ def test_sampler_outputs_in_int32(lp):
                                 torch.full((6, 9), 7, dtype=torch.int32), torch.empty(6, dtype=torch.int64))
     lp.sample_with_logprobs(logits, **params, num_logprobs=8, out=out)
     assert torch.equal(out.logprob_token_ids.long(), wide.logprob_token_ids)
+
+
+def test_int32_top_k_reads_as_int64(lp):
+    """A per-row int32 top_k (vLLM's SamplingMetadata.top_k) gives every sampler op the int64
+    one's results, bit for bit: 0 and negative (off), 1, ties at the cut, past V."""
+    g = torch.Generator().manual_seed(205)
+    rows, vocab = 8, 600
+    logits = (torch.randn(rows, vocab, generator=g) * 2).round()  # (rounded: ties at the cutoffs)
+    top_k = torch.tensor([0, 1, 5, 17, -3, vocab + 9, 2, 40])
+    params = dict(temperature=0.9, top_p=0.95, seed=torch.arange(rows), offset=3)
+    for order in ("joint", "top_k_first"):
+        wide = dict(params, top_k=top_k, filter_apply_order=order)
+        narrow = dict(params, top_k=top_k.int(), filter_apply_order=order)
+        assert torch.equal(lp.sample(logits, **narrow), lp.sample(logits, **wide)), order
+        for a, b in zip(lp.sample_with_logprobs(logits, **narrow, num_logprobs=3, return_kept=64)[0],
+                        lp.sample_with_logprobs(logits, **wide, num_logprobs=3, return_kept=64)[0]):
+            assert torch.equal(bits(a) if a.is_floating_point() else a, bits(b) if b.is_floating_point() else b)
+        drawless = {k: v for k, v in wide.items() if k not in ("seed", "offset")}
+        assert torch.equal(bits(lp.filtered_probs(logits, **dict(drawless, top_k=top_k.int()))),
+                           bits(lp.filtered_probs(logits, **drawless))), order
+        target = logits[:, None].expand(rows, 3, vocab).contiguous()
+        drafts = torch.randint(0, vocab, (rows, 2), generator=g)
+        assert all(torch.equal(a, b) for a, b in zip(lp.verify_draft(target, drafts, **narrow),
+                                                     lp.verify_draft(target, drafts, **wide))), order
 
 
 def test_penalty_state_and_biases_from_int32_ids(lp):

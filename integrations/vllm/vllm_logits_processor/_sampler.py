@@ -345,7 +345,7 @@ class PackageSampler:
             return None
         start = time.perf_counter()
         lp = self.lp
-        rows, vocab = len(spec.num_draft_tokens), logits.shape[1]
+        rows = len(spec.num_draft_tokens)
         width = spec.max_spec_len
         n = torch.tensor(spec.num_draft_tokens, dtype=torch.int64)
         starts = torch.cumsum(n + 1, 0) - (n + 1)
@@ -386,17 +386,15 @@ class PackageSampler:
         """The package's arguments for this batch: the per-row sampling parameters, seeds and
         offsets, the constraint bitmask and the fused penalties; `logits` [rows, V] (the
         first position's, for speculative rows) only for the min-tokens restore check."""
-        vocab = logits.shape[1]
         processors = {type(p): p for p in md.logitsprocs.all}
         min_p_processor = processors.get(MinPLogitsProcessor)
         min_p: Any = 0.0
         if min_p_processor is not None and min_p_processor.min_p_count:
             min_p = min_p_processor.min_p.reshape(-1)[:rows]
         temperature: Any = 0.0 if md.all_greedy else md.temperature[:rows]
-        top_k: Any = 0
-        if md.top_k is not None:
-            top_k = md.top_k[:rows]
-            top_k = torch.where(top_k >= vocab, torch.zeros_like(top_k), top_k)
+        # vLLM's int32 top_k, read by the kernels as it is (its "off", vocab_size, keeps every
+        # token there too: no filter at or past the row's width).
+        top_k: Any = 0 if md.top_k is None else md.top_k[:rows]
         top_p: Any = 1.0 if md.top_p is None else md.top_p[:rows]
         seeds, offsets = self.seeds_and_offsets(md, batch, rows)
         return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seeds, offset=offsets,
