@@ -52,6 +52,23 @@ def test_sampler_agrees_with_cpu_per_row(emulation, lp_cpu, sms, dtype, rows, vo
 
 
 @pytest.mark.emulation
+@pytest.mark.parametrize("rows,vocab,sms", [(6, 3000, 8), (2, 40000, 132)])  # one block a row; split rows
+def test_top_k_of_the_width_or_more_is_off(emulation, lp_cpu, rows, vocab, sms):
+    """An int32 per-row top_k >= V (vLLM's vocab_size, which the plugin passes through) draws
+    as top_k = 0 does on the CPU, in the whole-row and split-row kernels."""
+    g = torch.Generator().manual_seed(rows + vocab)
+    logits = special_logits(rows, vocab, torch.float32, g)
+    top_k = torch.tensor([vocab, vocab + 1, 2**31 - 1, 0, vocab, 7][:rows], dtype=torch.int32)
+    params = dict(temperature=1.1, top_p=0.9, seed=torch.arange(rows) + 5, filter_apply_order="top_k_first")
+    expected = lp_cpu.sample(logits, top_k=torch.where(top_k >= vocab, 0, top_k).long(), **params)
+    before = emulation.launches()
+    with emulation.gpu(sms) as lp:
+        got = lp.sample(logits, top_k=top_k, **params)
+    assert_launched(emulation, before)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.emulation
 @pytest.mark.parametrize("sms", SMS)
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("rows,vocab", [(5, 20000), (64, 3000)] if not SANITIZED else [(2, 9000)])

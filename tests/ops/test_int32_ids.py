@@ -48,8 +48,10 @@ def test_int32_top_k_reads_as_int64(lp):
         wide = dict(params, top_k=top_k, filter_apply_order=order)
         narrow = dict(params, top_k=top_k.int(), filter_apply_order=order)
         assert torch.equal(lp.sample(logits, **narrow), lp.sample(logits, **wide)), order
-        for a, b in zip(lp.sample_with_logprobs(logits, **narrow, num_logprobs=3, return_kept=64)[0],
-                        lp.sample_with_logprobs(logits, **wide, num_logprobs=3, return_kept=64)[0]):
+        (got, got_kept), (expected, expected_kept) = (
+            lp.sample_with_logprobs(logits, **narrow, num_logprobs=3, return_kept=64),
+            lp.sample_with_logprobs(logits, **wide, num_logprobs=3, return_kept=64))
+        for a, b in [*zip(got, expected), *zip(got_kept, expected_kept)]:
             assert torch.equal(bits(a) if a.is_floating_point() else a, bits(b) if b.is_floating_point() else b)
         drawless = {k: v for k, v in wide.items() if k not in ("seed", "offset")}
         assert torch.equal(bits(lp.filtered_probs(logits, **dict(drawless, top_k=top_k.int()))),
@@ -58,6 +60,25 @@ def test_int32_top_k_reads_as_int64(lp):
         drafts = torch.randint(0, vocab, (rows, 2), generator=g)
         assert all(torch.equal(a, b) for a, b in zip(lp.verify_draft(target, drafts, **narrow),
                                                      lp.verify_draft(target, drafts, **wide))), order
+
+
+def test_top_k_of_the_width_or_more_is_off(lp):
+    """vLLM's "off" is top_k = vocab_size (the plugin passes it through): a per-row top_k >= V,
+    int32 or int64, gives every sampler op the results of top_k = 0."""
+    g = torch.Generator().manual_seed(206)
+    rows, vocab = 6, 500
+    logits = torch.randn(rows, vocab, generator=g) * 2
+    for dtype in (torch.int32, torch.int64):
+        top_k = torch.tensor([vocab, vocab + 1, 2**31 - 1, 0, vocab, 7], dtype=dtype)
+        off = torch.where(top_k >= vocab, 0, top_k)
+        for order in ("joint", "top_k_first"):
+            params = dict(temperature=1.1, top_p=0.9, seed=torch.arange(rows) + 5, filter_apply_order=order)
+            assert torch.equal(lp.sample(logits, top_k=top_k, **params), lp.sample(logits, top_k=off, **params))
+            (got, got_kept), (expected, expected_kept) = (
+                lp.sample_with_logprobs(logits, top_k=top_k, **params, num_logprobs=2, return_kept=vocab),
+                lp.sample_with_logprobs(logits, top_k=off, **params, num_logprobs=2, return_kept=vocab))
+            for a, b in [*zip(got, expected), *zip(got_kept, expected_kept)]:
+                assert torch.equal(bits(a) if a.is_floating_point() else a, bits(b) if b.is_floating_point() else b)
 
 
 def test_penalty_state_and_biases_from_int32_ids(lp):

@@ -60,8 +60,9 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
         "a number or a floating-point ``[B]`` tensor; default 1.0. <= 0 is greedy: the argmax, "
         "lowest index on ties.")),
     Control("top_k", 0, "Param", number=int, doc=(
-        "keep the tokens with p >= the k-th largest p; an int or an integer ``[B]`` tensor; <= 0 "
-        "(default 0) disables the filter.")),
+        "keep the tokens with p >= the k-th largest p; an int or an integer ``[B]`` tensor (int64, "
+        "or int32 read as it is); <= 0 (default 0) disables the filter, and >= V keeps every token "
+        "(vLLM's vocab_size for off).")),
     Control("top_p", 1.0, "Param", number=float, doc=(
         "keep the smallest top set whose mass reaches top_p; in [0, 1]; 1.0 (default) disables "
         "the filter.")),
