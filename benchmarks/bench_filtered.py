@@ -14,12 +14,11 @@ way (the torch chain keeps the same tokens on these inputs, ties aside).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
-from timing import median_times, write_report
+from timing import local_package, median_times, write_report
 from torch_reference import kept_probs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,12 +41,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
-    from kernels import get_local_kernel
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", ROOT / "build")),
-                          backend=None if device == "cuda" else "cpu")
-    repeats = 30 if device == "cuda" else 7
+    lp, device, repeats = local_package(ROOT)
     print(f"bench_filtered: V={VOCAB}, {FILTERS}, {device}", flush=True)
     print("| B | dtype | sample | filtered_probs | filtered_logits | torch chain | probs / sample | torch / probs |")
     print("|---|---|---|---|---|---|---|---|")

@@ -39,6 +39,20 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def local_package(root: Path):
+    """(the package built in `root`/build/ (or LP_BUILD_DIR) for this machine's device, the
+    device, the rounds median_times takes there)."""
+    import os
+
+    import torch
+    from kernels import get_local_kernel
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    lp = get_local_kernel(Path(os.environ.get("LP_BUILD_DIR", root / "build")),
+                          backend=None if device == "cuda" else "cpu")
+    return lp, device, 30 if device == "cuda" else 7
+
+
 def median_times(calls: dict, device: str, repeats: int) -> dict:
     """Each call's median seconds over `repeats` rounds."""
     times = {name: [] for name in calls}

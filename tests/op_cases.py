@@ -395,3 +395,41 @@ def tree_penalty_case(g: torch.Generator, rows: int, parents: list[int], vocab: 
             target[torch.arange(rows), parent, drafts[:, i]] += lift
     q = torch.softmax(torch.randn(rows, nodes, vocab, generator=g), -1) if sampled else None
     return target.to(dtype), drafts, q, prompt_mask, counts, kwargs
+
+
+# --- request constraints (constrain_bitmask_) ---------------------------------------------------
+
+def constraint_case(rows: int, vocab: int, g: torch.Generator, dtype: torch.dtype = torch.int64,
+                    per_row: bool = True) -> tuple[torch.Tensor, dict]:
+    """A random bitmask and constrain_bitmask_'s keywords, every constraint on: sequences of
+    random lengths over a few tokens (so n-grams repeat), bad words cut from the sequences' ends
+    (so they match) and random ones, lists with -1 padding, some rows without an allowed list.
+    `per_row`: per-row tensors and lists, else numbers and lists shared by every row."""
+    alphabet = min(vocab, 5)
+    length = 12
+    token_ids = torch.randint(0, alphabet, (rows, length), generator=g)
+    ends = torch.randint(0, length + 1, (rows,), generator=g)
+    token_ids[torch.arange(length) >= ends[:, None]] = -1
+    token_ids[0, :3] = torch.tensor([vocab - 1, 0, vocab - 1])[:min(3, length)]  # the last id too
+
+    def ids(shape, low=-1):
+        return torch.randint(low, vocab, shape, generator=g)
+
+    bad_words = ids((rows, 4, 3))
+    bad_words[:, :, 2] = -1  # words of at most 2 ids, some shorter (padding after a -1 is ignored)
+    for b in range(rows):  # word 0 ends like the sequence, so that it matches
+        end = int(ends[b])
+        if end >= 1:
+            bad_words[b, 0, 0] = token_ids[b, end - 1]
+    allowed = ids((rows, 6))
+    allowed[::3] = -1  # rows with no allowed list
+    kwargs = dict(token_ids=token_ids, prompt_lengths=torch.randint(0, 3, (rows,), generator=g),
+                  min_tokens=torch.randint(0, 8, (rows,), generator=g), stop_token_ids=ids((rows, 3)),
+                  allowed_token_ids=allowed, suppress_tokens=ids((rows, 4)), bad_words=bad_words,
+                  no_repeat_ngram_size=torch.randint(0, 4, (rows,), generator=g))
+    if not per_row:
+        kwargs.update(prompt_lengths=1, min_tokens=5, stop_token_ids=kwargs["stop_token_ids"][0],
+                      allowed_token_ids=kwargs["allowed_token_ids"][1], suppress_tokens=kwargs["suppress_tokens"][0],
+                      bad_words=kwargs["bad_words"][0], no_repeat_ngram_size=2)
+    kwargs = {k: v.to(dtype) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    return random_bitmask(rows, vocab, g), kwargs

@@ -116,6 +116,10 @@ DEFECTS: dict[str, tuple[str, Callable]] = {
     "counts-mix-up-rows": ("update_output_counts_", _in_place_with(rows=_flipped_rows)),
     "counts-first-token-only": ("update_output_counts_",
                                 _in_place_with(token_ids=lambda call: call["token_ids"].view(call["token_ids"].shape[0], -1)[:, :1])),
+    # A constraint dropped: the n-grams not matched, or min_tokens never holding back the stop ids.
+    "constraints-ignore-ngrams": ("constrain_bitmask_",
+                                  _in_place_with(no_repeat_ngram_size=None, no_repeat_ngram_size_value=0)),
+    "constraints-ignore-min_tokens": ("constrain_bitmask_", _in_place_with(min_tokens=None, min_tokens_value=0)),
 }
 
 
@@ -136,7 +140,7 @@ def plant(kernel: ModuleType, defect: str) -> None:
         return
     name, make = DEFECTS[defect]
     ops = _OpsWithDefect(kernel._ops.ops, name, make(getattr(kernel._ops.ops, name)))
-    for caller in (kernel._bitmask, kernel._sampling, kernel._penalties, kernel._sharded):
+    for caller in (kernel._bitmask, kernel._sampling, kernel._penalties, kernel._constraints, kernel._sharded):
         caller.ops = ops
     kernel.planted_defect = defect
 

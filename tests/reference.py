@@ -260,3 +260,47 @@ def chi_square_p_value(counts, expected):
         return 1.0
     z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
     return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def constraints_reference(bitmask: torch.Tensor, vocab: int, token_ids=None, prompt_lengths=0, min_tokens=0,
+                          stop_token_ids=None, allowed_token_ids=None, suppress_tokens=None, bad_words=None,
+                          no_repeat_ngram_size=0) -> torch.Tensor:
+    """constrain_bitmask_'s result as bool [rows, vocab] (True: allowed; unpack_bitmask's form),
+    row by row in Python lists, from its definition (the engines' loops: vLLM's allowed ids, min
+    tokens and bad words, transformers' n-grams)."""
+    rows = bitmask.shape[0]
+    allowed = unpack_bitmask(bitmask, vocab).tolist()
+
+    def per_row(value, b):
+        return int(value[b]) if isinstance(value, torch.Tensor) else value
+
+    def row_list(t, b, nested=False):
+        if t is None:
+            return []
+        shared = t.dim() == (2 if nested else 1)
+        return (t if shared else t[b]).tolist()
+
+    for b in range(rows):
+        sequence = []
+        for t in row_list(token_ids, b):
+            if not 0 <= t < vocab:
+                break
+            sequence.append(t)
+        excluded = set()
+        listed = [a for a in row_list(allowed_token_ids, b) if 0 <= a < vocab]
+        if listed:
+            excluded |= set(range(vocab)) - set(listed)
+        excluded |= {s for s in row_list(suppress_tokens, b) if 0 <= s < vocab}
+        if len(sequence) - per_row(prompt_lengths, b) < per_row(min_tokens, b):
+            excluded |= {s for s in row_list(stop_token_ids, b) if 0 <= s < vocab}
+        for word in row_list(bad_words, b, nested=True):
+            word = word[:next((i for i, t in enumerate(word) if not 0 <= t < vocab), len(word))]
+            if word and len(word) - 1 <= len(sequence) and sequence[len(sequence) - len(word) + 1:] == word[:-1]:
+                excluded.add(word[-1])
+        n = per_row(no_repeat_ngram_size, b)
+        if n > 0 and len(sequence) >= n:
+            prefix = sequence[len(sequence) - n + 1:]
+            excluded |= {sequence[i + n - 1] for i in range(len(sequence) - n + 1) if sequence[i:i + n - 1] == prefix}
+        for v in excluded:
+            allowed[b][v] = False
+    return torch.tensor(allowed, dtype=torch.bool).reshape(rows, vocab)

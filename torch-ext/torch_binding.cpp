@@ -159,6 +159,21 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           LP_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "Tensor? rows"
           ") -> ()");
+  ops.def("constrain_bitmask_("
+          "Tensor(a!) bitmask, "
+          "int vocab_size, "
+          "Tensor? token_ids, "
+          "Tensor? prompt_lengths, "
+          "int prompt_lengths_value, "
+          "Tensor? min_tokens, "
+          "int min_tokens_value, "
+          "Tensor? stop_token_ids, "
+          "Tensor? allowed_token_ids, "
+          "Tensor? suppress_tokens, "
+          "Tensor? bad_words, "
+          "Tensor? no_repeat_ngram_size, "
+          "int no_repeat_ngram_size_value"
+          ") -> ()");
   ops.def("update_output_counts_("
           "Tensor(a!) output_counts, "
           "Tensor token_ids, "
@@ -194,6 +209,7 @@ void impl_ops(Library& ops) {
   ops.impl("verify_tree", TORCH_BOX(&verify_tree));
   ops.impl("apply_penalties_", TORCH_BOX(&apply_penalties_));
   ops.impl("update_output_counts_", TORCH_BOX(&update_output_counts_));
+  ops.impl("constrain_bitmask_", TORCH_BOX(&constrain_bitmask_));
   ops.impl("penalty_state_from_tokens", TORCH_BOX(&penalty_state_from_tokens));
 }
 

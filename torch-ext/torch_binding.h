@@ -1,7 +1,7 @@
 #pragma once
 
 // What registration (torch_binding.cpp) needs: one function per op, and the argument groups
-// that several ops take. Each op family's file (bitmask_ops.cpp, penalty_ops.cpp,
+// that several ops take. Each op family's file (bitmask_ops.cpp, penalty_ops.cpp, constraint_ops.cpp,
 // sampling_ops.cpp, verify_ops.cpp, verify_tree_ops.cpp, sharded_ops.cpp) validates its arguments and runs the CPU or CUDA kernel.
 //
 // Only torch's stable ABI is used (torch/csrc/stable/*, torch/headeronly/*, and the C shim
@@ -93,6 +93,14 @@ void update_output_counts_(const Tensor& output_counts, const Tensor& token_ids,
                            const std::optional<Tensor>& rows);
 void penalty_state_from_tokens(const Tensor& prompt_token_ids, const Tensor& output_token_ids,
                                const Tensor& prompt_mask, const Tensor& output_counts);
+
+// constraint_ops.cpp
+void constrain_bitmask_(const Tensor& bitmask, int64_t vocab_size, const std::optional<Tensor>& token_ids,
+                        const std::optional<Tensor>& prompt_lengths, int64_t prompt_lengths_value,
+                        const std::optional<Tensor>& min_tokens, int64_t min_tokens_value,
+                        const std::optional<Tensor>& stop_token_ids, const std::optional<Tensor>& allowed_token_ids,
+                        const std::optional<Tensor>& suppress_tokens, const std::optional<Tensor>& bad_words,
+                        const std::optional<Tensor>& no_repeat_ngram_size, int64_t no_repeat_ngram_size_value);
 
 // sampling_ops.cpp
 void sample(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)

@@ -231,6 +231,13 @@ T atomicOr(T* address, std::type_identity_t<T> value) {
   return std::atomic_ref<T>(*address).fetch_or(value, std::memory_order_relaxed);
 }
 
+template <typename T>
+  requires std::is_integral_v<T>
+T atomicAnd(T* address, std::type_identity_t<T> value) {
+  cuda_emulation::before_atomic(address);
+  return std::atomic_ref<T>(*address).fetch_and(value, std::memory_order_relaxed);
+}
+
 // CUDA's max for two values of one integer or floating type (CUDA also converts mixed types;
 // the kernels here never mix them, and a mixed call fails to compile, which is the safer side).
 template <typename T>

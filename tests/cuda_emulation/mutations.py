@@ -47,6 +47,7 @@ BLOCK_VERIFY = "logits_processor/verify_block_cuda.cu"
 SHARDED = "logits_processor/sharded_cuda.cu"
 LOGPROB_IDS = "logits_processor/logprob_ids_cuda.cu"
 TREE_LINKS = "logits_processor/verify_tree.h"
+CONSTRAINTS = "logits_processor/constraints_cuda.cu"
 AGREEMENT = "AssertionError"
 
 
@@ -229,6 +230,20 @@ MUTANTS = [
     Mutant("shard-noise-id", SHARDED, "noise(row.r, id)", "noise(row.r, j)",
            "fibers", AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py",
            within="[&] { return noise(row.r, id); }"),
+    # A row's exclusions clear bits of one word from several threads: a plain AND instead of
+    # the atomic loses clears (a data race).
+    Mutant("constraints-plain-and", CONSTRAINTS, "atomicAnd(words + (id >> 5), ~(1u << (id & 31)))",
+           "words[id >> 5] &= ~(1u << (id & 31))", "tsan", "ThreadSanitizer: data race", "constraints_equal_cpu",
+           "tests/cuda_emulation/test_constraints_cuda.py"),
+    # The barrier between a chunk's marks and its use removed: words ANDed with a chunk that
+    # other threads are still marking.
+    Mutant("constraints-chunk-barrier", CONSTRAINTS,
+           "      if (w >= 0) atomicOr(chunk + w, bit);\n    }\n    __syncthreads();\n",
+           "      if (w >= 0) atomicOr(chunk + w, bit);\n    }\n", "fibers", AGREEMENT, "constraints_equal_cpu",
+           "tests/cuda_emulation/test_constraints_cuda.py"),
+    # The grid-stride over rows one row too long: rows past the first grid skipped.
+    Mutant("constraints-row-stride", CONSTRAINTS, "row += gridDim.x", "row += gridDim.x + 1", "fibers", AGREEMENT,
+           "constraints_equal_cpu", "tests/cuda_emulation/test_constraints_cuda.py"),
 ]
 
 

@@ -80,6 +80,7 @@ LP_READ_MODIFY_WRITE_HOOK(32, uint32_t, fetch_add)
 LP_READ_MODIFY_WRITE_HOOK(64, uint64_t, fetch_add)
 LP_READ_MODIFY_WRITE_HOOK(32, uint32_t, fetch_or)
 LP_READ_MODIFY_WRITE_HOOK(64, uint64_t, fetch_or)
+LP_READ_MODIFY_WRITE_HOOK(32, uint32_t, fetch_and)
 #undef LP_READ_MODIFY_WRITE_HOOK
 
 // Bytes of global memory read and written by launches since the last reset.

@@ -1,0 +1,106 @@
+"""Request constraints (constrain_bitmask_ then `sample` reading the bitmask) beside plain
+`sample`, and the torch passes a user writes instead: transformers' logits processors (and
+vLLM's masked_fill for allowed ids), then `sample` (`make bench`).
+
+V = 128256, B in {1, 32}, bfloat16 logits, on the GPU where there is one, else the CPU. Each
+constraint on its own, then all at once; a step = reset the bitmask, constrain it, sample
+(what an engine runs per decode step). Each time is the median of interleaved calls (the
+machine is shared: ratios, measured side by side, are the figures to read). The kept sets
+are checked equal on the way.
+
+  python benchmarks/bench_constraints.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from timing import local_package, median_times, write_report
+from transformers.generation.logits_process import (MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor,
+                                                    NoRepeatNGramLogitsProcessor, SuppressTokensLogitsProcessor)
+
+ROOT = Path(__file__).resolve().parent.parent
+VOCAB = 128256
+HISTORY = 1024  # generated tokens per row
+STOP = [128001, 128008, 128009]
+
+
+def constraints(batch: int, g: torch.Generator, device: str) -> dict:
+    """Each constraint's keywords for constrain_bitmask_ and the transformers processor (or
+    vLLM's mask) a user applies instead."""
+    history = torch.randint(0, 2000, (batch, HISTORY), generator=g).to(device)
+    allowed = torch.randint(0, VOCAB, (batch, 64), generator=g).to(device)
+    disallowed = torch.ones(batch, VOCAB, dtype=torch.bool, device=device)
+    disallowed.scatter_(1, allowed, False)  # vLLM's allowed_token_ids_mask, kept per request
+    suppress = torch.randint(0, VOCAB, (16,), generator=g)
+    words = torch.randint(0, 2000, (32, 3), generator=g)
+    words[:, 0] = history[0, -1].cpu()  # word prefixes that match row 0's last token
+    return {
+        "allowed_token_ids": (dict(allowed_token_ids=allowed),
+                              lambda ids, x: x.masked_fill(disallowed, float("-inf"))),
+        "suppress_tokens": (dict(suppress_tokens=suppress.to(device)), SuppressTokensLogitsProcessor(suppress.tolist())),
+        "min_tokens": (dict(token_ids=history, min_tokens=2 * HISTORY, stop_token_ids=torch.tensor(STOP, device=device)),
+                       MinNewTokensLengthLogitsProcessor(0, 2 * HISTORY, STOP)),
+        "bad_words": (dict(token_ids=history, bad_words=words.to(device)), NoBadWordsLogitsProcessor(words.tolist())),
+        "no_repeat_ngram_size": (dict(token_ids=history, no_repeat_ngram_size=3), NoRepeatNGramLogitsProcessor(3)),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    lp, device, repeats = local_package(ROOT)
+    print(f"bench_constraints: V={VOCAB}, history {HISTORY}, bfloat16, {device}", flush=True)
+    print("| B | constraint | sample | constrained step | torch + sample | step / sample | torch / step |")
+    print("|---|---|---|---|---|---|---|")
+    report = []
+    for batch in [32] if args.quick else [1, 32]:
+        g = torch.Generator().manual_seed(batch)
+        logits = (torch.randn(batch, VOCAB, generator=g) * 3).to(torch.bfloat16).to(device)
+        cases = constraints(batch, g, device)
+        every = {k: v for kwargs, _ in cases.values() for k, v in kwargs.items()}
+        processors = [p for _, p in cases.values()]
+
+        def chain(ids, x):
+            for processor in processors:
+                x = processor(ids, x)
+            return x
+
+        cases["all"] = (every, chain)
+        bitmask = lp.allocate_token_bitmask(batch, VOCAB, device=device)
+        out = torch.empty(batch, dtype=torch.int64, device=device)
+        history = every["token_ids"]
+        for name, (kwargs, processor) in cases.items():
+            def step():
+                lp.reset_token_bitmask(bitmask)
+                lp.constrain_bitmask_(bitmask, VOCAB, **kwargs)
+                return lp.sample(logits, seed=1, bitmask=bitmask, out=out)
+
+            def theirs():
+                return lp.sample(processor(history, logits.float()), seed=1)
+
+            step()
+            processed = processor(history, logits.float())
+            same = bool(torch.equal(unpack(bitmask), torch.isfinite(processed)))
+            calls = {"sample": lambda: lp.sample(logits, seed=1, out=out), "step": step, "torch": theirs}
+            t = median_times(calls, device, repeats)
+            report.append({"batch": batch, "constraint": name, "device": device, "seconds": t, "same_kept_set": same})
+            print(f"| {batch} | {name} | {t['sample'] * 1e6:.0f} us | {t['step'] * 1e6:.0f} us | "
+                  f"{t['torch'] * 1e6:.0f} us | {t['step'] / t['sample']:.2f} | "
+                  f"{t['torch'] / t['step']:.1f}x{'' if same else ' (kept sets differ!)'} |", flush=True)
+    return write_report(args.json, report)
+
+
+def unpack(bitmask: torch.Tensor) -> torch.Tensor:
+    """bool [B, V]: the allowed tokens of a packed bitmask."""
+    v = torch.arange(VOCAB, device=bitmask.device)
+    return ((bitmask.to(torch.int64)[:, v // 32] >> (v % 32)) & 1).bool()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+// Request constraints (vLLM's SamplingParams, transformers' GenerationConfig) as the tokens
+// they exclude, cleared from a packed bitmask (XGrammar's layout) that the sampler ops read.
+// Every constraint only excludes tokens, so the result is the AND of all of them and of the
+// bitmask given: the order does not matter, and the CPU and CUDA kernels, which clear the
+// same bits in different orders, agree bit for bit.
+//
+// A row with an allowed list first ANDs its words with the listed ids' bits, built a chunk of
+// kAllowedChunkWords words at a time (zeroed, the ids in the chunk marked, the row's words
+// ANDed): O(W + A * chunks), not O(W * A). Then the row's exclusions, a list of items, each
+// clearing at most one token's bit:
+//
+//   S items                 suppress_tokens
+//   then T items            stop_token_ids, while the row has generated fewer than min_tokens
+//   then N items            bad_words: word k's last token, if the sequence ends with the rest
+//   then len - n + 1 items  no_repeat_ngram_size: position i's n-gram's last token, if its
+//                           first n - 1 tokens are the sequence's last n - 1
+//
+// A row's sequence is token_ids[b, :len], len the index of its first negative entry (or L).
+// Ids outside [0, vocab) in a list are padding: skipped (the binding rejects them in host
+// memory; device memory is not read on the host).
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+
+#if defined(CUDA_KERNEL) || defined(__CUDACC__)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace logits_processor {
+
+// A list per row, int64 or int32: [rows, width] with row_stride width, or one list for every
+// row (row_stride 0). width 0: not given.
+struct RowLists {
+  IntArray ids;
+  int64_t width;
+  int64_t row_stride;
+  LP_HOST_DEVICE int64_t get(int64_t row, int64_t k) const { return ids.get(row * row_stride + k); }
+};
+
+// A per-row integer: the tensor's value[row], or `value` for every row.
+struct RowInt {
+  IntArray per_row;
+  int64_t value;
+  LP_HOST_DEVICE int64_t get(int64_t row) const { return per_row.data ? per_row.get(row) : value; }
+};
+
+struct ConstraintParams {
+  int32_t* bitmask;  // [rows, words], ANDed in place
+  int64_t bitmask_row_stride;
+  int64_t rows;
+  int64_t words;
+  int64_t vocab;
+  RowLists token_ids;          // the sequence the row has generated (-1 ends it)
+  RowInt prompt_lengths;       // its first prompt_lengths[b] tokens are the prompt (min_tokens)
+  RowInt min_tokens;           // stop_token_ids excluded while len - prompt_length < min_tokens
+  RowLists stop_token_ids;
+  RowLists allowed_token_ids;  // a row whose list holds no id is unconstrained
+  RowLists suppress_tokens;
+  RowLists bad_words;          // [rows, N * M] (or [N * M]): N words of M ids, -1 padded
+  int64_t bad_word_width;      // M
+  RowInt no_repeat_ngram_size; // <= 0: off
+};
+
+LP_HOST_DEVICE bool in_vocab(int64_t id, int64_t vocab) { return id >= 0 && id < vocab; }
+
+// The row's sequence length: the index of its first id outside [0, vocab), or L.
+LP_HOST_DEVICE int64_t sequence_length(const ConstraintParams& p, int64_t row) {
+  int64_t n = 0;
+  while (n < p.token_ids.width && in_vocab(p.token_ids.get(row, n), p.vocab)) ++n;
+  return n;
+}
+
+LP_HOST_DEVICE bool has_allowed_list(const ConstraintParams& p, int64_t row) {
+  for (int64_t k = 0; k < p.allowed_token_ids.width; ++k)
+    if (in_vocab(p.allowed_token_ids.get(row, k), p.vocab)) return true;
+  return false;
+}
+
+// Words of the allowed set built at a time (8 KB: a CUDA block's shared memory, a CPU stack array).
+constexpr int64_t kAllowedChunkWords = 2048;
+
+// Listed id k of the row, if it falls in the chunk of words [first, first + n): its word in the
+// chunk and its bit; else word -1.
+LP_HOST_DEVICE void allowed_bit(const ConstraintParams& p, int64_t row, int64_t k, int64_t first, int64_t n,
+                                int64_t* word, uint32_t* bit) {
+  const int64_t id = p.allowed_token_ids.get(row, k);
+  const int64_t w = (id >> 5) - first;
+  *word = in_vocab(id, p.vocab) && w >= 0 && w < n ? w : -1;
+  *bit = 1u << (id & 31);
+}
+
+// The length of bad word k of the row: its ids up to the first padding.
+LP_HOST_DEVICE int64_t bad_word_length(const ConstraintParams& p, int64_t row, int64_t k) {
+  int64_t m = 0;
+  while (m < p.bad_word_width && in_vocab(p.bad_words.get(row, k * p.bad_word_width + m), p.vocab)) ++m;
+  return m;
+}
+
+// What a row's exclusions are: the counts of each kind, in the order above.
+struct RowItems {
+  int64_t stops;       // T or 0
+  int64_t ngram_size;  // n, or 0 when no n-gram can be completed
+  int64_t length;      // the sequence's length
+  int64_t total;
+};
+
+LP_HOST_DEVICE RowItems row_items(const ConstraintParams& p, int64_t row) {
+  RowItems r{};
+  r.length = sequence_length(p, row);
+  const int64_t generated = r.length - p.prompt_lengths.get(row);
+  r.stops = generated < p.min_tokens.get(row) ? p.stop_token_ids.width : 0;
+  const int64_t n = p.no_repeat_ngram_size.get(row);
+  r.ngram_size = n > 0 && r.length >= n ? n : 0;  // (transformers: none while len + 1 < n)
+  const int64_t ngrams = r.ngram_size > 0 ? r.length - r.ngram_size + 1 : 0;
+  const int64_t bad_words = p.bad_word_width > 0 ? p.bad_words.width / p.bad_word_width : 0;
+  r.total = p.suppress_tokens.width + r.stops + bad_words + ngrams;
+  return r;
+}
+
+// The token that exclusion k of the row excludes, or an id outside [0, vocab) for none.
+LP_HOST_DEVICE int64_t excluded_token(const ConstraintParams& p, int64_t row, const RowItems& r, int64_t k) {
+  if (k < p.suppress_tokens.width) return p.suppress_tokens.get(row, k);
+  k -= p.suppress_tokens.width;
+  if (k < r.stops) return p.stop_token_ids.get(row, k);
+  k -= r.stops;
+  const int64_t bad_words = p.bad_word_width > 0 ? p.bad_words.width / p.bad_word_width : 0;
+  if (k < bad_words) {
+    const int64_t m = bad_word_length(p, row, k);
+    if (m == 0 || m - 1 > r.length) return -1;
+    const int64_t start = r.length - (m - 1);  // the sequence's last m - 1 tokens
+    for (int64_t j = 0; j + 1 < m; ++j)
+      if (p.token_ids.get(row, start + j) != p.bad_words.get(row, k * p.bad_word_width + j)) return -1;
+    return p.bad_words.get(row, k * p.bad_word_width + m - 1);
+  }
+  k -= bad_words;
+  // n-gram at position k: tokens [k, k + n); its first n - 1 against the sequence's last n - 1.
+  const int64_t n = r.ngram_size;
+  const int64_t start = r.length - (n - 1);
+  for (int64_t j = 0; j + 1 < n; ++j)
+    if (p.token_ids.get(row, k + j) != p.token_ids.get(row, start + j)) return -1;
+  return p.token_ids.get(row, k + n - 1);
+}
+
+void constrain_bitmask_cpu(const ConstraintParams& params, const ParallelFor& parallel_for);
+#if defined(CUDA_KERNEL) || defined(__CUDACC__)
+void constrain_bitmask_cuda(const ConstraintParams& params, cudaStream_t stream);
+#endif
+
+}  // namespace logits_processor

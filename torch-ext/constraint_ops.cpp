@@ -1,0 +1,124 @@
+// constrain_bitmask_: the request constraints (logits_processor/constraints.h) cleared from a
+// packed bitmask, checked here before anything is written.
+
+#include <torch/csrc/stable/ops.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "../logits_processor/constraints.h"
+#include "checks.h"
+#include "dispatch.h"
+#include "torch_binding.h"
+
+HIDDEN_NAMESPACE_BEGIN(binding)
+
+namespace lp = logits_processor;
+
+namespace {
+
+// The tensors the kernel reads, held for the call (contiguous copies of strided inputs).
+struct ConstraintTensors {
+  std::optional<Tensor> lists[6];
+  std::optional<Tensor> ints[3];
+};
+
+bool is_int_ids(ScalarType t) { return t == ScalarType::Long || t == ScalarType::Int; }
+
+lp::IntArray int_array(const Tensor& t) {
+  return {t.const_data_ptr(), t.scalar_type() == ScalarType::Int};
+}
+
+// An integer tensor (int64 or int32, read as it is) on the bitmask's device, not sharing its
+// memory, contiguous; its host values in [lo, hi].
+Tensor checked_ints(const Tensor& t, const Tensor& bitmask, const char* name, int64_t lo, int64_t hi,
+                    const char* range) {
+  CHECK_ARG(is_int_ids(t.scalar_type()), name, " must be int64 or int32, got ", t.scalar_type());
+  CHECK_ARG(t.device() == bitmask.device(), name, " must be on the bitmask's device (",
+            device_name(bitmask.device()), "), got ", device_name(t.device()));
+  CHECK_ARG(!shares_storage(t, bitmask), name, " must not share memory with bitmask");
+  Tensor c = torch::stable::contiguous(t);
+  if (host_readable(c) && c.numel() > 0) {
+    const lp::IntArray values = int_array(c);
+    int64_t low = values.get(0), high = low;
+    for (int64_t i = 1; i < c.numel(); ++i) {
+      low = std::min(low, values.get(i));
+      high = std::max(high, values.get(i));
+    }
+    CHECK_ARG(low >= lo && high <= hi, name, " must lie in ", range, ", got values in [", low, ", ", high, "]");
+  }
+  return c;
+}
+
+// A list per row: [B, width] (or [width] for every row; `items` > 1: [B, N, items] or
+// [N, items]), ids in [0, vocab) or negative for padding (-1; host values below -1 are an error).
+lp::RowLists row_lists(const std::optional<Tensor>& given, std::optional<Tensor>& held, const Tensor& bitmask,
+                       int64_t rows, int64_t vocab, const char* name, bool nested = false) {
+  if (!given.has_value()) return {{nullptr, false}, 0, 0};
+  const Tensor& t = *given;
+  const int64_t shared_dim = nested ? 2 : 1;
+  CHECK_ARG(t.dim() == shared_dim || (t.dim() == shared_dim + 1 && t.size(0) == rows), name, " must be ",
+            nested ? "[N, M] (the same words for every row) or [" : "[L] (the same list for every row) or [",
+            rows, nested ? ", N, M]" : ", L]", " (one per row, -1 padded), got shape ", shape_name(t.sizes()));
+  held = checked_ints(t, bitmask, name, -1, vocab - 1, "[0, vocab_size) or be -1 (padding)");
+  const bool per_row = t.dim() == shared_dim + 1;
+  const int64_t width = per_row ? (rows > 0 ? held->numel() / rows : 0) : held->numel();
+  return {int_array(*held), width, per_row ? width : 0};
+}
+
+// A per-row integer: `value`, or a [B] tensor of them (None: `value` for every row).
+lp::RowInt row_int(const std::optional<Tensor>& given, int64_t value, std::optional<Tensor>& held,
+                   const Tensor& bitmask, int64_t rows, const char* name) {
+  CHECK_ARG(value >= 0 && value < (int64_t{1} << 31), name, " must lie in [0, 2^31), got ", value);
+  if (!given.has_value()) return {{nullptr, false}, value};
+  CHECK_ARG(given->dim() == 1 && given->size(0) == rows, name, " must be a number or a 1-D tensor of length ",
+            rows, " (one per row), got shape ", shape_name(given->sizes()));
+  held = checked_ints(*given, bitmask, name, 0, (int64_t{1} << 31) - 1, "[0, 2^31)");
+  return {int_array(*held), 0};
+}
+
+}  // namespace
+
+void constrain_bitmask_(const Tensor& bitmask, int64_t vocab_size, const std::optional<Tensor>& token_ids,
+                        const std::optional<Tensor>& prompt_lengths, int64_t prompt_lengths_value,
+                        const std::optional<Tensor>& min_tokens, int64_t min_tokens_value,
+                        const std::optional<Tensor>& stop_token_ids, const std::optional<Tensor>& allowed_token_ids,
+                        const std::optional<Tensor>& suppress_tokens, const std::optional<Tensor>& bad_words,
+                        const std::optional<Tensor>& no_repeat_ngram_size, int64_t no_repeat_ngram_size_value) {
+  CHECK_ARG(bitmask.scalar_type() == ScalarType::Int, "bitmask must be int32, got ", bitmask.scalar_type());
+  CHECK_ARG(bitmask.dim() == 2, "bitmask must be 2-D [batch, ceil(vocab_size / 32)], got ", bitmask.dim(), "-D");
+  check_device_supported(bitmask, "bitmask");
+  CHECK_ARG(vocab_size > 0 && vocab_size < (int64_t{1} << 31), "vocab_size must lie in [1, 2^31), got ",
+            vocab_size);
+  const RowView bv = row_view(bitmask, "bitmask");
+  CHECK_ARG(bv.width == (vocab_size + 31) / 32, "bitmask must have ceil(vocab_size / 32) = ", (vocab_size + 31) / 32,
+            " words per row for vocab_size = ", vocab_size, ", got ", bv.width);
+  CHECK_ARG(!has_internal_overlap(bitmask), "bitmask must not have overlapping rows (e.g. an expanded tensor)");
+  const bool needs_sequence = bad_words.has_value() || no_repeat_ngram_size.has_value() ||
+                              no_repeat_ngram_size_value > 0 || min_tokens.has_value() || min_tokens_value > 0;
+  CHECK_ARG(token_ids.has_value() || !needs_sequence,
+            "token_ids must be given with min_tokens, bad_words or no_repeat_ngram_size (they read the sequence)");
+  CHECK_ARG(stop_token_ids.has_value() || !(min_tokens.has_value() || min_tokens_value > 0),
+            "stop_token_ids must be given with min_tokens (the tokens it excludes)");
+
+  ConstraintTensors held;
+  lp::ConstraintParams p{};
+  p.bitmask = bitmask.mutable_data_ptr<int32_t>();
+  p.bitmask_row_stride = bv.row_stride;
+  p.rows = bv.rows;
+  p.words = bv.width;
+  p.vocab = vocab_size;
+  p.token_ids = row_lists(token_ids, held.lists[0], bitmask, p.rows, vocab_size, "token_ids");
+  p.stop_token_ids = row_lists(stop_token_ids, held.lists[1], bitmask, p.rows, vocab_size, "stop_token_ids");
+  p.allowed_token_ids = row_lists(allowed_token_ids, held.lists[2], bitmask, p.rows, vocab_size, "allowed_token_ids");
+  p.suppress_tokens = row_lists(suppress_tokens, held.lists[3], bitmask, p.rows, vocab_size, "suppress_tokens");
+  p.bad_words = row_lists(bad_words, held.lists[4], bitmask, p.rows, vocab_size, "bad_words", true);
+  p.bad_word_width = bad_words.has_value() ? bad_words->size(-1) : 0;
+  p.prompt_lengths = row_int(prompt_lengths, prompt_lengths_value, held.ints[0], bitmask, p.rows, "prompt_lengths");
+  p.min_tokens = row_int(min_tokens, min_tokens_value, held.ints[1], bitmask, p.rows, "min_tokens");
+  p.no_repeat_ngram_size = row_int(no_repeat_ngram_size, no_repeat_ngram_size_value, held.ints[2], bitmask, p.rows,
+                                   "no_repeat_ngram_size");
+  RUN_KERNEL(constrain_bitmask, bitmask, p);
+}
+
+HIDDEN_NAMESPACE_END(binding)

@@ -1,0 +1,84 @@
+"""Request constraints (vLLM's SamplingParams, transformers' GenerationConfig) as a bitmask.
+
+Each constraint only excludes tokens, so it is written into a packed bitmask (XGrammar's
+layout, the grammar's if there is one) that every sampler op reads with ``bitmask=``: the
+logits are never written, and the sampler's pass is the only pass over them. The kernels:
+logits_processor/constraints.h; the semantics, control by control: docs/semantics-constraints.md.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._args import Param, call, number_or_tensor
+from ._fakes import register_fakes
+from ._ops import ops
+
+
+def constrain_bitmask_(
+    bitmask: torch.Tensor,
+    vocab_size: int,
+    token_ids: Optional[torch.Tensor] = None,
+    *,
+    prompt_lengths: Param = 0,
+    min_tokens: Param = 0,
+    stop_token_ids: Optional[torch.Tensor] = None,
+    allowed_token_ids: Optional[torch.Tensor] = None,
+    suppress_tokens: Optional[torch.Tensor] = None,
+    bad_words: Optional[torch.Tensor] = None,
+    no_repeat_ngram_size: Param = 0,
+) -> torch.Tensor:
+    """Clear from `bitmask`, in place, the tokens each row's request constraints exclude.
+
+    A row's sequence is ``token_ids[b, :len]``, ``len`` the index of its first -1 (or L). The
+    bits kept are those of `bitmask` AND each constraint's allowed set (the order does not
+    matter; tokens past vocab_size in the last word may be cleared):
+
+    - allowed_token_ids: only the row's listed ids (vLLM's ``allowed_token_ids``); a row whose
+      list holds only -1 is unconstrained.
+    - suppress_tokens: never the listed ids (transformers' ``suppress_tokens``).
+    - min_tokens: not the row's stop_token_ids while ``len - prompt_lengths[b] < min_tokens[b]``
+      (vLLM's ``min_tokens`` with its stop and EOS ids; transformers' ``min_new_tokens``).
+    - bad_words: for each word ``w`` of m ids, not ``w[m - 1]`` when the sequence ends with
+      ``w[:m - 1]`` (always when m = 1): vLLM's and transformers' ``bad_words(_ids)``.
+    - no_repeat_ngram_size n: not a token that would repeat an n-gram of the sequence, i.e.
+      ``s[i + n - 1]`` for each i with ``s[i:i + n - 1] == s[len - n + 1:]`` (transformers').
+
+    No call synchronises with the host when the tensors are on the device (CUDA-graph safe);
+    host tensors are checked (ids outside [-1, vocab_size), negative counts raise), device
+    tensors are not read on the host: ids outside [0, vocab_size) there are padding.
+
+    Args:
+        bitmask (torch.Tensor): int32 ``[B, ceil(vocab_size / 32)]``, updated in place: the
+            grammar's bitmask, or `allocate_token_bitmask`'s (every token allowed).
+        vocab_size (int): V, the number of tokens.
+        token_ids (torch.Tensor, optional): int64 or int32 ``[B, L]``, each row's sequence, -1
+            padded at the end: what bad_words and no_repeat_ngram_size match and min_tokens
+            counts (vLLM: the generated tokens; transformers: ``input_ids``, with prompt_lengths).
+        prompt_lengths (int or torch.Tensor): the tokens of token_ids not counted by min_tokens;
+            default 0.
+        min_tokens (int or torch.Tensor): default 0 (off); needs token_ids and stop_token_ids.
+        stop_token_ids (torch.Tensor, optional): int64 or int32 ``[B, T]`` or ``[T]`` (every row),
+            -1 padded.
+        allowed_token_ids (torch.Tensor, optional): ``[B, A]`` or ``[A]``, -1 padded.
+        suppress_tokens (torch.Tensor, optional): ``[B, S]`` or ``[S]``, -1 padded.
+        bad_words (torch.Tensor, optional): ``[B, N, M]`` or ``[N, M]``: N words of up to M
+            ids, each -1 padded at the end.
+        no_repeat_ngram_size (int or torch.Tensor): n; default 0 (off).
+
+    Returns:
+        torch.Tensor: `bitmask`.
+    """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
+    call(ops, "constrain_bitmask_", bitmask=bitmask, vocab_size=vocab_size, token_ids=token_ids,
+         **number_or_tensor("prompt_lengths", prompt_lengths, int),
+         **number_or_tensor("min_tokens", min_tokens, int),
+         stop_token_ids=stop_token_ids, allowed_token_ids=allowed_token_ids, suppress_tokens=suppress_tokens,
+         bad_words=bad_words, **number_or_tensor("no_repeat_ngram_size", no_repeat_ngram_size, int))
+    return bitmask
+
+
+register_fakes("constrain_bitmask_")
