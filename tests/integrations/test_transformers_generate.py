@@ -79,6 +79,28 @@ def test_greedy_equals_transformers(lp, pair, inputs, name):
         assert torch.allclose(a[~a.isneginf()], b[~b.isneginf()], rtol=1e-6, atol=1e-6), step
 
 
+@pytest.mark.parametrize("after", [[], [AddToLastToken()]], ids=["last", "before_an_additive_processor"])
+def test_masking_processors_become_bitmask_bits(lp, pair, inputs, monkeypatch, after):
+    """no_repeat_ngram_size, bad_words_ids, min_new_tokens, min_length and suppress_tokens run as
+    constrain_bitmask_ calls, one per processor, where only masking processors follow them; a
+    caller's additive processor after them keeps them as transformers' processors. Either way
+    the tokens are transformers' own."""
+    _, model = pair
+    calls = []
+    real = lp.constrain_bitmask_
+    monkeypatch.setattr(lp, "constrain_bitmask_", lambda *a, **k: calls.append(sorted(k)) or real(*a, **k))
+    kwargs = dict(do_sample=False, max_new_tokens=16, no_repeat_ngram_size=2, bad_words_ids=[[17], [25, 31]],
+                  min_new_tokens=6, min_length=12, suppress_tokens=[3, 4, 5], logits_processor=after)
+    theirs = model.generate(**inputs, **kwargs)
+    assert torch.equal(ours(model, lp, inputs, **kwargs), theirs)
+    steps = theirs.shape[1] - inputs["input_ids"].shape[1]
+    assert len(calls) == (0 if after else 5 * steps)
+    if not after:
+        assert {tuple(c) for c in calls} == {("no_repeat_ngram_size",), ("bad_words",), ("suppress_tokens",),
+                                              ("min_tokens", "prompt_lengths", "stop_token_ids"),
+                                              ("min_tokens", "stop_token_ids")}
+
+
 def test_a_penalty_fused_past_an_additive_processor_would_differ(lp, pair, inputs):
     """The in-place case above is needed: fusing the penalty after AddToLastToken changes the tokens."""
     _, model = pair

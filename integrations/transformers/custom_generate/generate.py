@@ -6,11 +6,11 @@
     model.generate(**inputs, custom_generate=decode, ...)       # or the function itself
 
 transformers prepares the inputs, the cache, its logits processors and stopping criteria as for
-its own sampling, then calls `decode`. Each step runs the processors transformers built that are
-not sampling (no_repeat_ngram_size, bad_words_ids, min_new_tokens, ... and the caller's
-`logits_processor`), then one fused op draws the token: the package's `sample` (or
-`sample_with_logprobs`) with temperature, top-k, top-p, min-p, the repetition penalty, the
-grammar bitmask and a per-row seed. A `GenerationConfig` field the loop cannot honour as
+its own sampling, then calls `decode`. Each step writes no_repeat_ngram_size, bad_words_ids,
+min_length, min_new_tokens and suppress_tokens into the bitmask (`constrain_bitmask_`), runs the
+other processors transformers built that are not sampling (and the caller's `logits_processor`),
+then one fused op draws the token: the package's `sample` (or `sample_with_logprobs`) with
+temperature, top-k, top-p, min-p, the repetition penalty, the grammar bitmask and a per-row seed. A `GenerationConfig` field the loop cannot honour as
 transformers defines it raises a ValueError naming it. Semantics, supported fields and figures:
 docs/transformers.md in the package's repository.
 
@@ -54,6 +54,48 @@ MASKING_PROCESSORS = (tlp.NoRepeatNGramLogitsProcessor, tlp.EncoderNoRepeatNGram
                       tlp.MinNewTokensLengthLogitsProcessor, tlp.SuppressTokensLogitsProcessor,
                       tlp.SuppressTokensAtBeginLogitsProcessor, tlp.PrefixConstrainedLogitsProcessor,
                       tlp.ForcedBOSTokenLogitsProcessor, tlp.ForcedEOSTokenLogitsProcessor)
+
+
+def constraint_arguments(processor, vocab: int, device) -> Optional[dict]:
+    """`constrain_bitmask_`'s keywords for a masking processor it implements (its tokens
+    excluded as bitmask bits, matched against the rows' input_ids as transformers matches them),
+    else None."""
+    def ids(values) -> torch.Tensor:
+        values = torch.as_tensor(values, dtype=torch.int64).flatten()
+        return values[(values >= 0) & (values < vocab)].to(device)  # (transformers' isin ignores the rest)
+
+    if isinstance(processor, tlp.NoRepeatNGramLogitsProcessor):
+        return {"no_repeat_ngram_size": int(processor.ngram_size)}
+    if isinstance(processor, tlp.NoBadWordsLogitsProcessor):
+        words = [list(word) for word in processor.sequence_bias]
+        width = max(len(word) for word in words)
+        return {"bad_words": torch.tensor([word + [-1] * (width - len(word)) for word in words], device=device)}
+    if isinstance(processor, tlp.MinNewTokensLengthLogitsProcessor):
+        return {"prompt_lengths": int(processor.prompt_length_to_skip), "min_tokens": int(processor.min_new_tokens),
+                "stop_token_ids": ids(processor.eos_token_id)}
+    if isinstance(processor, tlp.MinLengthLogitsProcessor):
+        return {"min_tokens": int(processor.min_length), "stop_token_ids": ids(processor.eos_token_id)}
+    if isinstance(processor, tlp.SuppressTokensLogitsProcessor):
+        return {"suppress_tokens": ids(processor.suppress_tokens.cpu())}
+    return None
+
+
+def fused_constraints(processors, vocab: int, device) -> tuple[list, list[dict]]:
+    """(the processors left to run, the constraints fused into the sampler's bitmask). A masking
+    processor is fused only where every processor after it masks too (or is the repetition
+    penalty, which commutes with masks): moved last, it then excludes the same tokens and leaves
+    the others' scores as they were."""
+    kept, fused = [], []
+    commuting = True
+    for processor in reversed(processors):
+        arguments = constraint_arguments(processor, vocab, device) if commuting else None
+        if arguments is not None:
+            fused.append(arguments)
+            continue
+        kept.append(processor)
+        commuting = commuting and isinstance(processor, (*MASKING_PROCESSORS, tlp.RepetitionPenaltyLogitsProcessor,
+                                                         PenaltyProcessor))
+    return kept[::-1], fused
 
 
 @dataclass
@@ -290,7 +332,7 @@ def decode(
     record: dict[str, list] = {name: [] for name in want}
     unfinished = torch.ones(rows, dtype=torch.long, device=device)
     this_peer_finished = False
-    penalties = grammar = None
+    penalties = grammar = constraints = own_bitmask = None
     if streamer is not None:
         streamer.put(input_ids.cpu())  # the prompts, as generate() puts them for its own loops
     outputs = model._prefill(input_ids, config, model_kwargs)
@@ -317,12 +359,21 @@ def decode(
         if grammars is not None and grammar is None:
             grammar = Grammars(lp, grammars, rows, max(config.num_return_sequences or 1, 1), vocab, tokenizer_info,
                                device)
+        if constraints is None:
+            kept_processors, constraints = fused_constraints(kept_processors, vocab, device)
+            if constraints and grammar is None:
+                own_bitmask = lp.allocate_token_bitmask(rows, vocab, device=device)
         scores = logits
         for processor in kept_processors:
             if not isinstance(processor, tlp.RepetitionPenaltyLogitsProcessor):  # fused
                 scores = processor(input_ids, scores)
         running = unfinished.bool().tolist() if grammar is not None else None
         bitmask = grammar.bitmask_for(running) if grammar is not None else None
+        if constraints:
+            if bitmask is None:
+                bitmask = own_bitmask.fill_(-1)
+            for arguments in constraints:
+                lp.constrain_bitmask_(bitmask, vocab, input_ids, **arguments)
         fused = penalties if fuse_penalty else None
         draw = dict(sampling, seed=seeds, offset=step, bitmask=bitmask, penalties=fused)
         if want["logprobs"]:
