@@ -17,7 +17,8 @@ What maps where (vLLM 0.32; the line numbers are in NOTES.md):
   and the built-in LogitBiasLogitsProcessor's biases, fused: `penalties=Penalties(...)`, in
   vLLM's order (bias, then the penalties; penalty_order="vllm").
 - allowed_token_ids_mask, bad words and the built-in MinTokensLogitsProcessor's stop tokens as
-  one packed bitmask (`bitmask=`), so the logits are not written and "raw" logprobs stay raw.
+  one packed bitmask (`bitmask=`), so the logits are not written and "raw" logprobs stay raw:
+  vLLM's bool mask packed, then the banned and stop tokens cleared (`constrain_bitmask_`).
 - tokens in vLLM's int32 (`ids_dtype=torch.int32`, written by the kernel).
 - logprobs: `sample_with_logprobs(num_logprobs=N, logprobs_mode="raw" | "processed",
   rank_ties="max")` as vLLM's LogprobsTensors (int32 ids [B, N+1], float32 values, int64 ranks
@@ -66,21 +67,17 @@ def pack_bitmask(allowed: torch.Tensor) -> torch.Tensor:
     return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
 
 
-def clear_bits(bitmask: torch.Tensor, rows: list[int], tokens: list[int]) -> None:
-    """Disallow (rows[i], tokens[i]) in a packed bitmask, in place."""
-    if not rows:
-        return
-    r = torch.tensor(rows, dtype=torch.int64, device=bitmask.device)
-    t = torch.tensor(tokens, dtype=torch.int64, device=bitmask.device)
-    keep = (t >= 0) & (t < bitmask.shape[1] * 32)
-    r, t = r[keep], t[keep]
-    words = bitmask.view(-1)
-    flat = r * bitmask.shape[1] + t // 32
-    # int32 arithmetic: the mask of bit b is ~(1 << b), with 1 << 31 wrapping to INT32_MIN.
-    bit = torch.bitwise_left_shift(torch.ones_like(t, dtype=torch.int32), (t % 32).to(torch.int32))
-    # A word may lose several bits: reduce them with AND over duplicates, one word at a time.
-    for index, b in zip(flat.tolist(), bit.tolist()):
-        words[index] &= ~b
+def row_lists(rows: int, lists: dict[int, list[int]], vocab: int) -> Optional[torch.Tensor]:
+    """Token lists of some rows as int64 [rows, width], -1 padded (ids outside [0, vocab)
+    dropped, as vLLM's masked writes of such ids would not land); None when there are none."""
+    lists = {i: [t for t in ids if 0 <= t < vocab] for i, ids in lists.items() if i < rows}
+    width = max((len(ids) for ids in lists.values()), default=0)
+    if width == 0:
+        return None
+    table = torch.full((rows, width), -1, dtype=torch.int64)
+    for i, ids in lists.items():
+        table[i, :len(ids)] = torch.tensor(ids, dtype=torch.int64)
+    return table
 
 
 def banned_bad_words(bad_words: list[list[int]], past: list[int]) -> list[int]:
@@ -244,26 +241,19 @@ class PackageSampler:
         if md.allowed_token_ids_mask is not None:
             bitmask = pack_bitmask(~md.allowed_token_ids_mask[:rows])
         else:
-            bitmask = torch.full(((rows), (self.vocab + 31) // 32), -1, dtype=torch.int32, device=self.device)
-        ban_rows, ban_tokens = [], []
-        for i, words in md.bad_words_token_ids.items():
-            if i < rows:
-                banned = banned_bad_words(words, md.output_token_ids[i])
-                ban_rows += [i] * len(banned)
-                ban_tokens += banned
-        clear_bits(bitmask, ban_rows, ban_tokens)
+            bitmask = self.lp.allocate_token_bitmask(rows, self.vocab, device=self.device)
+        banned = {i: banned_bad_words(words, md.output_token_ids[i]) for i, words in md.bad_words_token_ids.items()}
+        self.exclude(bitmask, row_lists(rows, banned, self.vocab))
         if has_min_tokens:
             restore = []
-            stop_rows, stop_tokens = [], []
+            stops = {}
             for i, (_, _, stop_ids, uses_structured_output) in min_tokens.min_toks.items():
                 if i >= rows:
                     continue
-                stop_ids = sorted(stop_ids)
+                stops[i] = stop_ids = sorted(stop_ids)
                 if uses_structured_output:
                     restore.append((i, stop_ids, bitmask[i].clone()))
-                stop_rows += [i] * len(stop_ids)
-                stop_tokens += stop_ids
-            clear_bits(bitmask, stop_rows, stop_tokens)
+            self.exclude(bitmask, row_lists(rows, stops, self.vocab))
             # vLLM keeps a structured-output row's stop tokens when masking them would leave the
             # row with nothing (builtin.py, MinTokensLogitsProcessor._mask_stop_token_logits).
             for i, stop_ids, before in restore:
@@ -274,6 +264,11 @@ class PackageSampler:
                     for t in back:
                         bitmask[i, t // 32] |= torch.tensor(1, dtype=torch.int32) << (t % 32)
         return bitmask
+
+    def exclude(self, bitmask: torch.Tensor, tokens: Optional[torch.Tensor]) -> None:
+        """Clear each row's listed tokens from the bitmask, in place (one kernel call)."""
+        if tokens is not None:
+            self.lp.constrain_bitmask_(bitmask, self.vocab, suppress_tokens=tokens.to(bitmask.device))
 
     def _unpack_row(self, words: torch.Tensor) -> torch.Tensor:
         shifts = torch.arange(32, dtype=torch.int32, device=words.device)
