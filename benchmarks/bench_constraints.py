@@ -37,7 +37,7 @@ def constraints(batch: int, g: torch.Generator, device: str) -> dict:
     disallowed.scatter_(1, allowed, False)  # vLLM's allowed_token_ids_mask, kept per request
     suppress = torch.randint(0, VOCAB, (16,), generator=g)
     words = torch.randint(0, 2000, (32, 3), generator=g)
-    words[:, 0] = history[0, -1].cpu()  # word prefixes that match row 0's last token
+    words[:8, :2] = history[0, -2:].cpu()  # 8 words whose prefix row 0 ends with
     return {
         "allowed_token_ids": (dict(allowed_token_ids=allowed),
                               lambda ids, x: x.masked_fill(disallowed, float("-inf"))),

@@ -15,9 +15,11 @@
 //   then len - n + 1 items  no_repeat_ngram_size: position i's n-gram's last token, if its
 //                           first n - 1 tokens are the sequence's last n - 1
 //
-// A row's sequence is token_ids[b, :len], len the index of its first negative entry (or L).
-// Ids outside [0, vocab) in a list are padding: skipped (the binding rejects them in host
-// memory; device memory is not read on the host).
+// A row's sequence is token_ids[b, :len], len the index of its first id outside [0, vocab)
+// (or L). Ids outside [0, vocab) in a list are padding: skipped (the binding rejects them, and
+// ids after a -1 in a sequence, in host memory; device memory is not read on the host).
+// prompt_lengths and min_tokens count as clamped to [-2^31, 2^31] (device values are not
+// checked; the host's lie in [0, 2^31)): len - prompt_lengths cannot overflow.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +67,11 @@ struct ConstraintParams {
 
 LP_HOST_DEVICE bool in_vocab(int64_t id, int64_t vocab) { return id >= 0 && id < vocab; }
 
+LP_HOST_DEVICE int64_t clamp_count(int64_t v) {
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  return v < -kLimit ? -kLimit : v > kLimit ? kLimit : v;
+}
+
 // The row's sequence length: the index of its first id outside [0, vocab), or L.
 LP_HOST_DEVICE int64_t sequence_length(const ConstraintParams& p, int64_t row) {
   int64_t n = 0;
@@ -109,8 +116,8 @@ struct RowItems {
 LP_HOST_DEVICE RowItems row_items(const ConstraintParams& p, int64_t row) {
   RowItems r{};
   r.length = sequence_length(p, row);
-  const int64_t generated = r.length - p.prompt_lengths.get(row);
-  r.stops = generated < p.min_tokens.get(row) ? p.stop_token_ids.width : 0;
+  const int64_t generated = r.length - clamp_count(p.prompt_lengths.get(row));
+  r.stops = generated < clamp_count(p.min_tokens.get(row)) ? p.stop_token_ids.width : 0;
   const int64_t n = p.no_repeat_ngram_size.get(row);
   r.ngram_size = n > 0 && r.length >= n ? n : 0;  // (transformers: none while len + 1 < n)
   const int64_t ngrams = r.ngram_size > 0 ? r.length - r.ngram_size + 1 : 0;

@@ -408,19 +408,25 @@ def constraint_case(rows: int, vocab: int, g: torch.Generator, dtype: torch.dtyp
     alphabet = min(vocab, 5)
     length = 12
     token_ids = torch.randint(0, alphabet, (rows, length), generator=g)
+    token_ids[0, :3] = torch.tensor([vocab - 1, 0, vocab - 1])[:min(3, length)]  # the last id too
     ends = torch.randint(0, length + 1, (rows,), generator=g)
     token_ids[torch.arange(length) >= ends[:, None]] = -1
-    token_ids[0, :3] = torch.tensor([vocab - 1, 0, vocab - 1])[:min(3, length)]  # the last id too
 
     def ids(shape, low=-1):
         return torch.randint(low, vocab, shape, generator=g)
 
-    bad_words = ids((rows, 4, 3))
-    bad_words[:, :, 2] = -1  # words of at most 2 ids, some shorter (padding after a -1 is ignored)
-    for b in range(rows):  # word 0 ends like the sequence, so that it matches
+    # Words of 0 to 3 ids, -1 padded at the end; word 0 (3 ids) and word 1 (2 ids) end like the
+    # sequence, so that they match where it is long enough.
+    bad_words = ids((rows, 5, 3), low=0)
+    lengths = torch.randint(0, 4, (rows, 5), generator=g)
+    lengths[:, 0], lengths[:, 1] = 3, 2
+    for b in range(rows):
         end = int(ends[b])
+        if end >= 2:
+            bad_words[b, 0, :2] = token_ids[b, end - 2:end]
         if end >= 1:
-            bad_words[b, 0, 0] = token_ids[b, end - 1]
+            bad_words[b, 1, 0] = token_ids[b, end - 1]
+    bad_words[torch.arange(3) >= lengths[:, :, None]] = -1
     allowed = ids((rows, 6))
     allowed[::3] = -1  # rows with no allowed list
     kwargs = dict(token_ids=token_ids, prompt_lengths=torch.randint(0, 3, (rows,), generator=g),

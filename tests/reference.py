@@ -274,6 +274,9 @@ def constraints_reference(bitmask: torch.Tensor, vocab: int, token_ids=None, pro
     def per_row(value, b):
         return int(value[b]) if isinstance(value, torch.Tensor) else value
 
+    def count(value, b):  # (device counts clamp to [-2^31, 2^31])
+        return min(max(per_row(value, b), -(2**31)), 2**31)
+
     def row_list(t, b, nested=False):
         if t is None:
             return []
@@ -291,7 +294,7 @@ def constraints_reference(bitmask: torch.Tensor, vocab: int, token_ids=None, pro
         if listed:
             excluded |= set(range(vocab)) - set(listed)
         excluded |= {s for s in row_list(suppress_tokens, b) if 0 <= s < vocab}
-        if len(sequence) - per_row(prompt_lengths, b) < per_row(min_tokens, b):
+        if len(sequence) - count(prompt_lengths, b) < count(min_tokens, b):
             excluded |= {s for s in row_list(stop_token_ids, b) if 0 <= s < vocab}
         for word in row_list(bad_words, b, nested=True):
             word = word[:next((i for i, t in enumerate(word) if not 0 <= t < vocab), len(word))]

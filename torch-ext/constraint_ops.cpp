@@ -50,10 +50,22 @@ Tensor checked_ints(const Tensor& t, const Tensor& bitmask, const char* name, in
   return c;
 }
 
-// A list per row: [B, width] (or [width] for every row; `items` > 1: [B, N, items] or
-// [N, items]), ids in [0, vocab) or negative for padding (-1; host values below -1 are an error).
+// Host sequences (runs of `length` entries: a row's token_ids, a bad word) padded only at the
+// end: a -1 followed by an id would silently shorten the sequence.
+void check_padded_at_the_end(const Tensor& t, int64_t length, const char* name) {
+  if (!host_readable(t) || length == 0) return;
+  const lp::IntArray values = int_array(t);
+  for (int64_t first = 0; first < t.numel(); first += length)
+    for (int64_t i = first + 1; i < first + length; ++i)
+      CHECK_ARG(!(values.get(i - 1) < 0 && values.get(i) >= 0), name,
+                " must be -1 padded at the end of each sequence, got an id after a -1");
+}
+
+// A list per row: [B, width] (or [width] for every row; nested: [B, N, M] or [N, M]), ids in
+// [0, vocab) or -1 for padding. sequences: its runs of the last dimension's length are
+// sequences, padded at the end (token_ids, bad_words); else a set, padded anywhere.
 lp::RowLists row_lists(const std::optional<Tensor>& given, std::optional<Tensor>& held, const Tensor& bitmask,
-                       int64_t rows, int64_t vocab, const char* name, bool nested = false) {
+                       int64_t rows, int64_t vocab, const char* name, bool nested = false, bool sequences = false) {
   if (!given.has_value()) return {{nullptr, false}, 0, 0};
   const Tensor& t = *given;
   const int64_t shared_dim = nested ? 2 : 1;
@@ -61,6 +73,7 @@ lp::RowLists row_lists(const std::optional<Tensor>& given, std::optional<Tensor>
             nested ? "[N, M] (the same words for every row) or [" : "[L] (the same list for every row) or [",
             rows, nested ? ", N, M]" : ", L]", " (one per row, -1 padded), got shape ", shape_name(t.sizes()));
   held = checked_ints(t, bitmask, name, -1, vocab - 1, "[0, vocab_size) or be -1 (padding)");
+  if (sequences) check_padded_at_the_end(*held, t.size(-1), name);
   const bool per_row = t.dim() == shared_dim + 1;
   const int64_t width = per_row ? (rows > 0 ? held->numel() / rows : 0) : held->numel();
   return {int_array(*held), width, per_row ? width : 0};
@@ -93,7 +106,8 @@ void constrain_bitmask_(const Tensor& bitmask, int64_t vocab_size, const std::op
   const RowView bv = row_view(bitmask, "bitmask");
   CHECK_ARG(bv.width == (vocab_size + 31) / 32, "bitmask must have ceil(vocab_size / 32) = ", (vocab_size + 31) / 32,
             " words per row for vocab_size = ", vocab_size, ", got ", bv.width);
-  CHECK_ARG(!has_internal_overlap(bitmask), "bitmask must not have overlapping rows (e.g. an expanded tensor)");
+  CHECK_ARG(!has_internal_overlap(bitmask) && (bv.rows <= 1 || bv.row_stride >= bv.width),
+            "bitmask must not have overlapping rows (e.g. an expanded tensor)");
   const bool needs_sequence = bad_words.has_value() || no_repeat_ngram_size.has_value() ||
                               no_repeat_ngram_size_value > 0 || min_tokens.has_value() || min_tokens_value > 0;
   CHECK_ARG(token_ids.has_value() || !needs_sequence,
@@ -108,11 +122,11 @@ void constrain_bitmask_(const Tensor& bitmask, int64_t vocab_size, const std::op
   p.rows = bv.rows;
   p.words = bv.width;
   p.vocab = vocab_size;
-  p.token_ids = row_lists(token_ids, held.lists[0], bitmask, p.rows, vocab_size, "token_ids");
+  p.token_ids = row_lists(token_ids, held.lists[0], bitmask, p.rows, vocab_size, "token_ids", false, true);
   p.stop_token_ids = row_lists(stop_token_ids, held.lists[1], bitmask, p.rows, vocab_size, "stop_token_ids");
   p.allowed_token_ids = row_lists(allowed_token_ids, held.lists[2], bitmask, p.rows, vocab_size, "allowed_token_ids");
   p.suppress_tokens = row_lists(suppress_tokens, held.lists[3], bitmask, p.rows, vocab_size, "suppress_tokens");
-  p.bad_words = row_lists(bad_words, held.lists[4], bitmask, p.rows, vocab_size, "bad_words", true);
+  p.bad_words = row_lists(bad_words, held.lists[4], bitmask, p.rows, vocab_size, "bad_words", true, true);
   p.bad_word_width = bad_words.has_value() ? bad_words->size(-1) : 0;
   p.prompt_lengths = row_int(prompt_lengths, prompt_lengths_value, held.ints[0], bitmask, p.rows, "prompt_lengths");
   p.min_tokens = row_int(min_tokens, min_tokens_value, held.ints[1], bitmask, p.rows, "min_tokens");

@@ -163,6 +163,12 @@ BAD = [
     (dict(bad_words=torch.tensor([1, 2])), "bad_words must be"),
     (dict(bad_words=torch.tensor([[[1, 2]], [[1, 99]]])), "bad_words must lie in"),
     (dict(no_repeat_ngram_size=2.0), "no_repeat_ngram_size must be an int"),
+    (dict(token_ids=torch.tensor([[1, -1, 2, -1], [0, 0, 0, 0]])), "token_ids must be -1 padded at the end"),
+    (dict(bad_words=torch.tensor([[5, -1, 7]])), "bad_words must be -1 padded at the end"),
+    (dict(bitmask=torch.zeros(1, 2, dtype=torch.int32).expand(2, 2)), "bitmask must not have overlapping rows"),
+    (dict(bitmask=torch.zeros(3, dtype=torch.int32).as_strided((2, 2), (1, 1))), "bitmask must not have overlapping"),
+    (dict(suppress_tokens="bitmask row"), "suppress_tokens must not share memory with bitmask"),
+    (dict(suppress_tokens=torch.zeros(2, 2, dtype=torch.int64, device="meta")), "suppress_tokens must be on the bitmask"),
 ]
 
 
@@ -172,6 +178,8 @@ def test_bad_input_names_the_argument(lp, change, message):
     arguments = dict(bitmask=random_bitmask(2, 40, g), vocab_size=40, token_ids=torch.randint(0, 40, (2, 4)),
                      min_tokens=1, stop_token_ids=torch.tensor([0, 1]))
     arguments.update(change)
+    if isinstance(arguments.get("suppress_tokens"), str):  # a list that is the bitmask's own memory
+        arguments["suppress_tokens"] = arguments["bitmask"][0]
     bitmask = arguments["bitmask"]
     before = bitmask.clone()
     with pytest.raises((RuntimeError, TypeError), match=message):
