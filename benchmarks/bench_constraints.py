@@ -1,6 +1,7 @@
-"""Request constraints (constrain_bitmask_ then `sample` reading the bitmask) beside plain
-`sample`, and the torch passes a user writes instead: transformers' logits processors (and
-vLLM's masked_fill for allowed ids), then `sample` (`make bench`).
+"""Request constraints (constrain_bitmask_ then `sample` reading the bitmask; sequence_bias then
+`sample` reading its entries as fused logit biases) beside plain `sample`, and the torch passes
+a user writes instead: transformers' logits processors (and vLLM's masked_fill for allowed
+ids), then `sample` (`make bench`).
 
 V = 128256, B in {1, 32}, bfloat16 logits, on the GPU where there is one, else the CPU. Each
 constraint on its own, then all at once; a step = reset the bitmask, constrain it, sample
@@ -20,7 +21,8 @@ from pathlib import Path
 import torch
 from timing import local_package, median_times, write_report
 from transformers.generation.logits_process import (MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor,
-                                                    NoRepeatNGramLogitsProcessor, SuppressTokensLogitsProcessor)
+                                                    NoRepeatNGramLogitsProcessor, SequenceBiasLogitsProcessor,
+                                                    SuppressTokensLogitsProcessor)
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 128256
@@ -93,7 +95,44 @@ def main() -> int:
             print(f"| {batch} | {name} | {t['sample'] * 1e6:.0f} us | {t['step'] * 1e6:.0f} us | "
                   f"{t['torch'] * 1e6:.0f} us | {t['step'] / t['sample']:.2f} | "
                   f"{t['torch'] / t['step']:.1f}x{'' if same else ' (kept sets differ!)'} |", flush=True)
+        report.append(sequence_bias_row(lp, batch, logits, history, g, device, repeats))
     return write_report(args.json, report)
+
+
+def sequence_bias_row(lp, batch: int, logits: torch.Tensor, history: torch.Tensor, g: torch.Generator,
+                      device: str, repeats: int) -> dict:
+    """sequence_bias (32 sequences of 1 to 3 ids, 8 completing on row 0) then `sample` with the
+    entries as fused logit biases (a zero penalty state beside them), against transformers'
+    SequenceBiasLogitsProcessor then `sample`. `same`: the entries, applied by apply_penalties_
+    to the float32 logits, give the processor's scores bit for bit."""
+    words = torch.randint(0, 2000, (32, 3), generator=g)
+    words[:8, :2] = history[0, -2:].cpu()
+    words[24:, 1:] = -1  # one-id sequences
+    biases = torch.randn(32, generator=g) * 2
+    processor = SequenceBiasLogitsProcessor([[[t for t in w if t >= 0], float(b)]
+                                             for w, b in zip(words.tolist(), biases)])
+    words, biases = words.to(device), biases.to(device)
+    state = (torch.zeros(batch, (VOCAB + 31) // 32, dtype=torch.int32, device=device),
+             torch.zeros(batch, VOCAB, dtype=torch.int32, device=device))
+    entries = (torch.empty(batch, 32, dtype=torch.int64, device=device), torch.empty(batch, 32, device=device))
+    penalties = lp.Penalties(*state, logit_bias_ids=entries[0], logit_bias_values=entries[1])
+    out = torch.empty(batch, dtype=torch.int64, device=device)
+
+    def step():
+        lp.sequence_bias(history, words, biases, VOCAB, out=entries)
+        return lp.sample(logits, seed=1, penalties=penalties, out=out)
+
+    step()
+    scores = logits.float()
+    same = bool(torch.equal(lp.apply_penalties_(scores.clone(), *state, logit_bias_ids=entries[0],
+                                                logit_bias_values=entries[1]), processor(history, scores)))
+    calls = {"sample": lambda: lp.sample(logits, seed=1, out=out), "step": step,
+             "torch": lambda: lp.sample(processor(history, logits.float()), seed=1)}
+    t = median_times(calls, device, repeats)
+    print(f"| {batch} | sequence_bias | {t['sample'] * 1e6:.0f} us | {t['step'] * 1e6:.0f} us | "
+          f"{t['torch'] * 1e6:.0f} us | {t['step'] / t['sample']:.2f} | "
+          f"{t['torch'] / t['step']:.1f}x{'' if same else ' (biases differ!)'} |", flush=True)
+    return {"batch": batch, "constraint": "sequence_bias", "device": device, "seconds": t, "same_kept_set": same}
 
 
 def unpack(bitmask: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "fast_math.h"
 
 #if defined(CUDA_KERNEL) || defined(__CUDACC__)
 #include <cuda_runtime_api.h>
@@ -48,6 +49,15 @@ struct RowInt {
   LP_HOST_DEVICE int64_t get(int64_t row) const { return per_row.data ? per_row.get(row) : value; }
 };
 
+// Words of token ids (bad_words, sequence_bias' sequences): [rows, N * M] or [N * M], N words
+// of up to M ids each, -1 padded at the end.
+struct Words {
+  RowLists ids;
+  int64_t width;  // M
+  LP_HOST_DEVICE int64_t count() const { return width > 0 ? ids.width / width : 0; }
+  LP_HOST_DEVICE int64_t get(int64_t row, int64_t k, int64_t j) const { return ids.get(row, k * width + j); }
+};
+
 struct ConstraintParams {
   int32_t* bitmask;  // [rows, words], ANDed in place
   int64_t bitmask_row_stride;
@@ -60,8 +70,7 @@ struct ConstraintParams {
   RowLists stop_token_ids;
   RowLists allowed_token_ids;  // a row whose list holds no id is unconstrained
   RowLists suppress_tokens;
-  RowLists bad_words;          // [rows, N * M] (or [N * M]): N words of M ids, -1 padded
-  int64_t bad_word_width;      // M
+  Words bad_words;
   RowInt no_repeat_ngram_size; // <= 0: off
 };
 
@@ -73,9 +82,9 @@ LP_HOST_DEVICE int64_t clamp_count(int64_t v) {
 }
 
 // The row's sequence length: the index of its first id outside [0, vocab), or L.
-LP_HOST_DEVICE int64_t sequence_length(const ConstraintParams& p, int64_t row) {
+LP_HOST_DEVICE int64_t sequence_length(const RowLists& token_ids, int64_t row, int64_t vocab) {
   int64_t n = 0;
-  while (n < p.token_ids.width && in_vocab(p.token_ids.get(row, n), p.vocab)) ++n;
+  while (n < token_ids.width && in_vocab(token_ids.get(row, n), vocab)) ++n;
   return n;
 }
 
@@ -98,11 +107,23 @@ LP_HOST_DEVICE void allowed_bit(const ConstraintParams& p, int64_t row, int64_t 
   *bit = 1u << (id & 31);
 }
 
-// The length of bad word k of the row: its ids up to the first padding.
-LP_HOST_DEVICE int64_t bad_word_length(const ConstraintParams& p, int64_t row, int64_t k) {
+// The length of word k of the row: its ids up to the first padding.
+LP_HOST_DEVICE int64_t word_length(const Words& words, int64_t vocab, int64_t row, int64_t k) {
   int64_t m = 0;
-  while (m < p.bad_word_width && in_vocab(p.bad_words.get(row, k * p.bad_word_width + m), p.vocab)) ++m;
+  while (m < words.width && in_vocab(words.get(row, k, m), vocab)) ++m;
   return m;
+}
+
+// Word k's last id when the row's sequence (token_ids[row, :length]) ends with the word's other
+// ids (always for a one-id word); else -1 (an empty word, or one longer than length + 1).
+LP_HOST_DEVICE int64_t completed_word(const RowLists& token_ids, int64_t length, const Words& words, int64_t vocab,
+                                      int64_t row, int64_t k) {
+  const int64_t m = word_length(words, vocab, row, k);
+  if (m == 0 || m - 1 > length) return -1;
+  const int64_t start = length - (m - 1);  // the sequence's last m - 1 tokens
+  for (int64_t j = 0; j + 1 < m; ++j)
+    if (token_ids.get(row, start + j) != words.get(row, k, j)) return -1;
+  return words.get(row, k, m - 1);
 }
 
 // What a row's exclusions are: the counts of each kind, in the order above.
@@ -113,16 +134,16 @@ struct RowItems {
   int64_t total;
 };
 
-LP_HOST_DEVICE RowItems row_items(const ConstraintParams& p, int64_t row) {
+// (length: the row's sequence_length.)
+LP_HOST_DEVICE RowItems row_items(const ConstraintParams& p, int64_t row, int64_t length) {
   RowItems r{};
-  r.length = sequence_length(p, row);
+  r.length = length;
   const int64_t generated = r.length - clamp_count(p.prompt_lengths.get(row));
   r.stops = generated < clamp_count(p.min_tokens.get(row)) ? p.stop_token_ids.width : 0;
   const int64_t n = p.no_repeat_ngram_size.get(row);
   r.ngram_size = n > 0 && r.length >= n ? n : 0;  // (transformers: none while len + 1 < n)
   const int64_t ngrams = r.ngram_size > 0 ? r.length - r.ngram_size + 1 : 0;
-  const int64_t bad_words = p.bad_word_width > 0 ? p.bad_words.width / p.bad_word_width : 0;
-  r.total = p.suppress_tokens.width + r.stops + bad_words + ngrams;
+  r.total = p.suppress_tokens.width + r.stops + p.bad_words.count() + ngrams;
   return r;
 }
 
@@ -132,16 +153,8 @@ LP_HOST_DEVICE int64_t excluded_token(const ConstraintParams& p, int64_t row, co
   k -= p.suppress_tokens.width;
   if (k < r.stops) return p.stop_token_ids.get(row, k);
   k -= r.stops;
-  const int64_t bad_words = p.bad_word_width > 0 ? p.bad_words.width / p.bad_word_width : 0;
-  if (k < bad_words) {
-    const int64_t m = bad_word_length(p, row, k);
-    if (m == 0 || m - 1 > r.length) return -1;
-    const int64_t start = r.length - (m - 1);  // the sequence's last m - 1 tokens
-    for (int64_t j = 0; j + 1 < m; ++j)
-      if (p.token_ids.get(row, start + j) != p.bad_words.get(row, k * p.bad_word_width + j)) return -1;
-    return p.bad_words.get(row, k * p.bad_word_width + m - 1);
-  }
-  k -= bad_words;
+  if (k < p.bad_words.count()) return completed_word(p.token_ids, r.length, p.bad_words, p.vocab, row, k);
+  k -= p.bad_words.count();
   // n-gram at position k: tokens [k, k + n); its first n - 1 against the sequence's last n - 1.
   const int64_t n = r.ngram_size;
   const int64_t start = r.length - (n - 1);
@@ -150,9 +163,58 @@ LP_HOST_DEVICE int64_t excluded_token(const ConstraintParams& p, int64_t row, co
   return p.token_ids.get(row, k + n - 1);
 }
 
+// --- sequence_bias ---------------------------------------------------------------------------
+// transformers' sequence_bias as sparse logit biases (penalties.h's bias_ids / bias_values, which
+// the sampler ops add as they read each logit): sequence n of m ids biases its last id by
+// biases[n] when the row's sequence ends with its first m - 1 ids (always when m = 1). The
+// biases of the completed sequences that end in one token t are summed, in list order from 0,
+// into one entry, the first of them: (t, sum); every other entry is (-1, 0). A logit then
+// receives x + sum, one float32 addition, as transformers' `scores + bias`. Two phases: each
+// entry's completed id (completed_sequence) into out_ids, then the merge (merged_entry), which
+// reads them: O(N M + N^2) per row on CUDA (N threads scan N ids); the CPU merges with a map
+// from id to its first entry, in list order, which gives the same sums.
+struct SequenceBiasParams {
+  int64_t rows;
+  int64_t vocab;
+  RowLists token_ids;  // [rows, L], each row's sequence (-1 ends it)
+  Words sequences;     // N sequences, per row or shared
+  const float* biases; // [rows, N] or [N]
+  int64_t biases_row_stride;  // N, or 0 for one list for every row
+  int64_t* out_ids;           // [rows, N]
+  int64_t out_ids_row_stride;
+  float* out_values;          // [rows, N]
+  int64_t out_values_row_stride;
+};
+
+LP_HOST_DEVICE float sequence_bias_value(const SequenceBiasParams& p, int64_t row, int64_t n) {
+  return p.biases[row * p.biases_row_stride + n];
+}
+
+// Phase 1: sequence n's last id if the row's sequence (of `length`) completes it, else -1.
+LP_HOST_DEVICE int64_t completed_sequence(const SequenceBiasParams& p, int64_t row, int64_t length, int64_t n) {
+  const int64_t id = completed_word(p.token_ids, length, p.sequences, p.vocab, row, n);
+  return in_vocab(id, p.vocab) ? id : -1;
+}
+
+// Phase 2: entry n's (id, sum) from the entries' completed ids `completed` ([count]). Those
+// before n may already hold their merged ids (-1 for all but the first of each id, which keeps
+// it: the test "an earlier entry has id t" is unchanged); those from n on must be phase 1's.
+LP_HOST_DEVICE void merged_entry(const SequenceBiasParams& p, int64_t row, const int64_t* completed, int64_t n,
+                                 int64_t* id, float* sum) {
+  *id = completed[n];
+  *sum = 0.0f;
+  for (int64_t k = 0; k < n && *id >= 0; ++k)
+    if (completed[k] == *id) *id = -1;  // entry k holds t's sum
+  if (*id < 0) return;
+  for (int64_t k = n; k < p.sequences.count(); ++k)
+    if (completed[k] == *id) *sum = lp_add(*sum, sequence_bias_value(p, row, k));
+}
+
 void constrain_bitmask_cpu(const ConstraintParams& params, const ParallelFor& parallel_for);
+void sequence_bias_cpu(const SequenceBiasParams& params, const ParallelFor& parallel_for);
 #if defined(CUDA_KERNEL) || defined(__CUDACC__)
 void constrain_bitmask_cuda(const ConstraintParams& params, cudaStream_t stream);
+void sequence_bias_cuda(const SequenceBiasParams& params, cudaStream_t stream);
 #endif
 
 }  // namespace logits_processor

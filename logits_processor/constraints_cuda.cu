@@ -1,16 +1,37 @@
 // CUDA request constraints: a block per row (grid-stride over rows), its threads over the
-// row's allowed chunks (a shared-memory chunk of the allowed set, between barriers), then over
-// its exclusions (constraints.h). Exclusions of one row may clear bits of one word, hence
-// atomicAnd; an AND commutes, so the result is the CPU's whatever the order.
+// row's sequence (its length, a block reduction), its allowed chunks (a shared-memory chunk of
+// the allowed set, between barriers), then over its exclusions (constraints.h). Exclusions of
+// one row may clear bits of one word, hence atomicAnd; an AND commutes, so the result is the
+// CPU's whatever the order. sequence_bias: a block per row, its threads over the entries.
 #include <cuda_runtime.h>
 
+#include "block_primitives.cuh"
 #include "constraints.h"
 #include "cuda_utils.cuh"
 
 namespace logits_processor {
 namespace {
 
-constexpr int kThreads = 256;
+// (block_primitives.cuh's Shared state.)
+struct Shared {
+  union {
+    BlockReduce::TempStorage reduce;
+  } cub;
+  uint64_t broadcast;
+};
+
+// The row's sequence_length, its ids read once by the block (not L reads by every thread): L
+// less the block's largest L - i over each thread's first i outside the vocabulary. Called by
+// the whole block.
+__device__ int64_t block_sequence_length(const RowLists& token_ids, int64_t row, int64_t vocab, Shared& sh) {
+  uint64_t past = 0;  // L - i
+  for (int64_t i = threadIdx.x; i < token_ids.width; i += kThreads)
+    if (!in_vocab(token_ids.get(row, i), vocab)) {
+      past = static_cast<uint64_t>(token_ids.width - i);
+      break;
+    }
+  return token_ids.width - static_cast<int64_t>(block_max(past, sh));
+}
 
 // The row's words ANDed with its allowed set, a chunk at a time. Every thread of the block
 // calls it (the row's has_allowed_list is the same for all): it holds barriers.
@@ -34,13 +55,37 @@ __device__ void and_with_allowed_list(const ConstraintParams& p, int64_t row, un
 
 __global__ void __launch_bounds__(kThreads) constrain_bitmask_kernel(ConstraintParams p) {
   __shared__ unsigned int chunk[kAllowedChunkWords];
+  __shared__ Shared sh;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     unsigned int* words = reinterpret_cast<unsigned int*>(p.bitmask + row * p.bitmask_row_stride);
     if (has_allowed_list(p, row)) and_with_allowed_list(p, row, words, chunk);
-    const RowItems r = row_items(p, row);
+    const RowItems r = row_items(p, row, block_sequence_length(p.token_ids, row, p.vocab, sh));
     for (int64_t k = threadIdx.x; k < r.total; k += kThreads) {
       const int64_t id = excluded_token(p, row, r, k);
       if (in_vocab(id, p.vocab)) atomicAnd(words + (id >> 5), ~(1u << (id & 31)));
+    }
+  }
+}
+
+// A row's entries: the completed ids into out_ids; then the merge, kThreads entries at a time,
+// each read before any is rewritten (merged_entry reads the entries from n on as phase 1 left
+// them, and the earlier ones merged or not).
+__global__ void __launch_bounds__(kThreads) sequence_bias_kernel(SequenceBiasParams p) {
+  __shared__ Shared sh;
+  const int64_t count = p.sequences.count();
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const int64_t length = block_sequence_length(p.token_ids, row, p.vocab, sh);
+    int64_t* ids = p.out_ids + row * p.out_ids_row_stride;
+    for (int64_t n = threadIdx.x; n < count; n += kThreads) ids[n] = completed_sequence(p, row, length, n);
+    __syncthreads();
+    for (int64_t first = 0; first < count; first += kThreads) {
+      const int64_t n = first + threadIdx.x;
+      int64_t id = -1;
+      float sum = 0.0f;
+      if (n < count) merged_entry(p, row, ids, n, &id, &sum);
+      __syncthreads();  // (every read of this group's ids before any is rewritten)
+      if (n < count) ids[n] = id, p.out_values[row * p.out_values_row_stride + n] = sum;
+      __syncthreads();
     }
   }
 }
@@ -50,6 +95,11 @@ __global__ void __launch_bounds__(kThreads) constrain_bitmask_kernel(ConstraintP
 void constrain_bitmask_cuda(const ConstraintParams& params, cudaStream_t stream) {
   if (params.rows == 0) return;
   launch_kernel("constraints", constrain_bitmask_kernel, grid_size(params.rows, 1, 8), kThreads, stream, params);
+}
+
+void sequence_bias_cuda(const SequenceBiasParams& params, cudaStream_t stream) {
+  if (params.rows == 0) return;
+  launch_kernel("sequence_bias", sequence_bias_kernel, grid_size(params.rows, 1, 8), kThreads, stream, params);
 }
 
 }  // namespace logits_processor

@@ -439,3 +439,32 @@ def constraint_case(rows: int, vocab: int, g: torch.Generator, dtype: torch.dtyp
                       bad_words=kwargs["bad_words"][0], no_repeat_ngram_size=2)
     kwargs = {k: v.to(dtype) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     return random_bitmask(rows, vocab, g), kwargs
+
+
+def sequence_bias_case(rows: int, vocab: int, g: torch.Generator, dtype: torch.dtype = torch.int64,
+                       per_row: bool = True, length: int = 12, count: int = 7) -> dict:
+    """sequence_bias' arguments, random: sequences over a few tokens of random lengths (-1 padded
+    at the end), sequences of 1 to 3 ids, the first few cut from the rows' ends (so they match)
+    and a few ending in one id (so entries merge), biases of both signs, one -inf. `per_row`:
+    sequences and biases per row, else one set for every row. `count`: N, at least 7."""
+    alphabet = min(vocab, 4)
+    token_ids = torch.randint(0, alphabet, (rows, length), generator=g)
+    ends = torch.randint(0, length + 1, (rows,), generator=g)
+    token_ids[torch.arange(length) >= ends[:, None]] = -1
+    sequences = torch.randint(0, alphabet, (rows, count, 3), generator=g)
+    lengths = torch.randint(0, 4, (rows, count), generator=g)
+    lengths[:, :3] = torch.tensor([3, 2, 1])
+    for b in range(rows):
+        end = int(ends[b])
+        if end >= 2:
+            sequences[b, 0, :2] = token_ids[b, end - 2:end]
+        if end >= 1:
+            sequences[b, 1, 0] = token_ids[b, end - 1]
+        sequences[b, torch.tensor([1, 2]), lengths[b, 1:3] - 1] = int(sequences[b, 0, 2])  # three that end alike
+    sequences[torch.arange(3) >= lengths[:, :, None]] = -1
+    biases = torch.randn(rows, count, generator=g) * 3
+    biases[0, 6] = -math.inf
+    kwargs = dict(token_ids=token_ids.to(dtype), sequences=sequences.to(dtype), biases=biases)
+    if not per_row:
+        kwargs.update(sequences=kwargs["sequences"][0], biases=biases[0])
+    return kwargs

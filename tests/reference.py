@@ -307,3 +307,31 @@ def constraints_reference(bitmask: torch.Tensor, vocab: int, token_ids=None, pro
         for v in excluded:
             allowed[b][v] = False
     return torch.tensor(allowed, dtype=torch.bool).reshape(rows, vocab)
+
+
+def sequence_bias_reference(token_ids: torch.Tensor, sequences: torch.Tensor, biases: torch.Tensor,
+                            vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """sequence_bias' entries (ids int64, values float32 [B, N]) from its definition, in Python
+    lists: per row, each completed sequence's last id and bias, those ending in one id summed in
+    float32, in list order from 0, into the first such entry; (-1, 0) elsewhere."""
+    rows, count = token_ids.shape[0], sequences.shape[-2]
+    ids = [[-1] * count for _ in range(rows)]
+    values = [[0.0] * count for _ in range(rows)]
+    for b in range(rows):
+        sequence = []
+        for t in token_ids[b].tolist():
+            if not 0 <= t < vocab:
+                break
+            sequence.append(t)
+        words = (sequences if sequences.dim() == 2 else sequences[b]).tolist()
+        row_biases = (biases if biases.dim() == 1 else biases[b]).to(torch.float32)
+        first = {}  # last id -> the entry that holds its sum
+        for n, word in enumerate(words):
+            word = word[:next((i for i, t in enumerate(word) if not 0 <= t < vocab), len(word))]
+            if not word or len(word) - 1 > len(sequence) or sequence[len(sequence) - len(word) + 1:] != word[:-1]:
+                continue
+            n0 = first.setdefault(word[-1], n)
+            ids[b][n0] = word[-1]
+            values[b][n0] = float(torch.tensor(values[b][n0], dtype=torch.float32) + row_biases[n])
+    return torch.tensor(ids, dtype=torch.int64).reshape(rows, count), \
+        torch.tensor(values, dtype=torch.float32).reshape(rows, count)

@@ -1,9 +1,11 @@
-// constrain_bitmask_: the request constraints (logits_processor/constraints.h) cleared from a
-// packed bitmask, checked here before anything is written.
+// constrain_bitmask_ (the request constraints cleared from a packed bitmask) and sequence_bias
+// (transformers' sequence_bias as sparse logit biases): logits_processor/constraints.h, checked
+// here before anything is written.
 
 #include <torch/csrc/stable/ops.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "../logits_processor/constraints.h"
@@ -29,14 +31,29 @@ lp::IntArray int_array(const Tensor& t) {
   return {t.const_data_ptr(), t.scalar_type() == ScalarType::Int};
 }
 
-// An integer tensor (int64 or int32, read as it is) on the bitmask's device, not sharing its
-// memory, contiguous; its host values in [lo, hi].
-Tensor checked_ints(const Tensor& t, const Tensor& bitmask, const char* name, int64_t lo, int64_t hi,
+// What an op's inputs are checked against: the device of `on` (named as `on_name`, e.g. "the
+// bitmask's"), and the tensors it writes, whose memory they must not share.
+struct Target {
+  const Tensor& on;
+  const char* on_name;
+  const Tensor* written[2];
+  const char* written_names[2];
+};
+
+void check_input_placement(const Tensor& t, const Target& target, const char* name) {
+  CHECK_ARG(t.device() == target.on.device(), name, " must be on ", target.on_name, " device (",
+            device_name(target.on.device()), "), got ", device_name(t.device()));
+  for (int k = 0; k < 2; ++k)
+    CHECK_ARG(target.written[k] == nullptr || !shares_storage(t, *target.written[k]), name,
+              " must not share memory with ", target.written_names[k]);
+}
+
+// An integer tensor (int64 or int32, read as it is) placed as `target` needs, contiguous; its
+// host values in [lo, hi].
+Tensor checked_ints(const Tensor& t, const Target& target, const char* name, int64_t lo, int64_t hi,
                     const char* range) {
   CHECK_ARG(is_int_ids(t.scalar_type()), name, " must be int64 or int32, got ", t.scalar_type());
-  CHECK_ARG(t.device() == bitmask.device(), name, " must be on the bitmask's device (",
-            device_name(bitmask.device()), "), got ", device_name(t.device()));
-  CHECK_ARG(!shares_storage(t, bitmask), name, " must not share memory with bitmask");
+  check_input_placement(t, target, name);
   Tensor c = torch::stable::contiguous(t);
   if (host_readable(c) && c.numel() > 0) {
     const lp::IntArray values = int_array(c);
@@ -64,7 +81,7 @@ void check_padded_at_the_end(const Tensor& t, int64_t length, const char* name) 
 // A list per row: [B, width] (or [width] for every row; nested: [B, N, M] or [N, M]), ids in
 // [0, vocab) or -1 for padding. sequences: its runs of the last dimension's length are
 // sequences, padded at the end (token_ids, bad_words); else a set, padded anywhere.
-lp::RowLists row_lists(const std::optional<Tensor>& given, std::optional<Tensor>& held, const Tensor& bitmask,
+lp::RowLists row_lists(const std::optional<Tensor>& given, std::optional<Tensor>& held, const Target& target,
                        int64_t rows, int64_t vocab, const char* name, bool nested = false, bool sequences = false) {
   if (!given.has_value()) return {{nullptr, false}, 0, 0};
   const Tensor& t = *given;
@@ -72,7 +89,7 @@ lp::RowLists row_lists(const std::optional<Tensor>& given, std::optional<Tensor>
   CHECK_ARG(t.dim() == shared_dim || (t.dim() == shared_dim + 1 && t.size(0) == rows), name, " must be ",
             nested ? "[N, M] (the same words for every row) or [" : "[L] (the same list for every row) or [",
             rows, nested ? ", N, M]" : ", L]", " (one per row, -1 padded), got shape ", shape_name(t.sizes()));
-  held = checked_ints(t, bitmask, name, -1, vocab - 1, "[0, vocab_size) or be -1 (padding)");
+  held = checked_ints(t, target, name, -1, vocab - 1, "[0, vocab_size) or be -1 (padding)");
   if (sequences) check_padded_at_the_end(*held, t.size(-1), name);
   const bool per_row = t.dim() == shared_dim + 1;
   const int64_t width = per_row ? (rows > 0 ? held->numel() / rows : 0) : held->numel();
@@ -81,12 +98,12 @@ lp::RowLists row_lists(const std::optional<Tensor>& given, std::optional<Tensor>
 
 // A per-row integer: `value`, or a [B] tensor of them (None: `value` for every row).
 lp::RowInt row_int(const std::optional<Tensor>& given, int64_t value, std::optional<Tensor>& held,
-                   const Tensor& bitmask, int64_t rows, const char* name) {
+                   const Target& target, int64_t rows, const char* name) {
   CHECK_ARG(value >= 0 && value < (int64_t{1} << 31), name, " must lie in [0, 2^31), got ", value);
   if (!given.has_value()) return {{nullptr, false}, value};
   CHECK_ARG(given->dim() == 1 && given->size(0) == rows, name, " must be a number or a 1-D tensor of length ",
             rows, " (one per row), got shape ", shape_name(given->sizes()));
-  held = checked_ints(*given, bitmask, name, 0, (int64_t{1} << 31) - 1, "[0, 2^31)");
+  held = checked_ints(*given, target, name, 0, (int64_t{1} << 31) - 1, "[0, 2^31)");
   return {int_array(*held), 0};
 }
 
@@ -116,23 +133,89 @@ void constrain_bitmask_(const Tensor& bitmask, int64_t vocab_size, const std::op
             "stop_token_ids must be given with min_tokens (the tokens it excludes)");
 
   ConstraintTensors held;
+  const Target target{bitmask, "the bitmask's", {&bitmask, nullptr}, {"bitmask", nullptr}};
   lp::ConstraintParams p{};
   p.bitmask = bitmask.mutable_data_ptr<int32_t>();
   p.bitmask_row_stride = bv.row_stride;
   p.rows = bv.rows;
   p.words = bv.width;
   p.vocab = vocab_size;
-  p.token_ids = row_lists(token_ids, held.lists[0], bitmask, p.rows, vocab_size, "token_ids", false, true);
-  p.stop_token_ids = row_lists(stop_token_ids, held.lists[1], bitmask, p.rows, vocab_size, "stop_token_ids");
-  p.allowed_token_ids = row_lists(allowed_token_ids, held.lists[2], bitmask, p.rows, vocab_size, "allowed_token_ids");
-  p.suppress_tokens = row_lists(suppress_tokens, held.lists[3], bitmask, p.rows, vocab_size, "suppress_tokens");
-  p.bad_words = row_lists(bad_words, held.lists[4], bitmask, p.rows, vocab_size, "bad_words", true, true);
-  p.bad_word_width = bad_words.has_value() ? bad_words->size(-1) : 0;
-  p.prompt_lengths = row_int(prompt_lengths, prompt_lengths_value, held.ints[0], bitmask, p.rows, "prompt_lengths");
-  p.min_tokens = row_int(min_tokens, min_tokens_value, held.ints[1], bitmask, p.rows, "min_tokens");
-  p.no_repeat_ngram_size = row_int(no_repeat_ngram_size, no_repeat_ngram_size_value, held.ints[2], bitmask, p.rows,
+  p.token_ids = row_lists(token_ids, held.lists[0], target, p.rows, vocab_size, "token_ids", false, true);
+  p.stop_token_ids = row_lists(stop_token_ids, held.lists[1], target, p.rows, vocab_size, "stop_token_ids");
+  p.allowed_token_ids = row_lists(allowed_token_ids, held.lists[2], target, p.rows, vocab_size, "allowed_token_ids");
+  p.suppress_tokens = row_lists(suppress_tokens, held.lists[3], target, p.rows, vocab_size, "suppress_tokens");
+  p.bad_words = {row_lists(bad_words, held.lists[4], target, p.rows, vocab_size, "bad_words", true, true),
+                 bad_words.has_value() ? bad_words->size(-1) : 0};
+  p.prompt_lengths = row_int(prompt_lengths, prompt_lengths_value, held.ints[0], target, p.rows, "prompt_lengths");
+  p.min_tokens = row_int(min_tokens, min_tokens_value, held.ints[1], target, p.rows, "min_tokens");
+  p.no_repeat_ngram_size = row_int(no_repeat_ngram_size, no_repeat_ngram_size_value, held.ints[2], target, p.rows,
                                    "no_repeat_ngram_size");
   RUN_KERNEL(constrain_bitmask, bitmask, p);
+}
+
+namespace {
+
+// One of sequence_bias' outputs: dtype, [rows, count] on token_ids' device, contiguous in its
+// last dimension (a column slice of a wider bias buffer is fine), rows not overlapping.
+RowView checked_bias_output(const Tensor& t, const Tensor& token_ids, const char* name, ScalarType dtype,
+                            int64_t rows, int64_t count) {
+  CHECK_ARG(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
+  CHECK_ARG(t.device() == token_ids.device(), name, " must be on token_ids' device (", device_name(token_ids.device()),
+            "), got ", device_name(t.device()));
+  CHECK_ARG(t.dim() == 2 && t.size(0) == rows && t.size(1) == count, name, " must have shape [", rows, ", ", count,
+            "] (one entry per sequence), got ", shape_name(t.sizes()));
+  const RowView v = row_view(t, name);
+  CHECK_ARG(!has_internal_overlap(t) && (v.rows <= 1 || v.row_stride >= v.width), name,
+            " must not have overlapping rows (e.g. an expanded tensor)");
+  return v;
+}
+
+}  // namespace
+
+void sequence_bias(const Tensor& token_ids, const Tensor& sequences, const Tensor& biases, int64_t vocab_size,
+                   const Tensor& out_ids, const Tensor& out_values) {
+  CHECK_ARG(vocab_size > 0 && vocab_size < (int64_t{1} << 31), "vocab_size must lie in [1, 2^31), got ",
+            vocab_size);
+  CHECK_ARG(token_ids.dim() == 2, "token_ids must be 2-D [B, L] (each row's sequence, -1 padded), got shape ",
+            shape_name(token_ids.sizes()));
+  check_device_supported(token_ids, "token_ids");
+  const int64_t rows = token_ids.size(0);
+  CHECK_ARG(sequences.dim() == 2 || sequences.dim() == 3, "sequences must be [N, M] (the same for every row) or [",
+            rows, ", N, M] (one set per row), got shape ", shape_name(sequences.sizes()));
+  const int64_t count = sequences.size(-2);
+  CHECK_ARG(sequences.size(-1) > 0 || count == 0, "sequences must hold at least one id each (M >= 1), got shape ",
+            shape_name(sequences.sizes()));
+  const RowView iv = checked_bias_output(out_ids, token_ids, "out_ids", ScalarType::Long, rows, count);
+  const RowView vv = checked_bias_output(out_values, token_ids, "out_values", ScalarType::Float, rows, count);
+  CHECK_ARG(!shares_storage(out_ids, out_values), "out_ids must not share memory with out_values");
+
+  const Target target{token_ids, "token_ids'", {&out_ids, &out_values}, {"out_ids", "out_values"}};
+  std::optional<Tensor> held_tokens, held_sequences;
+  lp::SequenceBiasParams p{};
+  p.rows = rows;
+  p.vocab = vocab_size;
+  p.token_ids = row_lists(token_ids, held_tokens, target, rows, vocab_size, "token_ids", false, true);
+  p.sequences = {row_lists(sequences, held_sequences, target, rows, vocab_size, "sequences", true, true),
+                 sequences.size(-1)};
+
+  CHECK_ARG(is_floating(biases.scalar_type()), "biases must be a floating-point tensor, got ", biases.scalar_type());
+  CHECK_ARG((biases.dim() == 1 && biases.size(0) == count) ||
+                (biases.dim() == 2 && biases.size(0) == rows && biases.size(1) == count),
+            "biases must be [", count, "] (the same for every row) or [", rows, ", ", count,
+            "] (one per sequence), got shape ", shape_name(biases.sizes()));
+  check_input_placement(biases, target, "biases");
+  const Tensor values = torch::stable::contiguous(torch::stable::to(biases, ScalarType::Float));
+  if (host_readable(values)) {
+    const float* v = values.const_data_ptr<float>();
+    for (int64_t i = 0; i < values.numel(); ++i) CHECK_ARG(!std::isnan(v[i]), "biases must not be NaN");
+  }
+  p.biases = values.const_data_ptr<float>();
+  p.biases_row_stride = biases.dim() == 2 ? count : 0;
+  p.out_ids = out_ids.mutable_data_ptr<int64_t>();
+  p.out_ids_row_stride = iv.row_stride;
+  p.out_values = out_values.mutable_data_ptr<float>();
+  p.out_values_row_stride = vv.row_stride;
+  RUN_KERNEL(sequence_bias, token_ids, p);
 }
 
 HIDDEN_NAMESPACE_END(binding)

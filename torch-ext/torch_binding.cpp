@@ -174,6 +174,14 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "Tensor? no_repeat_ngram_size, "
           "int no_repeat_ngram_size_value"
           ") -> ()");
+  ops.def("sequence_bias("
+          "Tensor token_ids, "
+          "Tensor sequences, "
+          "Tensor biases, "
+          "int vocab_size, "
+          "Tensor(a!) out_ids, "
+          "Tensor(b!) out_values"
+          ") -> ()");
   ops.def("update_output_counts_("
           "Tensor(a!) output_counts, "
           "Tensor token_ids, "
@@ -210,6 +218,7 @@ void impl_ops(Library& ops) {
   ops.impl("apply_penalties_", TORCH_BOX(&apply_penalties_));
   ops.impl("update_output_counts_", TORCH_BOX(&update_output_counts_));
   ops.impl("constrain_bitmask_", TORCH_BOX(&constrain_bitmask_));
+  ops.impl("sequence_bias", TORCH_BOX(&sequence_bias));
   ops.impl("penalty_state_from_tokens", TORCH_BOX(&penalty_state_from_tokens));
 }
 

@@ -101,6 +101,8 @@ void constrain_bitmask_(const Tensor& bitmask, int64_t vocab_size, const std::op
                         const std::optional<Tensor>& stop_token_ids, const std::optional<Tensor>& allowed_token_ids,
                         const std::optional<Tensor>& suppress_tokens, const std::optional<Tensor>& bad_words,
                         const std::optional<Tensor>& no_repeat_ngram_size, int64_t no_repeat_ngram_size_value);
+void sequence_bias(const Tensor& token_ids, const Tensor& sequences, const Tensor& biases, int64_t vocab_size,
+                   const Tensor& out_ids, const Tensor& out_values);
 
 // sampling_ops.cpp
 void sample(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)

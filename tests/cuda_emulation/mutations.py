@@ -243,7 +243,21 @@ MUTANTS = [
            "tests/cuda_emulation/test_constraints_cuda.py"),
     # The grid-stride over rows one row too long: rows past the first grid skipped.
     Mutant("constraints-row-stride", CONSTRAINTS, "row += gridDim.x", "row += gridDim.x + 1", "fibers", AGREEMENT,
-           "constraints_equal_cpu", "tests/cuda_emulation/test_constraints_cuda.py"),
+           "constraints_equal_cpu", "tests/cuda_emulation/test_constraints_cuda.py",
+           within="row += gridDim.x) {\n    unsigned int* words"),
+    # A row's sequence length from each thread's own slice of it, not the block's reduction:
+    # threads that meet no padding take the whole row.
+    Mutant("sequence-length-reduction", CONSTRAINTS, "static_cast<int64_t>(block_max(past, sh))",
+           "static_cast<int64_t>(past)", "fibers", AGREEMENT, "constraints_equal_cpu or sequence_bias_equal_cpu",
+           "tests/cuda_emulation/test_constraints_cuda.py"),
+    # sequence_bias' merge without the barrier between reading a group's ids and rewriting them.
+    Mutant("sequence-bias-merge-barrier", CONSTRAINTS,
+           "      __syncthreads();  // (every read of this group's ids before any is rewritten)\n", "", "tsan",
+           "ThreadSanitizer: data race", "sequence_bias_equal_cpu", "tests/cuda_emulation/test_constraints_cuda.py"),
+    # sequence_bias' grid-stride over rows one row too long.
+    Mutant("sequence-bias-row-stride", CONSTRAINTS, "row += gridDim.x", "row += gridDim.x + 1", "fibers", AGREEMENT,
+           "sequence_bias_equal_cpu", "tests/cuda_emulation/test_constraints_cuda.py",
+           within="row += gridDim.x) {\n    const int64_t length"),
 ]
 
 

@@ -101,6 +101,58 @@ def test_masking_processors_become_bitmask_bits(lp, pair, inputs, monkeypatch, a
                                               ("min_tokens", "stop_token_ids")}
 
 
+@pytest.mark.parametrize("after", [[], [AddToLastToken()]], ids=["fused", "caller_processor_after"])
+@pytest.mark.parametrize("repetition", [1.0, 1.3])
+def test_sequence_bias_becomes_fused_logit_biases(lp, pair, inputs, monkeypatch, after, repetition):
+    """sequence_bias runs as one `sequence_bias` call a step, its entries the fused penalties'
+    logit biases (before the repetition penalty, as transformers orders them), where only masks
+    and the repetition penalty follow it; a caller's additive processor after it keeps
+    transformers' processor. The tokens are transformers' own either way, and the biases change
+    them (sequences that end in one token merged: 12 after 12 gets 30 - 50)."""
+    _, model = pair
+    calls = []
+    real = lp.sequence_bias
+    monkeypatch.setattr(lp, "sequence_bias", lambda *a, **k: calls.append(1) or real(*a, **k))
+    bias = {(12,): 30.0, (12, 12): -50.0, (12, 30): 20.0, (30,): 10.0, (7, 12, 30): 40.0}
+    kwargs = dict(do_sample=False, max_new_tokens=16, repetition_penalty=repetition, no_repeat_ngram_size=3,
+                  logits_processor=after)
+    theirs = model.generate(**inputs, **kwargs, sequence_bias=bias)
+    assert torch.equal(ours(model, lp, inputs, **kwargs, sequence_bias=bias), theirs)
+    assert not torch.equal(model.generate(**inputs, **kwargs), theirs), "the biases changed nothing"
+    steps = theirs.shape[1] - inputs["input_ids"].shape[1]
+    assert len(calls) == (0 if after else steps)
+
+
+def test_sequence_bias_tensors_sum_as_transformers(lp):
+    """The loop's sequences, in transformers' summation order: three sequences completed at one
+    token with biases 2^24, -2^24 and 1 (a float32 sum that depends on the order) give
+    SequenceBiasLogitsProcessor's scores bit for bit."""
+    processor = transformers.SequenceBiasLogitsProcessor([[[2, 9], 2.0**24], [[1, 2, 9], -(2.0**24)], [[9], 1.0]])
+    input_ids, scores = torch.tensor([[5, 1, 2], [5, 1, 1]]), torch.randn(2, 12)
+    sequences, biases = loop.sequence_bias_tensors(processor, 12, "cpu")
+    ids, values = lp.sequence_bias(input_ids, sequences, biases, 12)
+    state = lp.penalty_state_from_tokens(input_ids[:, :0], input_ids[:, :0], 12)
+    got = lp.apply_penalties_(scores.clone(), *state, logit_bias_ids=ids, logit_bias_values=values)
+    assert torch.equal(got, processor(input_ids, scores.clone()))
+    with pytest.raises(ValueError, match="vocabulary size is 9"):
+        loop.sequence_bias_tensors(processor, 9, "cpu")
+
+
+def test_sequence_bias_before_a_forced_token_stays_transformers(lp, pair, inputs, monkeypatch):
+    """A forced EOS (0 at each EOS id, -inf elsewhere, at the last step) after sequence_bias: a
+    fused bias would move one EOS id's 0 and pick another, so transformers' processor runs."""
+    _, model = pair
+    calls = []
+    real = lp.sequence_bias
+    monkeypatch.setattr(lp, "sequence_bias", lambda *a, **k: calls.append(1) or real(*a, **k))
+    kwargs = dict(do_sample=False, max_new_tokens=6, forced_eos_token_id=[5, 9], sequence_bias={(5,): -5.0})
+    theirs = model.generate(**inputs, **kwargs)
+    assert torch.equal(ours(model, lp, inputs, **kwargs), theirs)
+    assert (theirs[:, -1] == 5).all() and not calls
+    with pytest.raises(ValueError, match="vocabulary size"):
+        ours(model, lp, inputs, do_sample=False, max_new_tokens=2, sequence_bias={(5000,): 1.0})
+
+
 def test_a_penalty_fused_past_an_additive_processor_would_differ(lp, pair, inputs):
     """The in-place case above is needed: fusing the penalty after AddToLastToken changes the tokens."""
     _, model = pair

@@ -1,14 +1,17 @@
-"""Request constraints (vLLM's SamplingParams, transformers' GenerationConfig) as a bitmask.
+"""Request constraints (vLLM's SamplingParams, transformers' GenerationConfig) as a bitmask,
+and transformers' sequence_bias as sparse logit biases.
 
 Each constraint only excludes tokens, so it is written into a packed bitmask (XGrammar's
-layout, the grammar's if there is one) that every sampler op reads with ``bitmask=``: the
-logits are never written, and the sampler's pass is the only pass over them. The kernels:
-logits_processor/constraints.h; the semantics, control by control: docs/semantics-constraints.md.
+layout, the grammar's if there is one) that every sampler op reads with ``bitmask=``; a
+sequence bias is a per-row (id, bias) list that they read as `Penalties`' logit biases. Either
+way the logits are never written, and the sampler's pass is the only pass over them. The
+kernels: logits_processor/constraints.h; the semantics, control by control:
+docs/semantics-constraints.md.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -81,4 +84,56 @@ def constrain_bitmask_(
     return bitmask
 
 
-register_fakes("constrain_bitmask_")
+def sequence_bias(
+    token_ids: torch.Tensor,
+    sequences: torch.Tensor,
+    biases: torch.Tensor,
+    vocab_size: int,
+    *,
+    out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``sequence_bias`` for this step, as logit biases: ``(ids, values)`` to pass as
+    `Penalties`' ``logit_bias_ids`` and ``logit_bias_values`` (or to `apply_penalties_`).
+
+    Sequence n (m ids) adds ``biases[n]`` to the logit of its last id in each row whose sequence
+    ``token_ids[b, :len]`` ends with its first m - 1 ids (always when m = 1), as
+    ``SequenceBiasLogitsProcessor`` does. Entry n of a row is ``(t, sum)`` at the first completed
+    sequence whose last id is t, sum the biases of all the completed sequences ending in t, added
+    in list order from 0 (a sequence listed twice counts twice, where transformers' dict keeps
+    one); every other entry is ``(-1, 0.0)``, which the sampler skips. In
+    `PenaltyOrder` "vllm" (the default) the bias comes first, as in transformers, where
+    ``SequenceBiasLogitsProcessor`` runs before the repetition penalty. No host synchronisation
+    when the tensors are on the device (CUDA-graph safe with ``out=``).
+
+    Args:
+        token_ids (torch.Tensor): int64 or int32 ``[B, L]``, each row's sequence, -1 padded at the
+            end (transformers: ``input_ids``).
+        sequences (torch.Tensor): int64 or int32 ``[N, M]`` (every row) or ``[B, N, M]``: N
+            sequences of 1 to M ids, each -1 padded at the end.
+        biases (torch.Tensor): floating ``[N]`` or ``[B, N]``, read as float32, not NaN.
+        vocab_size (int): V, the number of tokens.
+        out (tuple, optional): ``(ids, values)``, int64 and float32 ``[B, N]`` on token_ids'
+            device, each contiguous in its last dimension (columns of a wider logit-bias
+            buffer may be given); default new tensors.
+
+    Returns:
+        tuple: ``(ids, values)`` (`out`).
+    """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
+    for name, t in (("token_ids", token_ids), ("sequences", sequences), ("biases", biases)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if out is None:
+        shape = (token_ids.shape[0] if token_ids.dim() == 2 else 0,
+                 sequences.shape[-2] if sequences.dim() in (2, 3) else 0)
+        out = (torch.empty(shape, dtype=torch.int64, device=token_ids.device),
+               torch.empty(shape, dtype=torch.float32, device=token_ids.device))
+    elif not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+        raise TypeError(f"out must be a tuple of two tensors (ids, values), got {type(out).__name__}")
+    call(ops, "sequence_bias", token_ids=token_ids, sequences=sequences, biases=biases, vocab_size=vocab_size,
+         out_ids=out[0], out_values=out[1])
+    return out
+
+
+register_fakes("constrain_bitmask_", "sequence_bias")

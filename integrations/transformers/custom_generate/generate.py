@@ -7,12 +7,14 @@
 
 transformers prepares the inputs, the cache, its logits processors and stopping criteria as for
 its own sampling, then calls `decode`. Each step writes no_repeat_ngram_size, bad_words_ids,
-min_length, min_new_tokens and suppress_tokens into the bitmask (`constrain_bitmask_`), runs the
-other processors transformers built that are not sampling (and the caller's `logits_processor`),
-then one fused op draws the token: the package's `sample` (or `sample_with_logprobs`) with
-temperature, top-k, top-p, min-p, the repetition penalty, the grammar bitmask and a per-row seed. A `GenerationConfig` field the loop cannot honour as
-transformers defines it raises a ValueError naming it. Semantics, supported fields and figures:
-docs/transformers.md in the package's repository.
+min_length, min_new_tokens and suppress_tokens into the bitmask (`constrain_bitmask_`) and
+sequence_bias into logit biases (`sequence_bias`), runs the other processors transformers built
+that are not sampling (and the caller's `logits_processor`), then one fused op draws the token:
+the package's `sample` (or `sample_with_logprobs`) with temperature, top-k, top-p, min-p, the
+repetition penalty, the sequence biases, the grammar bitmask and a per-row seed. A
+`GenerationConfig` field the loop cannot honour as transformers defines it raises a ValueError
+naming it. Semantics, supported fields and figures: integrations/transformers/README.md in the
+package's repository.
 
 The kernel: the `kernel` argument, else what LOGITS_PROCESSOR_KERNEL names (a Hub repo id, or a
 local build folder such as a checkout's `build/`), else the Hub repo phanerozoic/logits-processor.
@@ -47,13 +49,15 @@ REFUSED_WARPERS = {tlp.TopHLogitsWarper: "top_h", tlp.TypicalLogitsWarper: "typi
 # Decoding strategies other than sampling and greedy search: (field, its neutral value).
 REFUSED_FIELDS = (("num_beams", 1), ("num_beam_groups", 1), ("penalty_alpha", None), ("dola_layers", None),
                   ("prompt_lookup_num_tokens", None), ("watermarking_config", None))
-# Processors that only set logits to -inf (or force one token to 0): the repetition penalty
-# commutes with them, so it can be fused into the sampler even where transformers runs them after it.
-MASKING_PROCESSORS = (tlp.NoRepeatNGramLogitsProcessor, tlp.EncoderNoRepeatNGramLogitsProcessor,
-                      tlp.NoBadWordsLogitsProcessor, tlp.MinLengthLogitsProcessor,
-                      tlp.MinNewTokensLengthLogitsProcessor, tlp.SuppressTokensLogitsProcessor,
-                      tlp.SuppressTokensAtBeginLogitsProcessor, tlp.PrefixConstrainedLogitsProcessor,
-                      tlp.ForcedBOSTokenLogitsProcessor, tlp.ForcedEOSTokenLogitsProcessor)
+# Processors that only set logits to -inf: a bias (sequence_bias) commutes with them, so it can
+# be fused into the sampler even where transformers runs them after it.
+EXCLUDING_PROCESSORS = (tlp.NoRepeatNGramLogitsProcessor, tlp.EncoderNoRepeatNGramLogitsProcessor,
+                        tlp.NoBadWordsLogitsProcessor, tlp.MinLengthLogitsProcessor,
+                        tlp.MinNewTokensLengthLogitsProcessor, tlp.SuppressTokensLogitsProcessor,
+                        tlp.SuppressTokensAtBeginLogitsProcessor, tlp.PrefixConstrainedLogitsProcessor)
+# Those and the ones that force a token (-inf elsewhere, 0 at it): the repetition penalty, which
+# leaves 0 alone, commutes with them all; a bias would move the forced token's 0.
+MASKING_PROCESSORS = (*EXCLUDING_PROCESSORS, tlp.ForcedBOSTokenLogitsProcessor, tlp.ForcedEOSTokenLogitsProcessor)
 
 
 def constraint_arguments(processor, vocab: int, device) -> Optional[dict]:
@@ -78,6 +82,23 @@ def constraint_arguments(processor, vocab: int, device) -> Optional[dict]:
     if isinstance(processor, tlp.SuppressTokensLogitsProcessor):
         return {"suppress_tokens": ids(processor.suppress_tokens.cpu())}
     return None
+
+
+def sequence_bias_tensors(processor, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A SequenceBiasLogitsProcessor's sequences (int64 ``[N, M]``, -1 padded) and biases (float32
+    ``[N]``) for `sequence_bias`, in the order transformers adds a token's biases: one-id
+    sequences first, then by prefix length, in the order each length first occurs. Ids past the
+    vocabulary raise transformers' ValueError (the op would take them as padding on the device)."""
+    entries = list(processor.sequence_bias.items())
+    invalid = [t for s, _ in entries for t in s if t >= vocab]
+    if invalid:
+        raise ValueError(f"The model vocabulary size is {vocab}, but the following tokens were being biased: "
+                         f"{invalid}")
+    lengths = list(dict.fromkeys(len(s) for s, _ in entries if len(s) > 1))
+    ordered = [e for e in entries if len(e[0]) == 1] + [e for m in lengths for e in entries if len(e[0]) == m]
+    width = max(len(s) for s, _ in ordered)
+    sequences = torch.tensor([list(s) + [-1] * (width - len(s)) for s, _ in ordered], dtype=torch.int64, device=device)
+    return sequences, torch.tensor([float(b) for _, b in ordered], dtype=torch.float32, device=device)
 
 
 def fused_constraints(processors, vocab: int, device) -> tuple[list, list[dict]]:
@@ -321,6 +342,15 @@ def decode(
     fuse_penalty = at is None or all(isinstance(p, MASKING_PROCESSORS) for p in kept_processors[at + 1:])
     repetition = 1.0 if at is None else float(kept_processors[at].penalty)
     penalised = repetition != 1.0 or frequency_penalty != 0.0 or presence_penalty != 0.0
+    # sequence_bias as the fused penalties' logit biases, which come before the penalties (as
+    # transformers orders them): where only masks and the fused repetition penalty follow it.
+    biased = next((i for i, p in enumerate(kept_processors) if type(p) is tlp.SequenceBiasLogitsProcessor), None)
+    sequence_bias = None  # the processor, then its tensors from the first step (the vocabulary known)
+    if biased is not None and (at is None or at > biased) and all(
+            isinstance(p, EXCLUDING_PROCESSORS) or (i == at and fuse_penalty)
+            for i, p in enumerate(kept_processors) if i > biased):
+        sequence_bias = kept_processors.pop(biased)
+        at = None if at is None else at - 1
     prompt = penalty_prompt(input_ids, model_kwargs.get("attention_mask"),
                             None if at is None else kept_processors[at].prompt_ignore_length) if penalised else None
 
@@ -350,10 +380,17 @@ def decode(
             continue
         logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32, device=device)
         vocab = logits.shape[-1]
-        if penalised and penalties is None:
-            state = lp.penalty_state_from_tokens(prompt, prompt[:, :0], vocab)
+        if isinstance(sequence_bias, tlp.SequenceBiasLogitsProcessor):
+            sequence_bias = sequence_bias_tensors(sequence_bias, vocab, device)
+        if (penalised or sequence_bias is not None) and penalties is None:
+            counted = input_ids[:, :0] if prompt is None else prompt  # (only the biases: no prompt counted)
+            state = lp.penalty_state_from_tokens(counted, input_ids[:, :0], vocab)
+            entries = (None, None) if sequence_bias is None else (
+                torch.empty(rows, len(sequence_bias[1]), dtype=torch.int64, device=device),
+                torch.empty(rows, len(sequence_bias[1]), dtype=torch.float32, device=device))
             penalties = lp.Penalties(*state, repetition_penalty=repetition, frequency_penalty=frequency_penalty,
-                                     presence_penalty=presence_penalty)
+                                     presence_penalty=presence_penalty, logit_bias_ids=entries[0],
+                                     logit_bias_values=entries[1])
             if not fuse_penalty:
                 kept_processors[at] = PenaltyProcessor(lp, penalties)
         if grammars is not None and grammar is None:
@@ -374,6 +411,9 @@ def decode(
                 bitmask = own_bitmask.fill_(-1)
             for arguments in constraints:
                 lp.constrain_bitmask_(bitmask, vocab, input_ids, **arguments)
+        if sequence_bias is not None:
+            lp.sequence_bias(input_ids, *sequence_bias, vocab,
+                             out=(penalties.logit_bias_ids, penalties.logit_bias_values))
         fused = penalties if fuse_penalty else None
         draw = dict(sampling, seed=seeds, offset=step, bitmask=bitmask, penalties=fused)
         if want["logprobs"]:
@@ -401,7 +441,7 @@ def decode(
             if any(running[row] and tokens[row] < 0 for row in range(rows)):
                 raise_no_token(no_token)
             grammar.accept(tokens, running)
-        if penalties is not None:
+        if penalised:
             lp.update_output_counts_(penalties.output_counts, next_tokens)
         input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
         if streamer is not None:
