@@ -1,7 +1,8 @@
-"""Request constraints (constrain_bitmask_ then `sample` reading the bitmask; sequence_bias then
-`sample` reading its entries as fused logit biases) beside plain `sample`, and the torch passes
-a user writes instead: transformers' logits processors (and vLLM's masked_fill for allowed
-ids), then `sample` (`make bench`).
+"""Request constraints (constrain_bitmask_ then `sample` reading the bitmask; sequence_bias or
+dry_bias then `sample` reading its entries as fused logit biases) beside plain `sample`, and the
+passes a user writes instead: transformers' logits processors (and vLLM's masked_fill for
+allowed ids; for DRY, a Python loop over the rows as text-generation-webui's), then `sample`
+(`make bench`).
 
 V = 128256, B in {1, 32}, bfloat16 logits, on the GPU where there is one, else the CPU. Each
 constraint on its own, then all at once; a step = reset the bitmask, constrain it, sample
@@ -96,6 +97,7 @@ def main() -> int:
                   f"{t['torch'] * 1e6:.0f} us | {t['step'] / t['sample']:.2f} | "
                   f"{t['torch'] / t['step']:.1f}x{'' if same else ' (kept sets differ!)'} |", flush=True)
         report.append(sequence_bias_row(lp, batch, logits, history, g, device, repeats))
+        report.append(dry_bias_row(lp, batch, logits, history, g, device, repeats))
     return write_report(args.json, report)
 
 
@@ -133,6 +135,70 @@ def sequence_bias_row(lp, batch: int, logits: torch.Tensor, history: torch.Tenso
           f"{t['torch'] * 1e6:.0f} us | {t['step'] / t['sample']:.2f} | "
           f"{t['torch'] / t['step']:.1f}x{'' if same else ' (biases differ!)'} |", flush=True)
     return {"batch": batch, "constraint": "sequence_bias", "device": device, "seconds": t, "same_kept_set": same}
+
+
+def python_dry(history: torch.Tensor, scores: torch.Tensor, breakers: set, multiplier: float, base: float,
+               allowed: int) -> torch.Tensor:
+    """DRY as a Python processor computes it (text-generation-webui's DRYLogitsProcessor: for each
+    earlier occurrence of the last token, the match extended backwards, the longest per following
+    token; no length cap here, as llama.cpp): scores, penalised in place."""
+    for row, ids in enumerate(history.tolist()):
+        if ids[-1] in breakers:
+            continue
+        longest = {}
+        for i in range(len(ids) - 1):
+            if ids[i] != ids[-1] or ids[i + 1] in breakers:
+                continue
+            m = 1
+            while i - m >= 0 and ids[i - m] == ids[-1 - m] and ids[-1 - m] not in breakers:
+                m += 1
+            longest[ids[i + 1]] = max(m, longest.get(ids[i + 1], 0))
+        for token, m in longest.items():
+            if m >= allowed:
+                scores[row, token] -= multiplier * base ** (m - allowed)
+    return scores
+
+
+def dry_bias_row(lp, batch: int, logits: torch.Tensor, history: torch.Tensor, g: torch.Generator,
+                 device: str, repeats: int) -> dict:
+    """dry_bias (llama.cpp's defaults but the multiplier 0.8; four one-id breakers; each row's last
+    24 tokens repeating an earlier stretch) then `sample` with the entries as fused logit biases,
+    against python_dry then `sample`. `same`: the entries, applied by apply_penalties_ to the
+    float32 logits, give python_dry's scores bit for bit."""
+    history = history.clone()
+    for row in range(batch):
+        start = int(torch.randint(0, HISTORY - 64, (1,), generator=g))
+        history[row, -24:] = history[row, start:start + 24]
+    breakers = [13, 25, 1, 9]  # (llama.cpp's "\n", ":", '"', "*" as Llama 3 ids)
+    kwargs = dict(multiplier=0.8, base=1.75, allowed_length=2,
+                  sequence_breakers=torch.tensor(breakers, device=device)[:, None])
+    state = (torch.zeros(batch, (VOCAB + 31) // 32, dtype=torch.int32, device=device),
+             torch.zeros(batch, VOCAB, dtype=torch.int32, device=device))
+    entries = (torch.empty(batch, HISTORY, dtype=torch.int64, device=device),
+               torch.empty(batch, HISTORY, device=device))
+    penalties = lp.Penalties(*state, logit_bias_ids=entries[0], logit_bias_values=entries[1])
+    out = torch.empty(batch, dtype=torch.int64, device=device)
+
+    def step():
+        lp.dry_bias(history, VOCAB, **kwargs, out=entries)
+        return lp.sample(logits, seed=1, penalties=penalties, out=out)
+
+    multiplier = float(torch.tensor(0.8))  # the kernel's float32 0.8
+
+    def theirs():
+        return lp.sample(python_dry(history, logits.float(), set(breakers), multiplier, 1.75, 2), seed=1)
+
+    step()
+    scores = logits.float()
+    same = bool(torch.equal(lp.apply_penalties_(scores.clone(), *state, logit_bias_ids=entries[0],
+                                                logit_bias_values=entries[1]),
+                            python_dry(history, scores.clone(), set(breakers), multiplier, 1.75, 2)))
+    calls = {"sample": lambda: lp.sample(logits, seed=1, out=out), "step": step, "torch": theirs}
+    t = median_times(calls, device, repeats)
+    print(f"| {batch} | dry_bias | {t['sample'] * 1e6:.0f} us | {t['step'] * 1e6:.0f} us | "
+          f"{t['torch'] * 1e6:.0f} us | {t['step'] / t['sample']:.2f} | "
+          f"{t['torch'] / t['step']:.1f}x{'' if same else ' (biases differ!)'} |", flush=True)
+    return {"batch": batch, "constraint": "dry_bias", "device": device, "seconds": t, "same_kept_set": same}
 
 
 def unpack(bitmask: torch.Tensor) -> torch.Tensor:

@@ -210,11 +210,155 @@ LP_HOST_DEVICE void merged_entry(const SequenceBiasParams& p, int64_t row, const
     if (completed[k] == *id) *sum = lp_add(*sum, sequence_bias_value(p, row, k));
 }
 
+// --- dry_bias ---------------------------------------------------------------------------------
+// llama.cpp's DRY ("don't repeat yourself": llama_sampler_dry_apply, from koboldcpp) as sparse
+// logit biases, each a penalty's negation. With the row's sequence h of length n and its window
+// [start, n), the last W = min(n, penalty_last_n) tokens (penalty_last_n < 0: all of them):
+//   rep_limit  W, or, when a breaker (a sequence of ids, in time order) lies whole in the window,
+//              the tokens after the one that starts latest (the longest of those starting there)
+//   repeat(q)  for start <= q < n - 1: the largest m <= min(q - start + 1, rep_limit) with
+//              h[q - t] == h[n - 1 - t] for every t < m: how much of the window's end repeats at q
+//   h[q + 1], the token that would extend that repeat, is a candidate when repeat(q) >= allowed
+//   penalty    of a token: multiplier * base^e, e = its candidates' largest repeat - allowed, the
+//              power in double by squaring (no pow(): the same bits on both devices), e capped
+//              where base^e would pass FLT_MAX (llama.cpp: e <= 88.7228391 / ln base, the same
+//              bound up to its float rounding), rounded to float once
+// None when W <= allowed or rep_limit < allowed, and never for a one-id breaker's token. A row
+// is off when multiplier <= 0, base < 1 or inf (either NaN) or penalty_last_n == 0. Entry j of a row
+// (j < L) holds position j's candidate (q = j - 1), merged as sequence_bias merges: the first
+// entry of token t holds (t, -penalty), every other (-1, 0). Two phases, as sequence_bias: each
+// entry's candidate as a key (dry_candidate: repeat << 32 | t, or -1) into out_ids, then the
+// merge (dry_merged_entry). The CUDA kernel finds each repeat by comparing backwards, O(sum of
+// the repeats) per row (O(W^2) for one token repeated W times); the CPU all of them at once with
+// the Z-algorithm, O(W), as llama.cpp does.
+struct RowFloat {
+  const float* per_row;
+  float value;
+  LP_HOST_DEVICE float get(int64_t row) const { return per_row ? per_row[row] : value; }
+};
+
+struct DryParams {
+  int64_t rows;
+  int64_t vocab;
+  RowLists token_ids;     // [rows, L], each row's sequence (-1 ends it)
+  Words breakers;         // N breakers, per row or shared
+  RowFloat multiplier;
+  RowFloat base;
+  RowInt allowed_length;
+  RowInt penalty_last_n;  // < 0: the whole sequence
+  int64_t* out_ids;       // [rows, L]
+  int64_t out_ids_row_stride;
+  float* out_values;      // [rows, L]
+  int64_t out_values_row_stride;
+};
+
+// What a row's candidates need: its window [start, n), rep_limit and allowed length.
+struct DryRow {
+  int64_t start;
+  int64_t n;
+  int64_t rep_limit;  // -1: the row has no candidate
+  int64_t allowed;
+};
+
+// The row's window start: n when the row is off.
+LP_HOST_DEVICE int64_t dry_window_start(const DryParams& p, int64_t row, int64_t n) {
+  const int64_t last_n = p.penalty_last_n.get(row);
+  const float base = p.base.get(row);
+  if (!(p.multiplier.get(row) > 0.0f) || !(base >= 1.0f && base <= 3.4028234663852886e38f) || last_n == 0) return n;
+  return last_n < 0 || last_n >= n ? 0 : n - last_n;
+}
+
+// The length less one of the longest breaker lying whole in [pos, n) from pos, or -1.
+LP_HOST_DEVICE int64_t dry_breaker_at(const DryParams& p, int64_t row, int64_t pos, int64_t n) {
+  int64_t longest = -1;
+  for (int64_t k = 0; k < p.breakers.count(); ++k) {
+    const int64_t m = word_length(p.breakers, p.vocab, row, k);
+    if (m == 0 || m - 1 <= longest || pos + m > n) continue;
+    bool match = true;
+    for (int64_t j = 0; j < m && match; ++j) match = p.token_ids.get(row, pos + j) == p.breakers.get(row, k, j);
+    if (match) longest = m - 1;
+  }
+  return longest;
+}
+
+// The row's DryRow from its length n and its latest breaker: the start `pos` (-1: none) and
+// `tail`, dry_breaker_at(pos).
+LP_HOST_DEVICE DryRow dry_row(const DryParams& p, int64_t row, int64_t start, int64_t n, int64_t pos, int64_t tail) {
+  DryRow r{start, n, -1, clamp_count(p.allowed_length.get(row))};
+  const int64_t limit = pos < 0 ? n - start : n - 1 - pos - tail;
+  if (n - start > r.allowed && limit >= r.allowed) r.rep_limit = limit;
+  return r;
+}
+
+// Whether t is a one-id breaker's id (never penalised).
+LP_HOST_DEVICE bool dry_single_breaker(const DryParams& p, int64_t row, int64_t t) {
+  for (int64_t k = 0; k < p.breakers.count(); ++k)
+    if (p.breakers.get(row, k, 0) == t && word_length(p.breakers, p.vocab, row, k) == 1) return true;
+  return false;
+}
+
+// repeat(q), compared backwards from q (the CUDA kernel's; the CPU's Z-algorithm gives the same).
+LP_HOST_DEVICE int64_t dry_repeat(const DryParams& p, int64_t row, const DryRow& r, int64_t q) {
+  int64_t m = 0;
+  while (m < r.rep_limit && q - m >= r.start && p.token_ids.get(row, q - m) == p.token_ids.get(row, r.n - 1 - m))
+    ++m;
+  return m;
+}
+
+// Phase 1: entry j's key from its repeat (repeat(j - 1), when start < j < n), or -1.
+LP_HOST_DEVICE int64_t dry_candidate(const DryParams& p, int64_t row, const DryRow& r, int64_t j, int64_t repeat) {
+  if (r.rep_limit < 0 || j <= r.start || j >= r.n || repeat < r.allowed) return -1;
+  const int64_t t = p.token_ids.get(row, j);
+  return dry_single_breaker(p, row, t) ? -1 : (repeat << 32) | t;
+}
+
+LP_HOST_DEVICE int64_t dry_key_token(int64_t key) { return key < 0 ? -1 : key & 0xffffffff; }
+
+// base^e in double, by squaring.
+LP_HOST_DEVICE double dry_power(double base, int64_t e) {
+  double result = 1.0;
+  for (; e > 0; e >>= 1, base *= base)
+    if (e & 1) result *= base;
+  return result;
+}
+
+LP_HOST_DEVICE float dry_penalty(float multiplier, float base, int64_t e) {
+  constexpr double kFloatMax = 3.4028234663852886e38;
+  double power = dry_power(base, e);
+  if (power > kFloatMax) {  // the largest exponent whose power stays within: lo
+    int64_t lo = 0, hi = e;
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (dry_power(base, mid) <= kFloatMax ? lo : hi) = mid;
+    }
+    power = dry_power(base, lo);
+  }
+  return static_cast<float>(static_cast<double>(multiplier) * power);
+}
+
+// Phase 2: entry j's (id, value) from the entries' keys ([count]); those before j may already
+// hold their merged ids (the test "an earlier entry has token t" is unchanged), those from j on
+// must be phase 1's.
+LP_HOST_DEVICE void dry_merged_entry(const DryParams& p, int64_t row, int64_t allowed, const int64_t* keys,
+                                     int64_t count, int64_t j, int64_t* id, float* value) {
+  *id = dry_key_token(keys[j]);
+  *value = 0.0f;
+  for (int64_t k = 0; k < j && *id >= 0; ++k)
+    if (dry_key_token(keys[k]) == *id) *id = -1;
+  if (*id < 0) return;
+  int64_t repeat = keys[j] >> 32;
+  for (int64_t k = j + 1; k < count; ++k)
+    if (dry_key_token(keys[k]) == *id && (keys[k] >> 32) > repeat) repeat = keys[k] >> 32;
+  *value = -dry_penalty(p.multiplier.get(row), p.base.get(row), repeat - allowed);
+}
+
 void constrain_bitmask_cpu(const ConstraintParams& params, const ParallelFor& parallel_for);
 void sequence_bias_cpu(const SequenceBiasParams& params, const ParallelFor& parallel_for);
+void dry_bias_cpu(const DryParams& params, const ParallelFor& parallel_for);
 #if defined(CUDA_KERNEL) || defined(__CUDACC__)
 void constrain_bitmask_cuda(const ConstraintParams& params, cudaStream_t stream);
 void sequence_bias_cuda(const SequenceBiasParams& params, cudaStream_t stream);
+void dry_bias_cuda(const DryParams& params, cudaStream_t stream);
 #endif
 
 }  // namespace logits_processor

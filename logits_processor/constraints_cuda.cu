@@ -2,7 +2,8 @@
 // row's sequence (its length, a block reduction), its allowed chunks (a shared-memory chunk of
 // the allowed set, between barriers), then over its exclusions (constraints.h). Exclusions of
 // one row may clear bits of one word, hence atomicAnd; an AND commutes, so the result is the
-// CPU's whatever the order. sequence_bias: a block per row, its threads over the entries.
+// CPU's whatever the order. sequence_bias and dry_bias: a block per row, its threads over the
+// entries.
 #include <cuda_runtime.h>
 
 #include "block_primitives.cuh"
@@ -90,6 +91,48 @@ __global__ void __launch_bounds__(kThreads) sequence_bias_kernel(SequenceBiasPar
   }
 }
 
+// The row's DryRow: its latest breaker start, a block reduction over the window's positions
+// (key (pos - start + 1) * (M + 1) + tail: the largest holds the latest start and, there, the
+// longest breaker). Called by the whole block.
+__device__ DryRow block_dry_row(const DryParams& p, int64_t row, Shared& sh) {
+  const int64_t n = block_sequence_length(p.token_ids, row, p.vocab, sh);
+  const int64_t start = dry_window_start(p, row, n);
+  const uint64_t keys = static_cast<uint64_t>(p.breakers.width) + 1;
+  uint64_t latest = 0;
+  for (int64_t pos = start + threadIdx.x; pos < n; pos += kThreads) {
+    const int64_t tail = dry_breaker_at(p, row, pos, n);
+    if (tail >= 0) latest = static_cast<uint64_t>(pos - start + 1) * keys + static_cast<uint64_t>(tail);
+  }
+  latest = block_max(latest, sh);
+  if (latest == 0) return dry_row(p, row, start, n, -1, -1);
+  const int64_t pos = start + static_cast<int64_t>(latest / keys) - 1;
+  return dry_row(p, row, start, n, pos, static_cast<int64_t>(latest % keys));
+}
+
+// A row's entries: their keys into out_ids, then the merge, as sequence_bias_kernel's.
+__global__ void __launch_bounds__(kThreads) dry_bias_kernel(DryParams p) {
+  __shared__ Shared sh;
+  const int64_t count = p.token_ids.width;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const DryRow r = block_dry_row(p, row, sh);
+    int64_t* ids = p.out_ids + row * p.out_ids_row_stride;
+    for (int64_t j = threadIdx.x; j < count; j += kThreads) {
+      const bool candidate = r.rep_limit >= 0 && j > r.start && j < r.n;
+      ids[j] = dry_candidate(p, row, r, j, candidate ? dry_repeat(p, row, r, j - 1) : 0);
+    }
+    __syncthreads();
+    for (int64_t first = 0; first < count; first += kThreads) {
+      const int64_t j = first + threadIdx.x;
+      int64_t id = -1;
+      float value = 0.0f;
+      if (j < count) dry_merged_entry(p, row, r.allowed, ids, count, j, &id, &value);
+      __syncthreads();  // (every read of this group's keys before any is rewritten)
+      if (j < count) ids[j] = id, p.out_values[row * p.out_values_row_stride + j] = value;
+      __syncthreads();
+    }
+  }
+}
+
 }  // namespace
 
 void constrain_bitmask_cuda(const ConstraintParams& params, cudaStream_t stream) {
@@ -100,6 +143,11 @@ void constrain_bitmask_cuda(const ConstraintParams& params, cudaStream_t stream)
 void sequence_bias_cuda(const SequenceBiasParams& params, cudaStream_t stream) {
   if (params.rows == 0) return;
   launch_kernel("sequence_bias", sequence_bias_kernel, grid_size(params.rows, 1, 8), kThreads, stream, params);
+}
+
+void dry_bias_cuda(const DryParams& params, cudaStream_t stream) {
+  if (params.rows == 0) return;
+  launch_kernel("dry_bias", dry_bias_kernel, grid_size(params.rows, 1, 8), kThreads, stream, params);
 }
 
 }  // namespace logits_processor

@@ -468,3 +468,33 @@ def sequence_bias_case(rows: int, vocab: int, g: torch.Generator, dtype: torch.d
     if not per_row:
         kwargs.update(sequences=kwargs["sequences"][0], biases=biases[0])
     return kwargs
+
+
+def dry_bias_case(rows: int, vocab: int, g: torch.Generator, dtype: torch.dtype = torch.int64,
+                  per_row: bool = True, length: int = 24) -> dict:
+    """dry_bias' arguments, random: rows over a few tokens (so that they repeat), every other one
+    ending in a repeat of an earlier stretch, the others padded short or empty; breakers of one
+    and two ids and one of padding only; multiplier, base, allowed length and window per row
+    (`per_row`; row 0 off, multiplier 0) or one set of numbers."""
+    alphabet = min(vocab, 5)
+    token_ids = torch.randint(0, alphabet, (rows, length), generator=g)
+    for b in range(0, rows, 2):  # a stretch repeated at the end
+        span = int(torch.randint(2, length // 3, (1,), generator=g))
+        start = int(torch.randint(0, length - 2 * span, (1,), generator=g))
+        token_ids[b, length - span:] = token_ids[b, start:start + span]
+    ends = torch.randint(0, length + 1, (rows,), generator=g)
+    ends[::2] = length
+    token_ids[torch.arange(length) >= ends[:, None]] = -1
+    breakers = torch.randint(0, alphabet, (rows, 3, 2), generator=g)
+    breakers[:, 0, 1] = -1  # one id
+    breakers[:, 2] = -1  # padding only
+    multiplier = torch.rand(rows, generator=g) * 2
+    multiplier[0] = 0.0
+    kwargs = dict(token_ids=token_ids.to(dtype), sequence_breakers=breakers.to(dtype),
+                  multiplier=multiplier, base=1 + torch.rand(rows, generator=g) * 2,
+                  allowed_length=torch.randint(0, 4, (rows,), generator=g),
+                  penalty_last_n=torch.randint(-1, length + 2, (rows,), generator=g))
+    if not per_row:
+        kwargs.update(sequence_breakers=kwargs["sequence_breakers"][1], multiplier=1.25, base=1.75,
+                      allowed_length=2, penalty_last_n=-1)
+    return kwargs

@@ -335,3 +335,75 @@ def sequence_bias_reference(token_ids: torch.Tensor, sequences: torch.Tensor, bi
             values[b][n0] = float(torch.tensor(values[b][n0], dtype=torch.float32) + row_biases[n])
     return torch.tensor(ids, dtype=torch.int64).reshape(rows, count), \
         torch.tensor(values, dtype=torch.float32).reshape(rows, count)
+
+
+def dry_bias_reference(token_ids: torch.Tensor, vocab: int, multiplier=0.0, base=1.75, allowed_length=2,
+                       penalty_last_n=-1, sequence_breakers=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """dry_bias' entries (ids int64, values float32 [B, L]) written from llama.cpp's
+    llama_sampler_dry_apply, step by step, in Python lists and float64: the window, the restart
+    limit from the latest breaker (searched from the end), each earlier position's repeat of
+    the window's end by direct comparison (where llama.cpp runs the Z-algorithm), the largest
+    repeat per following token, and its penalty, multiplier * base ** (repeat - allowed), the
+    exponent capped at int(88.7228391 / ln base) as llama.cpp caps it; the penalty at the token's
+    first candidate position, negated."""
+    rows, length = token_ids.shape
+
+    def per_row(value, b):
+        return value[b].item() if isinstance(value, torch.Tensor) else value
+
+    ids = [[-1] * length for _ in range(rows)]
+    values = [[0.0] * length for _ in range(rows)]
+    for b in range(rows):
+        h = []
+        for t in token_ids[b].tolist():
+            if not 0 <= t < vocab:
+                break
+            h.append(t)
+        mult = float(torch.tensor(per_row(multiplier, b), dtype=torch.float32))
+        base_b = float(torch.tensor(per_row(base, b), dtype=torch.float32))
+        allowed, last_n = int(per_row(allowed_length, b)), int(per_row(penalty_last_n, b))
+        breakers = [] if sequence_breakers is None else \
+            (sequence_breakers if sequence_breakers.dim() == 2 else sequence_breakers[b]).tolist()
+        breakers = [w[:next((i for i, t in enumerate(w) if not 0 <= t < vocab), len(w))] for w in breakers]
+        breakers = [w for w in breakers if w]
+        n = len(h)
+        if mult == 0 or base_b < 1 or last_n == 0:
+            continue
+        w = n if last_n < 0 else min(n, last_n)
+        if w <= allowed:
+            continue
+
+        def rat(i):  # llama.cpp's ring_buffer::rat: the token i from the end
+            return h[n - 1 - i]
+
+        rep_limit = w
+        for i in range(w):
+            longest = max((len(br) - 1 for br in breakers if br[0] == rat(i) and len(br) - 1 <= i
+                           and all(br[1 + o] == rat(i - o - 1) for o in range(len(br) - 1))), default=-1)
+            if longest >= 0:
+                rep_limit = i - longest
+                break
+        if rep_limit < allowed:
+            continue
+        longest_repeat, first_position = {}, {}
+        for k in range(1, w):  # the repeat ending k tokens before the end
+            m = 0
+            while m + k < w and rat(m) == rat(m + k):
+                m += 1
+            m = min(m, rep_limit)
+            if m >= allowed:
+                token, position = rat(k - 1), n - k
+                longest_repeat[token] = max(longest_repeat.get(token, 0), m)
+                first_position[token] = min(first_position.get(token, position), position)
+        max_exponent = int(88.7228391 / math.log(base_b)) if base_b > 1.000001 else 0
+        single = {br[0] for br in breakers if len(br) == 1}
+        for token, m in longest_repeat.items():
+            if token in single:
+                continue
+            e = m - allowed
+            if max_exponent > 0 and e > max_exponent:
+                e = max_exponent
+            ids[b][first_position[token]] = token
+            values[b][first_position[token]] = -float(torch.tensor(mult * base_b ** e, dtype=torch.float32))
+    return torch.tensor(ids, dtype=torch.int64).reshape(rows, length), \
+        torch.tensor(values, dtype=torch.float32).reshape(rows, length)

@@ -1,6 +1,6 @@
-// constrain_bitmask_ (the request constraints cleared from a packed bitmask) and sequence_bias
-// (transformers' sequence_bias as sparse logit biases): logits_processor/constraints.h, checked
-// here before anything is written.
+// constrain_bitmask_ (the request constraints cleared from a packed bitmask), sequence_bias
+// (transformers' sequence_bias as sparse logit biases) and dry_bias (llama.cpp's DRY, likewise):
+// logits_processor/constraints.h, checked here before anything is written.
 
 #include <torch/csrc/stable/ops.h>
 
@@ -96,15 +96,39 @@ lp::RowLists row_lists(const std::optional<Tensor>& given, std::optional<Tensor>
   return {int_array(*held), width, per_row ? width : 0};
 }
 
-// A per-row integer: `value`, or a [B] tensor of them (None: `value` for every row).
+// A per-row integer: `value`, or a [B] tensor of them (None: `value` for every row); host values
+// in [lo, 2^31).
 lp::RowInt row_int(const std::optional<Tensor>& given, int64_t value, std::optional<Tensor>& held,
-                   const Target& target, int64_t rows, const char* name) {
-  CHECK_ARG(value >= 0 && value < (int64_t{1} << 31), name, " must lie in [0, 2^31), got ", value);
+                   const Target& target, int64_t rows, const char* name, int64_t lo = 0) {
+  CHECK_ARG(value >= lo && value < (int64_t{1} << 31), name, " must lie in [", lo, ", 2^31), got ", value);
   if (!given.has_value()) return {{nullptr, false}, value};
   CHECK_ARG(given->dim() == 1 && given->size(0) == rows, name, " must be a number or a 1-D tensor of length ",
             rows, " (one per row), got shape ", shape_name(given->sizes()));
-  held = checked_ints(*given, target, name, 0, (int64_t{1} << 31) - 1, "[0, 2^31)");
+  held = checked_ints(*given, target, name, lo, (int64_t{1} << 31) - 1, lo == 0 ? "[0, 2^31)" : "[-1, 2^31)");
   return {int_array(*held), 0};
+}
+
+// A per-row float: `value`, or a [B] floating tensor of them read as float32 (None: `value` for
+// every row); host values finite and at least `lo`.
+lp::RowFloat row_float(const std::optional<Tensor>& given, double value, std::optional<Tensor>& held,
+                       const Target& target, int64_t rows, const char* name, float lo) {
+  if (!given.has_value()) {  // (finite as the kernel's float: 1e39 is not)
+    CHECK_ARG(std::isfinite(ieee_float(value)) && value >= lo, name, " must be finite and at least ", lo, ", got ",
+              value);
+    return {nullptr, ieee_float(value)};
+  }
+  CHECK_ARG(given->dim() == 1 && given->size(0) == rows, name, " must be a number or a 1-D tensor of length ",
+            rows, " (one per row), got shape ", shape_name(given->sizes()));
+  CHECK_ARG(is_floating(given->scalar_type()), name, " must be a floating-point tensor, got ",
+            given->scalar_type());
+  check_input_placement(*given, target, name);
+  held = torch::stable::contiguous(torch::stable::to(*given, ScalarType::Float));
+  if (host_readable(*held)) {
+    const float* v = held->const_data_ptr<float>();
+    for (int64_t i = 0; i < held->numel(); ++i)
+      CHECK_ARG(std::isfinite(v[i]) && v[i] >= lo, name, " must be finite and at least ", lo, ", got ", v[i]);
+  }
+  return {held->const_data_ptr<float>(), 0.0f};
 }
 
 }  // namespace
@@ -155,45 +179,67 @@ void constrain_bitmask_(const Tensor& bitmask, int64_t vocab_size, const std::op
 
 namespace {
 
-// One of sequence_bias' outputs: dtype, [rows, count] on token_ids' device, contiguous in its
-// last dimension (a column slice of a wider bias buffer is fine), rows not overlapping.
+// One of a bias op's outputs: dtype, [rows, count] on token_ids' device, contiguous in its last
+// dimension (a column slice of a wider bias buffer is fine), rows not overlapping.
 RowView checked_bias_output(const Tensor& t, const Tensor& token_ids, const char* name, ScalarType dtype,
-                            int64_t rows, int64_t count) {
+                            int64_t rows, int64_t count, const char* entries) {
   CHECK_ARG(t.scalar_type() == dtype, name, " must be ", dtype, ", got ", t.scalar_type());
   CHECK_ARG(t.device() == token_ids.device(), name, " must be on token_ids' device (", device_name(token_ids.device()),
             "), got ", device_name(t.device()));
   CHECK_ARG(t.dim() == 2 && t.size(0) == rows && t.size(1) == count, name, " must have shape [", rows, ", ", count,
-            "] (one entry per sequence), got ", shape_name(t.sizes()));
+            "] (", entries, "), got ", shape_name(t.sizes()));
   const RowView v = row_view(t, name);
   CHECK_ARG(!has_internal_overlap(t) && (v.rows <= 1 || v.row_stride >= v.width), name,
             " must not have overlapping rows (e.g. an expanded tensor)");
   return v;
 }
 
-}  // namespace
+// A bias op's outputs (out_ids int64, out_values float32), `count` entries a row, in `p`.
+template <typename Params>
+void set_bias_outputs(Params& p, const Tensor& out_ids, const Tensor& out_values, const Tensor& token_ids,
+                      int64_t count, const char* entries) {
+  const RowView iv = checked_bias_output(out_ids, token_ids, "out_ids", ScalarType::Long, p.rows, count, entries);
+  const RowView vv = checked_bias_output(out_values, token_ids, "out_values", ScalarType::Float, p.rows, count,
+                                         entries);
+  CHECK_ARG(!shares_storage(out_ids, out_values), "out_ids must not share memory with out_values");
+  p.out_ids = out_ids.mutable_data_ptr<int64_t>();
+  p.out_ids_row_stride = iv.row_stride;
+  p.out_values = out_values.mutable_data_ptr<float>();
+  p.out_values_row_stride = vv.row_stride;
+}
 
-void sequence_bias(const Tensor& token_ids, const Tensor& sequences, const Tensor& biases, int64_t vocab_size,
-                   const Tensor& out_ids, const Tensor& out_values) {
+// A bias op's vocab_size and token_ids ([B, L], on a supported device).
+void check_vocab_and_token_ids(int64_t vocab_size, const Tensor& token_ids) {
   CHECK_ARG(vocab_size > 0 && vocab_size < (int64_t{1} << 31), "vocab_size must lie in [1, 2^31), got ",
             vocab_size);
   CHECK_ARG(token_ids.dim() == 2, "token_ids must be 2-D [B, L] (each row's sequence, -1 padded), got shape ",
             shape_name(token_ids.sizes()));
   check_device_supported(token_ids, "token_ids");
-  const int64_t rows = token_ids.size(0);
-  CHECK_ARG(sequences.dim() == 2 || sequences.dim() == 3, "sequences must be [N, M] (the same for every row) or [",
-            rows, ", N, M] (one set per row), got shape ", shape_name(sequences.sizes()));
-  const int64_t count = sequences.size(-2);
-  CHECK_ARG(sequences.size(-1) > 0 || count == 0, "sequences must hold at least one id each (M >= 1), got shape ",
-            shape_name(sequences.sizes()));
-  const RowView iv = checked_bias_output(out_ids, token_ids, "out_ids", ScalarType::Long, rows, count);
-  const RowView vv = checked_bias_output(out_values, token_ids, "out_values", ScalarType::Float, rows, count);
-  CHECK_ARG(!shares_storage(out_ids, out_values), "out_ids must not share memory with out_values");
+}
 
-  const Target target{token_ids, "token_ids'", {&out_ids, &out_values}, {"out_ids", "out_values"}};
-  std::optional<Tensor> held_tokens, held_sequences;
+// Words of ids ([N, M] for every row or [rows, N, M]), at least one id each.
+void check_words_shape(const Tensor& t, int64_t rows, const char* name) {
+  CHECK_ARG(t.dim() == 2 || t.dim() == 3, name, " must be [N, M] (the same for every row) or [", rows,
+            ", N, M] (one set per row), got shape ", shape_name(t.sizes()));
+  CHECK_ARG(t.size(-1) > 0 || t.size(-2) == 0, name, " must hold at least one id each (M >= 1), got shape ",
+            shape_name(t.sizes()));
+}
+
+}  // namespace
+
+void sequence_bias(const Tensor& token_ids, const Tensor& sequences, const Tensor& biases, int64_t vocab_size,
+                   const Tensor& out_ids, const Tensor& out_values) {
+  check_vocab_and_token_ids(vocab_size, token_ids);
+  const int64_t rows = token_ids.size(0);
+  check_words_shape(sequences, rows, "sequences");
+  const int64_t count = sequences.size(-2);
   lp::SequenceBiasParams p{};
   p.rows = rows;
   p.vocab = vocab_size;
+  set_bias_outputs(p, out_ids, out_values, token_ids, count, "one entry per sequence");
+
+  const Target target{token_ids, "token_ids'", {&out_ids, &out_values}, {"out_ids", "out_values"}};
+  std::optional<Tensor> held_tokens, held_sequences;
   p.token_ids = row_lists(token_ids, held_tokens, target, rows, vocab_size, "token_ids", false, true);
   p.sequences = {row_lists(sequences, held_sequences, target, rows, vocab_size, "sequences", true, true),
                  sequences.size(-1)};
@@ -211,11 +257,34 @@ void sequence_bias(const Tensor& token_ids, const Tensor& sequences, const Tenso
   }
   p.biases = values.const_data_ptr<float>();
   p.biases_row_stride = biases.dim() == 2 ? count : 0;
-  p.out_ids = out_ids.mutable_data_ptr<int64_t>();
-  p.out_ids_row_stride = iv.row_stride;
-  p.out_values = out_values.mutable_data_ptr<float>();
-  p.out_values_row_stride = vv.row_stride;
   RUN_KERNEL(sequence_bias, token_ids, p);
+}
+
+void dry_bias(const Tensor& token_ids, const std::optional<Tensor>& sequence_breakers, int64_t vocab_size,
+              const std::optional<Tensor>& multiplier, double multiplier_value, const std::optional<Tensor>& base,
+              double base_value, const std::optional<Tensor>& allowed_length, int64_t allowed_length_value,
+              const std::optional<Tensor>& penalty_last_n, int64_t penalty_last_n_value, const Tensor& out_ids,
+              const Tensor& out_values) {
+  check_vocab_and_token_ids(vocab_size, token_ids);
+  const int64_t rows = token_ids.size(0), length = token_ids.size(1);
+  CHECK_ARG(length < (int64_t{1} << 31), "token_ids must have fewer than 2^31 columns, got ", length);
+  if (sequence_breakers.has_value()) check_words_shape(*sequence_breakers, rows, "sequence_breakers");
+  lp::DryParams p{};
+  p.rows = rows;
+  p.vocab = vocab_size;
+  set_bias_outputs(p, out_ids, out_values, token_ids, length, "one entry per token of token_ids");
+
+  const Target target{token_ids, "token_ids'", {&out_ids, &out_values}, {"out_ids", "out_values"}};
+  std::optional<Tensor> held_tokens, held_breakers, held[4];
+  p.token_ids = row_lists(token_ids, held_tokens, target, rows, vocab_size, "token_ids", false, true);
+  p.breakers = {row_lists(sequence_breakers, held_breakers, target, rows, vocab_size, "sequence_breakers", true,
+                          true),
+                sequence_breakers.has_value() ? sequence_breakers->size(-1) : 0};
+  p.multiplier = row_float(multiplier, multiplier_value, held[0], target, rows, "multiplier", 0.0f);
+  p.base = row_float(base, base_value, held[1], target, rows, "base", 1.0f);
+  p.allowed_length = row_int(allowed_length, allowed_length_value, held[2], target, rows, "allowed_length");
+  p.penalty_last_n = row_int(penalty_last_n, penalty_last_n_value, held[3], target, rows, "penalty_last_n", -1);
+  RUN_KERNEL(dry_bias, token_ids, p);
 }
 
 HIDDEN_NAMESPACE_END(binding)

@@ -182,6 +182,21 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "Tensor(a!) out_ids, "
           "Tensor(b!) out_values"
           ") -> ()");
+  ops.def("dry_bias("
+          "Tensor token_ids, "
+          "Tensor? sequence_breakers, "
+          "int vocab_size, "
+          "Tensor? multiplier, "
+          "float multiplier_value, "
+          "Tensor? base, "
+          "float base_value, "
+          "Tensor? allowed_length, "
+          "int allowed_length_value, "
+          "Tensor? penalty_last_n, "
+          "int penalty_last_n_value, "
+          "Tensor(a!) out_ids, "
+          "Tensor(b!) out_values"
+          ") -> ()");
   ops.def("update_output_counts_("
           "Tensor(a!) output_counts, "
           "Tensor token_ids, "
@@ -219,6 +234,7 @@ void impl_ops(Library& ops) {
   ops.impl("update_output_counts_", TORCH_BOX(&update_output_counts_));
   ops.impl("constrain_bitmask_", TORCH_BOX(&constrain_bitmask_));
   ops.impl("sequence_bias", TORCH_BOX(&sequence_bias));
+  ops.impl("dry_bias", TORCH_BOX(&dry_bias));
   ops.impl("penalty_state_from_tokens", TORCH_BOX(&penalty_state_from_tokens));
 }
 

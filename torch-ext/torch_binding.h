@@ -103,6 +103,11 @@ void constrain_bitmask_(const Tensor& bitmask, int64_t vocab_size, const std::op
                         const std::optional<Tensor>& no_repeat_ngram_size, int64_t no_repeat_ngram_size_value);
 void sequence_bias(const Tensor& token_ids, const Tensor& sequences, const Tensor& biases, int64_t vocab_size,
                    const Tensor& out_ids, const Tensor& out_values);
+void dry_bias(const Tensor& token_ids, const std::optional<Tensor>& sequence_breakers, int64_t vocab_size,
+              const std::optional<Tensor>& multiplier, double multiplier_value, const std::optional<Tensor>& base,
+              double base_value, const std::optional<Tensor>& allowed_length, int64_t allowed_length_value,
+              const std::optional<Tensor>& penalty_last_n, int64_t penalty_last_n_value, const Tensor& out_ids,
+              const Tensor& out_values);
 
 // sampling_ops.cpp
 void sample(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)

@@ -258,6 +258,16 @@ MUTANTS = [
     Mutant("sequence-bias-row-stride", CONSTRAINTS, "row += gridDim.x", "row += gridDim.x + 1", "fibers", AGREEMENT,
            "sequence_bias_equal_cpu", "tests/cuda_emulation/test_constraints_cuda.py",
            within="row += gridDim.x) {\n    const int64_t length"),
+    # dry_bias' latest breaker from each thread's own positions, not the block's reduction.
+    Mutant("dry-breaker-reduction", CONSTRAINTS, "  latest = block_max(latest, sh);\n", "", "fibers", AGREEMENT,
+           "dry_bias_equal_cpu", "tests/cuda_emulation/test_constraints_cuda.py"),
+    # dry_bias' merge without the barrier between reading a group's keys and rewriting them.
+    Mutant("dry-merge-barrier", CONSTRAINTS,
+           "      __syncthreads();  // (every read of this group's keys before any is rewritten)\n", "", "tsan",
+           "ThreadSanitizer: data race", "dry_bias_equal_cpu", "tests/cuda_emulation/test_constraints_cuda.py"),
+    # The CUDA kernel's repeat compared past the window's start (penalty_last_n ignored).
+    Mutant("dry-repeat-window", "logits_processor/constraints.h", "q - m >= r.start", "q - m >= 0", "fibers",
+           AGREEMENT, "dry_bias_equal_cpu", "tests/cuda_emulation/test_constraints_cuda.py"),
 ]
 
 

@@ -1,7 +1,8 @@
-"""Request constraints (constrain_bitmask_) and sequence_bias through the CUDA kernels, emulated:
-the CPU's results, bit for bit, on the cases of tests/ops/test_constraints.py and
-tests/ops/test_sequence_bias.py; and device values the host does not read (ids outside
-[-1, V), negative counts) handled as the reference defines them."""
+"""Request constraints (constrain_bitmask_), sequence_bias and dry_bias through the CUDA kernels,
+emulated: the CPU's results, bit for bit, on the cases of tests/ops/test_constraints.py,
+tests/ops/test_sequence_bias.py and tests/ops/test_dry_bias.py; and device values the host does
+not read (ids outside [-1, V), negative counts, DRY parameters out of range) handled as the
+reference defines them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 import torch
 
 from cuda_emulation.cases import SANITIZED
-from op_cases import constraint_case, sequence_bias_case
-from reference import constraints_reference, sequence_bias_reference, unpack_bitmask
+from op_cases import constraint_case, dry_bias_case, sequence_bias_case
+from reference import constraints_reference, dry_bias_reference, sequence_bias_reference, unpack_bitmask
 
 
 def padded_long_rows(rows: int, length: int, g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
@@ -97,3 +98,59 @@ def test_emulated_cuda_device_values_out_of_range(emulation):
         got = lp.sequence_bias(**kwargs, vocab_size=vocab)
     reference = sequence_bias_reference(**kwargs, vocab=vocab)
     assert torch.equal(got[0], reference[0]) and torch.equal(got[1], reference[1])
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("sms", [1, 8])
+@pytest.mark.parametrize("per_row", [True, False], ids=["per_row", "shared"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("rows,vocab,length", [(9, 5, 24), (12, 70001, 40), (3, 6, 600)])
+def test_emulated_cuda_dry_bias_equal_cpu(emulation, lp_cpu, sms, per_row, dtype, rows, vocab, length):
+    """A block per row (grid-stride: 1 SM runs every row in one block), the latest breaker a
+    block reduction over the window, each entry's repeat compared backwards by its thread (the
+    CPU's Z-algorithm gives the same), merged a block's worth at a time (L = 600: three groups,
+    tokens merged across them); and rows of one token repeated 600 times: the CPU's entries."""
+    g = torch.Generator().manual_seed(rows * vocab + sms + per_row)
+    cases = [dry_bias_case(rows, vocab, g, dtype, per_row, length) for _ in range(2)]
+    if length > 256:
+        constant = dict(cases[0], token_ids=torch.full((rows, length), 2, dtype=dtype))
+        constant["token_ids"][1, ::7] = 1  # a breaker's id in one of them
+        cases.append(constant)
+    for kwargs in cases:
+        expected = lp_cpu.dry_bias(**kwargs, vocab_size=vocab)
+        before = emulation.launches()
+        with emulation.gpu(sms) as lp:
+            got = lp.dry_bias(**kwargs, vocab_size=vocab)
+        assert emulation.launches() > before, "the op did not launch an emulated kernel"
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+        reference = dry_bias_reference(**kwargs, vocab=vocab)
+        assert torch.equal(got[0], reference[0])
+        torch.testing.assert_close(got[1], reference[1], rtol=2.0**-23, atol=0.0)
+
+
+@pytest.mark.emulation
+def test_emulated_cuda_dry_bias_device_values(emulation):
+    """Device values the host would reject: ids outside [-1, V) in the rows and the breakers (they
+    end them), a multiplier <= 0 or NaN and a base < 1, inf or NaN (the row is off), an allowed
+    length below 0 (every position a candidate) and a window below -1 (the whole row): the
+    reference's entries with those rows off, and nothing outside the outputs (ASan)."""
+    g = torch.Generator().manual_seed(5)
+    rows, vocab = 8, 6
+    kwargs = dry_bias_case(rows, vocab, g)
+    for name in ("token_ids", "sequence_breakers"):
+        t = kwargs[name]
+        wild = torch.randint(-(2**40), 2**40, t.shape, generator=g)
+        kwargs[name] = torch.where(torch.rand(t.shape, generator=g) < 0.1, wild, t)
+    kwargs["multiplier"][1:3] = torch.tensor([-1.0, float("nan")])
+    kwargs["base"][3:5] = torch.tensor([0.5, float("nan")])
+    kwargs["base"][7] = float("inf")
+    kwargs["allowed_length"][5] = -3
+    kwargs["token_ids"][5] = torch.arange(24) % 3
+    kwargs["penalty_last_n"][6] = -(2**40)
+    with emulation.gpu(8) as lp, emulation.device_tensors():
+        got = lp.dry_bias(**kwargs, vocab_size=vocab)
+    off = torch.tensor([False, True, True, True, True, False, False, True])
+    reference = dry_bias_reference(**dict(kwargs, multiplier=kwargs["multiplier"].masked_fill(off, 0.0)),
+                                   vocab=vocab)
+    assert torch.equal(got[0], reference[0]) and (got[0][5] >= 0).sum() > 0
+    torch.testing.assert_close(got[1], reference[1], rtol=2.0**-23, atol=0.0)

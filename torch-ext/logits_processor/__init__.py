@@ -2,7 +2,7 @@
 
 Modules, each importing only from those above it: _ops (generated), _args (arguments as the
 ops take them) and _fakes (the ops' fake implementations), then _bitmask, _penalties,
-_constraints (request constraints as a bitmask, sequence biases), _controls (the sampling controls, declared
+_constraints (request constraints as a bitmask, sequence and DRY biases), _controls (the sampling controls, declared
 once), _replay (token_logprobs' replay over a support), _sampling, _filtered, _sharded,
 _verify and _verify_tree, one per op family.
 """
@@ -16,7 +16,7 @@ from ._bitmask import (
     get_bitmask_shape,
     reset_token_bitmask,
 )
-from ._constraints import constrain_bitmask_, sequence_bias
+from ._constraints import constrain_bitmask_, dry_bias, sequence_bias
 from ._controls import SamplingControls
 from ._filtered import filtered_logits, filtered_probs
 from ._penalties import Penalties, PenaltyState, apply_penalties_, penalty_state_from_tokens, update_output_counts_
@@ -38,6 +38,7 @@ __all__ = [
     "apply_token_bitmask_inplace",
     "bitmask_dtype",
     "constrain_bitmask_",
+    "dry_bias",
     "filtered_logits",
     "filtered_probs",
     "get_bitmask_shape",

@@ -1,9 +1,9 @@
 """Request constraints (vLLM's SamplingParams, transformers' GenerationConfig) as a bitmask,
-and transformers' sequence_bias as sparse logit biases.
+and transformers' sequence_bias and llama.cpp's DRY as sparse logit biases.
 
 Each constraint only excludes tokens, so it is written into a packed bitmask (XGrammar's
 layout, the grammar's if there is one) that every sampler op reads with ``bitmask=``; a
-sequence bias is a per-row (id, bias) list that they read as `Penalties`' logit biases. Either
+sequence bias or a DRY penalty is a per-row (id, bias) list that they read as `Penalties`' logit biases. Either
 way the logits are never written, and the sampler's pass is the only pass over them. The
 kernels: logits_processor/constraints.h; the semantics, control by control:
 docs/semantics-constraints.md.
@@ -18,6 +18,25 @@ import torch
 from ._args import Param, call, number_or_tensor
 from ._fakes import register_fakes
 from ._ops import ops
+
+
+def _check_types(vocab_size, **tensors) -> None:
+    """TypeErrors the schema would raise less clearly: vocab_size an int, each tensor a tensor."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _bias_out(out, shape, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`out`, checked to be a pair of tensors, or new int64 and float32 tensors of `shape`."""
+    if out is None:
+        return (torch.empty(shape, dtype=torch.int64, device=device),
+                torch.empty(shape, dtype=torch.float32, device=device))
+    if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+        raise TypeError(f"out must be a tuple of two tensors (ids, values), got {type(out).__name__}")
+    return out
 
 
 def constrain_bitmask_(
@@ -74,8 +93,7 @@ def constrain_bitmask_(
     Returns:
         torch.Tensor: `bitmask`.
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-        raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
+    _check_types(vocab_size)
     call(ops, "constrain_bitmask_", bitmask=bitmask, vocab_size=vocab_size, token_ids=token_ids,
          **number_or_tensor("prompt_lengths", prompt_lengths, int),
          **number_or_tensor("min_tokens", min_tokens, int),
@@ -119,21 +137,66 @@ def sequence_bias(
     Returns:
         tuple: ``(ids, values)`` (`out`).
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-        raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
-    for name, t in (("token_ids", token_ids), ("sequences", sequences), ("biases", biases)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if out is None:
-        shape = (token_ids.shape[0] if token_ids.dim() == 2 else 0,
-                 sequences.shape[-2] if sequences.dim() in (2, 3) else 0)
-        out = (torch.empty(shape, dtype=torch.int64, device=token_ids.device),
-               torch.empty(shape, dtype=torch.float32, device=token_ids.device))
-    elif not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
-        raise TypeError(f"out must be a tuple of two tensors (ids, values), got {type(out).__name__}")
+    _check_types(vocab_size, token_ids=token_ids, sequences=sequences, biases=biases)
+    shape = (token_ids.shape[0] if token_ids.dim() == 2 else 0, sequences.shape[-2] if sequences.dim() in (2, 3) else 0)
+    out = _bias_out(out, shape, token_ids.device)
     call(ops, "sequence_bias", token_ids=token_ids, sequences=sequences, biases=biases, vocab_size=vocab_size,
          out_ids=out[0], out_values=out[1])
     return out
 
 
-register_fakes("constrain_bitmask_", "sequence_bias")
+def dry_bias(
+    token_ids: torch.Tensor,
+    vocab_size: int,
+    *,
+    multiplier: Param = 0.0,
+    base: Param = 1.75,
+    allowed_length: Param = 2,
+    penalty_last_n: Param = -1,
+    sequence_breakers: Optional[torch.Tensor] = None,
+    out: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's DRY ("don't repeat yourself") penalties for this step, as logit biases:
+    ``(ids, values)`` to pass as `Penalties`' ``logit_bias_ids`` and ``logit_bias_values`` (or to
+    `apply_penalties_`), beside other biases (concatenated: an id listed twice gets both).
+
+    A token that would extend a repeat of the window's last tokens seen earlier in the window
+    (the last ``penalty_last_n`` tokens of ``token_ids[b, :len]``) by at least
+    ``allowed_length`` tokens is penalised by ``multiplier * base ** (repeat - allowed_length)``,
+    the longest such repeat counting; a repeat does not reach back past the latest sequence
+    breaker, and a one-id breaker is never penalised: llama.cpp's ``llama_sampler_dry_apply``
+    with token-id breakers (its defaults: multiplier 0, off; base 1.75; allowed length 2; the
+    whole sequence). Entry j of a row is ``(t, -penalty)`` at the first position j that holds
+    t right after a repeat, ``(-1, 0.0)`` elsewhere; ``L`` entries a row. The exact definition:
+    docs/semantics-constraints.md. No host synchronisation when the tensors are on the device
+    (CUDA-graph safe with ``out=``).
+
+    Args:
+        token_ids (torch.Tensor): int64 or int32 ``[B, L]``, each row's sequence (prompt and
+            output, as llama.cpp's context), -1 padded at the end.
+        vocab_size (int): V, the number of tokens.
+        multiplier (float or torch.Tensor): >= 0; 0 (the default) turns DRY off.
+        base (float or torch.Tensor): >= 1.
+        allowed_length (int or torch.Tensor): >= 0, the longest repeat left unpenalised.
+        penalty_last_n (int or torch.Tensor): the window, the sequence's last tokens; -1 (the
+            default): all of them; 0: off.
+        sequence_breakers (torch.Tensor, optional): int64 or int32 ``[N, M]`` (every row) or
+            ``[B, N, M]``: N breakers of 1 to M ids (a tokenized breaker string), -1 padded.
+        out (tuple, optional): ``(ids, values)``, int64 and float32 ``[B, L]`` on token_ids'
+            device, each contiguous in its last dimension (columns of a wider logit-bias
+            buffer may be given); default new tensors.
+
+    Returns:
+        tuple: ``(ids, values)`` (`out`).
+    """
+    _check_types(vocab_size, token_ids=token_ids, **({} if sequence_breakers is None else
+                                                     dict(sequence_breakers=sequence_breakers)))
+    out = _bias_out(out, tuple(token_ids.shape) if token_ids.dim() == 2 else (0, 0), token_ids.device)
+    call(ops, "dry_bias", token_ids=token_ids, sequence_breakers=sequence_breakers, vocab_size=vocab_size,
+         **number_or_tensor("multiplier", multiplier, float), **number_or_tensor("base", base, float),
+         **number_or_tensor("allowed_length", allowed_length, int),
+         **number_or_tensor("penalty_last_n", penalty_last_n, int), out_ids=out[0], out_values=out[1])
+    return out
+
+
+register_fakes("constrain_bitmask_", "sequence_bias", "dry_bias")
