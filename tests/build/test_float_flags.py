@@ -3,8 +3,9 @@
 build.toml's cuda-flags pin -ftz=false -prec-div=true -prec-sqrt=true --fmad=false, and nvcc
 lets explicit options win over what --use_fast_math implies. No macro tells device code that
 fast math is on, so this reads the result: each .cu of the CUDA variant compiled to PTX for
-compute_90 (cicc only, no ptxas; the sampler's sampling_kernels_<dtype>.cu take most of the
-time) with NVCC_APPEND_FLAGS=--use_fast_math and the build's flags must hold none of FLOAT_MODES. The
+compute_80 (the PTX sm_80's and sm_90's machine code come from; cicc only, no ptxas; the
+sampler's sampling_kernels_<dtype>.cu take most of the time) with
+NVCC_APPEND_FLAGS=--use_fast_math and the build's flags must hold none of FLOAT_MODES. The
 whole PTX is checked: every float instruction of these files is decision code (the sampler's
 scores, masses and noise, the penalties' values), compared bit for bit with the CPU's.
 
@@ -61,7 +62,7 @@ def float_mode_hits(ptx: str) -> dict[str, list[str]]:
 
 def ptx_under_fast_math(source: Path, flags: list[str], out: Path, appended: str = "--use_fast_math") -> str:
     nvcc = Path(build.cpp_extension.CUDA_HOME) / "bin" / "nvcc"
-    subprocess.run([str(nvcc), "-arch=compute_90", "-ptx", *flags, f"-I{ROOT}", str(source), "-o", str(out)],
+    subprocess.run([str(nvcc), "-arch=compute_80", "-ptx", *flags, f"-I{ROOT}", str(source), "-o", str(out)],
                    check=True, env={**os.environ, "NVCC_APPEND_FLAGS": appended})
     return out.read_text()
 
