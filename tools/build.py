@@ -148,8 +148,8 @@ def cuda_archs(config: dict) -> list[str]:
     return sorted(set(archs), key=lambda a: [int(x) for x in a.removesuffix("+PTX").split(".")])
 
 
-# A capability whose machine code ptxas makes from an older one's PTX, when both are built: cicc
-# then runs once for the two (a sampler unit's cicc is about 15 s of its 50 s per architecture).
+# A capability whose machine code ptxas makes from an older one's PTX, when both are built and
+# it carries no PTX of its own: cicc then runs once for the two (a sampler unit's cicc is about 15 s of its 50 s per architecture).
 # With nvcc 13.0 every kernel's sm_90 SASS from compute_80's PTX is the sm_90 SASS from
 # compute_90's, instruction for instruction (docs/development.md#one-ptx-for-80-and-90); 10.0's
 # and 12.0's are not (cicc lowers differently for them), so they keep their own PTX.
@@ -162,7 +162,8 @@ def gencode_flags(archs: list[str]) -> list[str]:
     flags = []
     for arch, base in zip(archs, bases):
         num = base.replace(".", "")
-        virtual = PTX_FROM[base].replace(".", "") if PTX_FROM.get(base) in bases else num
+        shared = PTX_FROM.get(base) in bases and not arch.endswith("+PTX")  # (whose own PTX cicc makes anyway)
+        virtual = PTX_FROM[base].replace(".", "") if shared else num
         flags.append(f"-gencode=arch=compute_{virtual},code=sm_{num}")
         if arch.endswith("+PTX"):
             flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")

@@ -16,11 +16,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "CARD.md", *sorted((ROOT / "docs").glob("*.md"))]
-# Build outputs and local state at the top of the tree (.gitignore's top-level entries; and
-# caches anywhere): named by the docs, absent from a fresh clone, and not read for file names
-# (a .venv-vllm that CI installs beside the tests would otherwise decide a verdict).
-GENERATED = {".git"} | {line.strip("/") for line in (ROOT / ".gitignore").read_text().split()
-                        if line.startswith("/") and "/" not in line.strip("/")}
+# Build outputs and local state (.gitignore's anchored entries; GENERATED: those at the top of
+# the tree) and caches anywhere: named by the docs, absent from a fresh clone, and not read for
+# file names (a .venv-vllm that CI installs beside the tests would otherwise decide a verdict).
+IGNORED = {line.strip().strip("/") for line in (ROOT / ".gitignore").read_text().splitlines()
+           if line.strip().startswith("/")}  # (the anchored entries; no "!" or "#" line starts so)
+GENERATED = {".git"} | {path for path in IGNORED if "/" not in path}
 CACHES = {"__pycache__", ".pytest_cache", ".hypothesis"}
 GENERATED_FILES = {"_ops.py", "metadata.json", "ARTIFACT.json", "release-report.md"}
 SOURCE_SUFFIXES = {".py", ".h", ".cuh", ".cu", ".cpp", ".sh", ".toml", ".md", ".ini", ".txt", ".nix", ".json"}
@@ -47,7 +48,7 @@ def tree() -> list[Path]:
     """The repository's files, less what is generated."""
     def walk(folder: Path):
         for p in folder.iterdir():
-            if p.name in CACHES or (folder == ROOT and p.name in GENERATED):
+            if p.name in CACHES or p.relative_to(ROOT).as_posix() in IGNORED | GENERATED:
                 continue
             if p.is_dir():
                 yield from walk(p)

@@ -181,9 +181,10 @@ def test_cuda_graph_capture(lp, lp_cpu):
 
 @pytest.mark.parametrize("vocab,num_logprobs", [(40, 8), (3001, 3001)] + ([] if SANITIZED else [(70003, 70001)]))
 def test_ids_past_the_support_agree_with_cpu(cuda_target, lp_cpu, vocab, num_logprobs):
-    """Rows whose support is smaller than N (nothing allowed, one token, a few, N - 1, N, and
-    listed ids above N), the rest of the columns the lowest ids outside it (logprob_ids.h):
-    the CPU's ids, and beyond 65536 candidates the CUDA fill's chunks of its shared bitmap."""
+    """Rows whose support is smaller than N (nothing allowed, one token, a few, N - 1; and where
+    N is small, N and listed ids above N), the rest of the columns the lowest ids outside it
+    (logprob_ids.h): the CPU's ids, and beyond 65536 candidates the CUDA fill's chunks of its
+    shared bitmap."""
     g = torch.Generator().manual_seed(vocab)
     # Rows 4 and 5 (a support of N and of more: no ids past it) only where N is small: a top-N
     # takes a pass over the row per TopList chunk, and at N = 70001 they were 35 s of fibers.

@@ -71,8 +71,9 @@ def test_hand_written_tests_catch_the_planted_defect(defect):
     test_file = DEFECT_TEST_FILE.get(defect, TEST_FILE[op])
     # tests/ for the plugin, ahead of the caller's PYTHONPATH (certification's carried packages).
     python_path = os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))
-    # No plugin autoloading (xdist's, hypothesis', anyio's: about a third of a child's time
-    # here); an op test that needed one would error, a verdict the assert below refuses.
+    # No plugin autoloading (the installed plugins, xdist's, hypothesis' and others: about a
+    # third of a child's time here); an op test that needed one would error, a verdict the
+    # assert below refuses.
     env = os.environ | {ENV: defect, "PYTHONPATH": python_path, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     command = [sys.executable, "-m", "pytest", "-p", "planted_defects", "-p", "no:cacheprovider",
                "-x", "-q", "-k", "not bad_input"]
