@@ -7,7 +7,6 @@ LP_HYPOTHESIS_PROFILE  "ci" (default: a fixed, derandomised example count) or "l
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re

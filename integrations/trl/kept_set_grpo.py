@@ -51,7 +51,7 @@ class KeptSetGRPOTrainer(GRPOTrainer):
             logits; default all at once, through the model's forward.
     """
 
-    def __init__(self, *args, kernel=None, custom_generate: str = HUB_REPO, replay_chunk: Optional[int] = None,
+    def __init__(self, *args, kernel=None, custom_generate: str = HUB_REPO, replay_chunk: int | None = None,
                  **kwargs):
         super().__init__(*args, **kwargs)
         self.replay_chunk = replay_chunk

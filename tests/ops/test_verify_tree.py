@@ -477,7 +477,7 @@ def test_out_wider_than_any_path_is_refused(lp_cpu):
 def test_out_opcheck_and_compile(lp_cpu):
     """With `out`, the op's schema, fake and aliasing pass opcheck and it compiles in one graph."""
     g = torch.Generator().manual_seed(2570)
-    rows, nodes = 4, len(PARENTS)
+    rows = 4
     target, drafts, next_token, next_sibling, masks, _, q = tree_case(g, rows, bitmask=True, sampled=True)
     width = max(depths(PARENTS)) + 1
     new_out = lambda: (torch.empty(rows, width, dtype=torch.int64), torch.empty(rows, width, dtype=torch.int64),  # noqa: E731

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import torch
 from transformers import GenerationConfig
 from transformers.generation import logits_process as tlp
-from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 KERNEL_SETTING = "LOGITS_PROCESSOR_KERNEL"
 HUB_REPO = "phanerozoic/logits-processor"

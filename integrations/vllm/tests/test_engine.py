@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections import Counter
 
 import jsonschema
 import pytest
-import torch
-import vllm
 from vllm import SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.sample.logits_processor import LogitsProcessor
