@@ -23,17 +23,24 @@ from pathlib import Path
 ANONYMOUS = re.compile(r"(_GLOBAL__N__\w+?_cu_)[0-9a-f]{8}(?:_\d+)?")
 
 
-def cuobjdump() -> str:
+def nvidia_tool(name: str) -> str | None:
+    """A CUDA binary tool from its PyPI wheel (nvidia-cuda-<name>, requirements-dev.txt), else
+    PATH's; None when neither has it."""
     try:
         import nvidia
         roots = list(nvidia.__path__)
     except ImportError:
         roots = []
-    found = [str(p) for root in roots for p in sorted(Path(root).glob("*/bin/cuobjdump"))]
-    found += [p for p in [shutil.which("cuobjdump")] if p]
-    if not found:
+    found = [str(p) for root in roots for p in sorted(Path(root).glob(f"*/bin/{name}"))]
+    found += [p for p in [shutil.which(name)] if p]
+    return found[0] if found else None
+
+
+def cuobjdump() -> str:
+    tool = nvidia_tool("cuobjdump")
+    if tool is None:
         raise SystemExit("no cuobjdump: requirements-dev.txt's nvidia-cuda-cuobjdump is not installed")
-    return found[0]
+    return tool
 
 
 def kernels_sass(shared_object: str, arch: str) -> dict[str, list[str]]:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import BUILD, OFFLINE
+from conftest import BUILD, OFFLINE, ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import compare_sass  # noqa: E402  (the CUDA tools' lookup)
 
 STACK_LIMIT = 1024  # bytes: cudaLimitStackSize's default
 # Known exceptions, each with the ceiling it must stay under, listed only while needed (the
@@ -31,11 +34,8 @@ pytestmark = pytest.mark.no_sanitize("reads the CUDA build's machine code and ru
 
 
 def nvidia_tool(name: str) -> str:
-    """A CUDA binary tool from its PyPI wheel (nvidia-cuda-<name>, requirements-dev.txt), else PATH's."""
-    import nvidia
-
-    found = [str(p) for root in nvidia.__path__ for p in sorted(Path(root).glob(f"*/bin/{name}"))]
-    found += [p for p in [shutil.which(name)] if p]
+    """A CUDA binary tool (tools/compare_sass.py's nvidia_tool), or this test skipped or failed."""
+    found = compare_sass.nvidia_tool(name)
     if not found and OFFLINE:
         # The GPU machine's image has neither tool and .whl/ does not carry them: the artifact
         # it certifies is this commit's build, whose machine code CI reads.
@@ -43,7 +43,7 @@ def nvidia_tool(name: str) -> str:
                     "CI reads the machine code of this commit's build")
     if not found:
         pytest.fail(f"no {name}: requirements-dev.txt's nvidia-cuda-{name} is not installed")
-    return found[0]
+    return found
 
 
 def cuobjdump() -> str:
