@@ -33,6 +33,7 @@ bench: build emulation-build
 	$(PY) benchmarks/bench_replay.py
 	$(PY) benchmarks/bench_filtered.py
 	$(PY) benchmarks/bench_constraints.py
+	$(PY) benchmarks/bench_samplers.py
 	$(PY) benchmarks/bench_tree.py
 	$(PY) benchmarks/bench_sharded.py
 	$(PY) benchmarks/bench_generate.py

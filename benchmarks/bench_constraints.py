@@ -15,12 +15,11 @@ are checked equal on the way.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
-from timing import local_package, median_times, write_report
+from timing import bench_arguments, local_package, median_times, write_report
 from transformers.generation.logits_process import (MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor,
                                                     NoRepeatNGramLogitsProcessor, SequenceBiasLogitsProcessor,
                                                     SuppressTokensLogitsProcessor)
@@ -53,10 +52,7 @@ def constraints(batch: int, g: torch.Generator, device: str) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = bench_arguments(__doc__)
     lp, device, repeats = local_package(ROOT)
     print(f"bench_constraints: V={VOCAB}, history {HISTORY}, bfloat16, {device}", flush=True)
     print("| B | constraint | sample | constrained step | torch + sample | step / sample | torch / step |")

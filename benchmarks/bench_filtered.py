@@ -13,12 +13,11 @@ way (the torch chain keeps the same tokens on these inputs, ties aside).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
-from timing import local_package, median_times, write_report
+from timing import bench_arguments, local_package, median_times, write_report
 from torch_reference import kept_probs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,10 +35,7 @@ def torch_filtered_probs(logits: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = bench_arguments(__doc__)
     sys.path.insert(0, str(ROOT / "tests"))
     lp, device, repeats = local_package(ROOT)
     print(f"bench_filtered: V={VOCAB}, {FILTERS}, {device}", flush=True)

@@ -66,6 +66,16 @@ def median_times(calls: dict, device: str, repeats: int) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def bench_arguments(description: str):
+    """A `make bench` script's command line: --quick (its reduced set) and --json PATH (the report)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", type=Path)
+    return parser.parse_args()
+
+
 def write_report(path: Optional[Path], report) -> int:
     """`report` as JSON at `path` (--json; None: nowhere); the script's exit status, 0."""
     if path:

@@ -285,7 +285,7 @@ __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, in
 }
 
 // One block per row, grid-stride. (__grid_constant__: row_logprobs takes p by reference, which
-// would otherwise copy its 360 bytes to the stack, over CUDA's default 1 KB limit.)
+// would otherwise copy its 472 bytes to the stack, toward CUDA's default 1 KB limit.)
 template <Dtype D>
 __global__ void __launch_bounds__(kThreads) logprobs_kernel(const __grid_constant__ SamplingParams p) {
   __shared__ SharedState sh;

@@ -227,7 +227,7 @@ struct RowSampler {
 
   // Whether one pass decides the row: greedy, or no filter that could drop a candidate.
   __device__ bool single_pass() const {
-    return r.greedy || (!has_top_k() && r.top_p >= 1.0f && r.min_p <= 0.0f);
+    return r.greedy || (!has_top_k() && r.top_p >= 1.0f && r.min_p <= 0.0f && !has_truncation(r));
   }
 
   __device__ uint64_t greedy_argmax(SharedState& sh, int64_t begin, int64_t end) const {
@@ -295,7 +295,8 @@ struct RowSampler {
   //           `draw`, this pass also draws over the tokens above the bin, and the gathered
   //           kept ones complete the draw. A bin too large for shared memory is resolved by
   //           passes over the row instead (and the draw left to the caller).
-  // So top-k and min-p take 2 passes, top-p 3 (a bin too large: up to 3 more).
+  // So top-k and min-p take 2 passes, top-p 3 (a bin too large: up to 3 more); epsilon_cutoff
+  // and eta_cutoff add one after pass 1, for Z (t_eps then raises t_minp, in either order).
   // top_k_first (sampling.h's FilterOrder) renormalises top-p over the keys at or above
   // max(t_k, t_minp): without a top-k cut, the masses of pass 2 are those at or above t_minp;
   // with one, top_k_set resolves the row in 2 passes when t_k's bin and those above it fit in
@@ -311,6 +312,7 @@ struct RowSampler {
     } while (rebase(sh));
     origin = draw_origin(s_max);
     uint32_t lower = min_p_key(s_max, r.min_p);
+    if (has_truncation(r)) lower = max(lower, truncation_floor(sh));  // t_eps raises t_minp
     threshold = lower;
     BinCut k_cut{-1, 0}, p_cut{-1, 0};
     if (top_k && static_cast<uint64_t>(r.top_k) < first.candidates)
@@ -356,6 +358,27 @@ struct RowSampler {
     if (!draw || !fits) return true;
     *draw = {true, entries_argmax(gathered, above_bin, sh)};
     return true;
+  }
+
+  // epsilon_cutoff's and eta_cutoff's floor key (sampling.h's truncation_key): Z and, with eta,
+  // the entropy's sums, in one pass over the candidates.
+  __device__ uint32_t truncation_floor(SharedState& sh) const {
+    const bool eta = r.eta > 0.0f;
+    uint64_t mass = 0, z_high = 0, z_low = 0, terms_high = 0, terms_low = 0;
+    for_each_candidate([&](int64_t, float s) {
+      if (!eta) {
+        mass += token_mass(s, s_max);
+        return;
+      }
+      const TruncationSums t = truncation_terms(s, s_max);
+      mass += t.mass, z_high += t.z.high, z_low += t.z.low, terms_high += t.terms.high, terms_low += t.terms.low;
+    });
+    TruncationSums sums{block_sum(mass, sh), {0, 0}, {0, 0}};
+    if (eta) {  // (the same for the whole block)
+      sums.z = {block_sum(z_high, sh), block_sum(z_low, sh)};
+      sums.terms = {block_sum(terms_high, sh), block_sum(terms_low, sh)};
+    }
+    return truncation_key(r, s_max, sums);
   }
 
   // top_k_first with a top-k cut whose bin and the bins above it fit in shared memory: pass
@@ -462,6 +485,8 @@ struct RowSampler {
     r.top_k = 0;
     r.top_p = 1.0f;
     r.min_p = 0.0f;
+    r.epsilon = 0.0f;
+    r.eta = 0.0f;
     if (raw) bitmask = nullptr, penalty.enabled = false;
   }
 

@@ -10,9 +10,11 @@
 //   t_k    = the k-th largest score                                 (top_k in (0, n))
 //   t_minp = s_max + ln(min_p)                                      (min_p > 0)
 //   t_p    = the largest score t with M(t) >= ceil(top_p * Z)       (top_p < 1)
+//   t_eps  = the smallest score t with mass(t) >= ceil(eps * Z),
+//            at most s_max, eps = max(epsilon, eta's floor)        (epsilon_cutoff or eta_cutoff > 0)
 // where mass_i = floor(2^32 * e^(s_i - s_max)) is an integer, M(t) the mass of the scores
 // >= t and Z the total, so sums are exact and independent of their order. The kept set is
-// {s_i >= max(t_k, t_minp, t_p)} (ties at the cutoff all kept, the maximum always kept; with
+// {s_i >= max(t_k, t_minp, t_p, t_eps)} (ties at the cutoff all kept, the maximum always kept; with
 // FilterOrder::kTopKFirst, Z is the mass that top-k and min-p keep: see FilterOrder), and
 // the token is argmax over it of (s_i - o) + G_i (lowest index on ties; o = draw_origin(s_max),
 // 0 unless |s_max| >= 2^8), G_i = -ln(-ln U_i) with
@@ -82,6 +84,10 @@ struct SamplingParams : LogitsView {
   float top_p_value;
   const float* min_p;
   float min_p_value;
+  const float* epsilon;  // epsilon_cutoff
+  float epsilon_value;
+  const float* eta;  // eta_cutoff
+  float eta_value;
   FilterOrder filter_order;  // one for the whole call
   // With per-row seeds, row b's stream is keyed by (seed[b], offset[b]) alone; with one
   // seed it is keyed by (seed, b, offset).
@@ -110,6 +116,8 @@ struct RowParams {
   int64_t top_k;
   float top_p;
   float min_p;
+  float epsilon;            // epsilon_cutoff
+  float eta;                // eta_cutoff
   bool top_k_first;         // FilterOrder::kTopKFirst
   uint32_t key0, key1;      // Philox key: the seed
   uint32_t stream;          // row for a shared seed, 0 for per-row seeds
@@ -117,7 +125,8 @@ struct RowParams {
 };
 
 // Per-row values that no host check has seen (device tensors) are made safe here: NaN or
-// non-positive temperature is greedy, top_p and min_p clamp to [0, 1] (NaN disables them).
+// non-positive temperature is greedy, top_p, min_p, epsilon and eta clamp to [0, 1] (NaN
+// disables them).
 LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   RowParams r;
   r.temperature = p.temperature ? p.temperature[row] : p.temperature_value;
@@ -128,6 +137,10 @@ LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   const float min_p = p.min_p ? p.min_p[row] : p.min_p_value;
   // (At least the smallest normal float: lp_log takes normal inputs.)
   r.min_p = min_p > 0.0f ? (min_p < 1.0f ? (min_p > 1.17549435e-38f ? min_p : 1.17549435e-38f) : 1.0f) : 0.0f;
+  const float epsilon = p.epsilon ? p.epsilon[row] : p.epsilon_value;
+  r.epsilon = epsilon > 0.0f ? (epsilon < 1.0f ? epsilon : 1.0f) : 0.0f;
+  const float eta = p.eta ? p.eta[row] : p.eta_value;
+  r.eta = eta > 0.0f ? (eta < 1.0f ? (eta > 1.17549435e-38f ? eta : 1.17549435e-38f) : 1.0f) : 0.0f;
   r.top_k_first = p.filter_order == FilterOrder::kTopKFirst;
   const uint64_t seed = static_cast<uint64_t>(p.seed ? p.seed[row] : p.seed_value);
   const uint64_t offset = static_cast<uint64_t>(p.offset ? p.offset[row] : p.offset_value);
@@ -228,6 +241,23 @@ LP_HOST_DEVICE uint64_t top_p_target(float top_p, uint64_t total_mass) {
 
 LP_HOST_DEVICE uint32_t min_p_key(float s_max, float min_p) {
   return min_p > 0.0f ? score_key(lp_add(s_max, lp_log(min_p))) : kNoKey;
+}
+
+// t_eps's key (epsilon_cutoff): the smallest key whose score's mass reaches ceil(eps * Z),
+// the top's at most (its mass is 2^32; transformers' EpsilonLogitsWarper keeps the top token
+// whatever eps). A binary search over the keys from -FLT_MAX's, exact because token_mass is
+// monotone in the score (tests/ops/test_epsilon_eta.py checks lp_exp_nonpositive over
+// every float): no pass over the row, only Z. kNoKey when eps is 0.
+LP_HOST_DEVICE uint32_t epsilon_key(float s_max, float epsilon, uint64_t total_mass) {
+  if (!(epsilon > 0.0f)) return kNoKey;
+  const uint64_t target = top_p_target(epsilon, total_mass);
+  uint32_t low = score_key(-kMaxFinite), high = score_key(s_max);
+  while (low < high) {
+    const uint32_t mid = low + (high - low) / 2;
+    if (token_mass(key_score(mid), s_max) >= target) high = mid;
+    else low = mid + 1;
+  }
+  return high;
 }
 
 // Random bits for tokens 4g .. 4g + 3: one Philox call, counter (g, stream, offset), serves
@@ -352,6 +382,65 @@ LP_HOST_DEVICE double normaliser_units(FineMass sum) {
 // ln Z from the summed digits.
 LP_HOST_DEVICE double log_normaliser(FineMass sum) {
   return lp_dadd(lp_log_double(normaliser_units(sum)), -20.79441541679836);  // -30 ln 2
+}
+
+// e (s_max - s) in two 2^30 fixed-point digits: the entropy's order-free sum. The term is at
+// most 1/e (x e^-x), 0 where e^(s - s_max) underflows. (From e = e^d, d = s - s_max.)
+LP_HOST_DEVICE FineMass entropy_mass_of_term(float e, float d) {
+  const float term = e > 0.0f ? lp_mul(e, -d) : 0.0f;
+  const float scaled = lp_mul(term, kFineScale);  // exact
+  const int32_t high = static_cast<int32_t>(scaled);
+  const float rest = lp_add(scaled, -static_cast<float>(high));  // exact: [0, 1)
+  return {static_cast<uint64_t>(high), static_cast<uint64_t>(static_cast<int32_t>(lp_mul(rest, kFineScale)))};
+}
+
+LP_HOST_DEVICE FineMass entropy_mass(float s, float s_max) {
+  const float d = lp_add(s, -s_max);
+  return entropy_mass_of_term(lp_exp_nonpositive(d), d);
+}
+
+// The entropy ln Z + (sum_i e_i (s_max - s_i)) / Z in nats, from ln Z, Z's fine digits and the
+// summed entropy_mass terms.
+LP_HOST_DEVICE float row_entropy(double log_z, FineMass z, FineMass terms) {
+  return lp_double_to_float(lp_dadd(log_z, lp_ddiv(normaliser_units(terms), normaliser_units(z))));
+}
+
+// --- epsilon_cutoff and eta_cutoff ----------------------------------------------------------
+// Both keep p_i >= a floor over the whole row: epsilon itself, or eta's min(eta, sqrt(eta) e^-H),
+// H the row's entropy (Hewitt et al. 2022; transformers' EpsilonLogitsWarper and
+// EtaLogitsWarper). The floor's key is epsilon_key's; its sums, over every candidate once s_max
+// is known, are order-free integers.
+struct TruncationSums {
+  uint64_t mass;   // Z, token_mass's sum
+  FineMass z;      // with eta: Z's fine digits and the entropy terms (else zero)
+  FineMass terms;
+};
+
+// A candidate's part of the sums eta needs, from one exponential: token_mass, fine_mass and
+// entropy_mass of s, bit for bit.
+LP_HOST_DEVICE TruncationSums truncation_terms(float s, float s_max) {
+  const float d = lp_add(s, -s_max);
+  const float e = lp_exp_nonpositive(d);
+  return {static_cast<uint64_t>(lp_mul(e, kMassScale)), fine_mass_of_term(e), entropy_mass_of_term(e, d)};
+}
+
+LP_HOST_DEVICE bool has_truncation(const RowParams& r) { return r.epsilon > 0.0f || r.eta > 0.0f; }
+
+// eta_cutoff's floor for a row of entropy H: min(eta, e^(ln(eta) / 2 - H)), sqrt(eta) e^-H
+// through lp_log and lp_exp_nonpositive (identical on both devices; the exponent is <= 0).
+LP_HOST_DEVICE float eta_epsilon(float eta, float entropy) {
+  const float e = lp_exp_nonpositive(lp_add(lp_mul(lp_log(eta), 0.5f), -entropy));
+  return e < eta ? e : eta;
+}
+
+// The key of the larger floor of the two (kNoKey for neither).
+LP_HOST_DEVICE uint32_t truncation_key(const RowParams& r, float s_max, const TruncationSums& t) {
+  float epsilon = r.epsilon;
+  if (r.eta > 0.0f) {
+    const float eta = eta_epsilon(r.eta, row_entropy(log_normaliser(t.z), t.z, t.terms));
+    epsilon = eta > epsilon ? eta : epsilon;
+  }
+  return epsilon_key(s_max, epsilon, t.mass);
 }
 
 // Finite for every token of the support: a value below -FLT_MAX (scores 2 FLT_MAX apart) is

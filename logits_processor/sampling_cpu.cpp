@@ -134,6 +134,25 @@ FineMass fine_mass_sum(const float* __restrict scores, int64_t vocab, float floo
   return {high, low};
 }
 
+// The fine digits of Z and the entropy terms of every candidate (truncation_terms' z and terms:
+// eta_cutoff's entropy), from each token's e^(s - s_max) 2^32 as masses() leaves it in `scaled`
+// (exact, so e is truncation_terms' bit for bit; 0 for the -inf of a non-candidate).
+void add_entropy_sums(const float* __restrict scores, const float* __restrict scaled, int64_t vocab, float s_max,
+                      TruncationSums& sums) {
+  uint64_t z_high = 0, z_low = 0, terms_high = 0, terms_low = 0;
+#pragma omp simd reduction(+ : z_high, z_low, terms_high, terms_low)
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float e = lp_mul(scaled[i], 2.3283064365386963e-10f);  // 2^-32
+    const FineMass z = fine_mass_of_term(e), t = entropy_mass_of_term(e, lp_add(scores[i], -s_max));
+    z_high += z.high;
+    z_low += z.low;
+    terms_high += t.high;
+    terms_low += t.low;
+  }
+  sums.z = {z_high, z_low};
+  sums.terms = {terms_high, terms_low};
+}
+
 // fine_mass_sum, keeping each kept candidate's mass_term in `terms` (0 for the others).
 FineMass kept_terms_sum(const float* __restrict scores, int64_t vocab, float floor, float s_max,
                         float* __restrict terms) {
@@ -351,8 +370,11 @@ class RowSampler {
     return candidates_ > 0;
   }
 
+  // (epsilon_cutoff's and eta_cutoff's t_eps, like t_minp a floor decided on the whole row,
+  // raises `lower`.)
   Cutoff cutoff() {
-    const uint32_t lower = min_p_key(s_max_, r_.min_p);
+    uint32_t lower = min_p_key(s_max_, r_.min_p);
+    if (has_truncation(r_)) lower = std::max(lower, truncation_floor());
     const bool top_k = r_.top_k > 0 && r_.top_k < candidates_;
     const bool top_p = r_.top_p < 1.0f;
     if (!top_k && !top_p) return {lower, false};
@@ -533,6 +555,13 @@ class RowSampler {
       threshold = std::max(threshold, top_p_cutoff(threshold, top_p_target(r_.top_p, total)));
     }
     return {threshold, true};
+  }
+
+  // t_eps's key from the whole row's sums (sampling.h's truncation_key).
+  uint32_t truncation_floor() {
+    TruncationSums sums{masses(), {0, 0}, {0, 0}};
+    if (r_.eta > 0.0f) add_entropy_sums(scores_, scratch_.scaled_mass.data(), p_.vocab, s_max_, sums);
+    return truncation_key(r_, s_max_, sums);
   }
 
   // The mass of the gathered candidates at or above `threshold` (top_k_first's Z).

@@ -93,25 +93,7 @@ LP_HOST_DEVICE void store_normaliser(const SupportParams& p, int64_t row, float 
   n[0] = s_max, n[1] = log_z, n[2] = x_origin;
 }
 
-// e (s_max - s) in two 2^30 fixed-point digits: the entropy's order-free sum. The term is at
-// most 1/e (x e^-x), 0 where e^(s - s_max) underflows.
-LP_HOST_DEVICE FineMass entropy_mass(float s, float s_max) {
-  const float d = lp_add(s, -s_max);
-  const float e = lp_exp_nonpositive(d);
-  const float term = e > 0.0f ? lp_mul(e, -d) : 0.0f;
-  const float scaled = lp_mul(term, kFineScale);  // exact
-  const int32_t high = static_cast<int32_t>(scaled);
-  const float rest = lp_add(scaled, -static_cast<float>(high));  // exact: [0, 1)
-  return {static_cast<uint64_t>(high), static_cast<uint64_t>(static_cast<int32_t>(lp_mul(rest, kFineScale)))};
-}
-
-LP_HOST_DEVICE double fixed_point_units(FineMass m) {
-  return lp_dadd(static_cast<double>(m.high), lp_dmul(static_cast<double>(m.low), 9.313225746154785e-10));  // 2^-30
-}
-
-LP_HOST_DEVICE float support_entropy(double log_z, FineMass z, FineMass terms) {
-  return lp_double_to_float(lp_dadd(log_z, lp_ddiv(fixed_point_units(terms), fixed_point_units(z))));
-}
+// (The entropy's order-free sums, entropy_mass and row_entropy, are sampling.h's.)
 
 // Token i's gradient of the loss with respect to its logit, from its score s and its row's
 // saved values; g_logprob is 0 where the token was outside the support.

@@ -40,7 +40,7 @@ void forward_row(const SupportParams& p, int64_t row) {
   });
   const double log_z = log_normaliser(z);
   store_normaliser(p, row, s_max, log_z, x_origin);
-  p.entropy[row] = support_entropy(log_z, z, terms);
+  p.entropy[row] = row_entropy(log_z, z, terms);
   if (s_token > kNegInf) p.logprobs[row] = token_logprob(s_token, s_max, log_z);
 }
 

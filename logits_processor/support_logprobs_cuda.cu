@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) support_logprobs_kernel(SupportParam
     if (threadIdx.x == 0) {
       const double log_z = log_normaliser(z);
       store_normaliser(p, row, s_max, log_z, x_origin);
-      p.entropy[row] = support_entropy(log_z, z, terms);
+      p.entropy[row] = row_entropy(log_z, z, terms);
       p.logprobs[row] = token_key == kNoKey ? kNegInf
                                             : token_logprob(key_score(static_cast<uint32_t>(token_key)), s_max, log_z);
     }

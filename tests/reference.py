@@ -66,13 +66,25 @@ def _logits_and_allowed(logits, bitmask):
     return x, allowed
 
 
-def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, slack=0.0):
-    """float64 [B, V]: the probability of drawing each token under the intersection semantics.
+def truncation_floor(p: torch.Tensor, epsilon: float, eta: float) -> float:
+    """The floor epsilon_cutoff and eta_cutoff put on p (a row's float64 probabilities):
+    max(epsilon, min(eta, sqrt(eta) e^-H)), H the entropy in nats (0 for neither)."""
+    floor = min(epsilon, 1.0) if epsilon > 0 else 0.0
+    if eta > 0:
+        entropy = float(-(p[p > 0] * p[p > 0].log()).sum())
+        floor = max(floor, min(eta, math.sqrt(eta) * math.exp(-entropy)))
+    return floor
+
+
+def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, slack=0.0,
+                       epsilon_cutoff=0.0, eta_cutoff=0.0):
+    """float64 [B, V]: the probability of drawing each token under the intersection semantics
+    (epsilon_cutoff, eta_cutoff: p >= truncation_floor over the whole row, the top always kept).
 
     Sort-based and in float64, independent of the kernels' algorithm. Scores are x / T in
     float32, +inf and overflow clamped to the finite range (the op's definition, so ties
     match), probabilities in float64. `slack` widens
-    the top-p and min-p filters by that relative amount, for a kept set that tolerates
+    the top-p, min-p and epsilon filters by that relative amount, for a kept set that tolerates
     rounding at the cutoff. Rows with no allowed finite logit are all zero.
     """
     x, allowed = _logits_and_allowed(logits, bitmask)
@@ -102,6 +114,9 @@ def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, b
         mp = float(_row_value(min_p, b))
         if mp > 0:
             keep &= p >= min(mp, 1.0) * p.max() * (1 - slack)
+        floor = truncation_floor(p, float(_row_value(epsilon_cutoff, b)), float(_row_value(eta_cutoff, b)))
+        if floor > 0:
+            keep &= (p >= floor * (1 - slack)) | (s == s.max())
         tp = float(_row_value(top_p, b))
         if tp < 1:
             order = torch.argsort(s64, descending=True, stable=True)
@@ -114,7 +129,8 @@ def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, b
     return out
 
 
-def vllm_sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None):
+def vllm_sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, epsilon_cutoff=0.0,
+                            eta_cutoff=0.0):
     """float64 [B, V]: the probability of drawing each token as vLLM's sampler chains the
     filters (filter_apply_order="top_k_first"), written as vLLM writes it in torch, in float64.
 
@@ -123,6 +139,8 @@ def vllm_sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0
     (vllm/v1/sample/ops/topk_topp_sampler.py: sort ascending, drop below the k-th largest, then
     softmax of what is left, drop while the ascending cumulative sum <= 1 - top_p, the top token
     kept), then softmax. Scores as `sampling_reference`'s; rows with nothing allowed all zero.
+    epsilon_cutoff and eta_cutoff (not vLLM's) are applied as min-p is, before top-k: p >=
+    truncation_floor over the whole row, the top kept.
     """
     x, allowed = _logits_and_allowed(logits, bitmask)
     rows, vocab = x.shape
@@ -138,6 +156,10 @@ def vllm_sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0
         mp = float(_row_value(min_p, b))
         if mp > 0:
             scores = scores.masked_fill(scores < scores.max() + math.log(min(mp, 1.0)), float("-inf"))
+        full = torch.where(cand, s.double(), torch.tensor(float("-inf"), dtype=torch.float64)).softmax(-1)
+        floor = truncation_floor(full, float(_row_value(epsilon_cutoff, b)), float(_row_value(eta_cutoff, b)))
+        if floor > 0:
+            scores = scores.masked_fill((full < floor) & (scores < scores.max()), float("-inf"))
         k = int(_row_value(top_k, b))
         tp = float(_row_value(top_p, b))
         logits_sort, logits_idx = scores.sort(descending=False)
@@ -215,7 +237,7 @@ def penalty_state_reference(prompt_token_ids, output_token_ids, vocab):
 
 
 def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, mode="processed", slack=0.0,
-                   filter_apply_order="joint"):
+                   filter_apply_order="joint", epsilon_cutoff=0.0, eta_cutoff=0.0):
     """float32 [B, V]: the scores of the distribution `sample_with_logprobs` reports, -inf outside its support.
 
     "raw": the logits (NaN as -inf, +inf as the largest float), no temperature, filter or
@@ -237,10 +259,11 @@ def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitma
         return torch.where(greedy, off, value)
 
     filters = (logits, temps, unless_greedy(top_k, 0).long(), unless_greedy(top_p, 1.0), unless_greedy(min_p, 0.0))
+    truncation = dict(epsilon_cutoff=unless_greedy(epsilon_cutoff, 0.0), eta_cutoff=unless_greedy(eta_cutoff, 0.0))
     if filter_apply_order == "top_k_first":
-        kept = vllm_sampling_reference(*filters, bitmask=bitmask) > 0
+        kept = vllm_sampling_reference(*filters, bitmask=bitmask, **truncation) > 0
     else:
-        kept = sampling_reference(*filters, bitmask=bitmask, slack=slack) > 0
+        kept = sampling_reference(*filters, bitmask=bitmask, slack=slack, **truncation) > 0
     s = torch.clamp(x.clamp(max=big) / temps[:, None], -big, big)
     return torch.where(kept, s, torch.tensor(float("-inf")))
 

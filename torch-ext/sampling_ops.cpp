@@ -31,6 +31,10 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
             filters.top_p_value);
   CHECK_ARG(filters.min_p_value <= 1.0, "min_p must be at most 1 (0 or less disables it), got ",
             filters.min_p_value);
+  CHECK_ARG(filters.epsilon_cutoff_value >= 0.0 && filters.epsilon_cutoff_value <= 1.0,
+            "epsilon_cutoff must be in [0, 1] (0 disables it), got ", filters.epsilon_cutoff_value);
+  CHECK_ARG(filters.eta_cutoff_value >= 0.0 && filters.eta_cutoff_value <= 1.0,
+            "eta_cutoff must be in [0, 1] (0 disables it), got ", filters.eta_cutoff_value);
   const auto filter_order = static_cast<lp::FilterOrder>(
       choice_index(filters.filter_apply_order, "filter_apply_order", {"joint", "top_k_first"}));
 
@@ -44,6 +48,8 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   call.top_k = param(filters.top_k, "top_k", ScalarType::Long, /*int32_too=*/true);
   call.top_p = param(filters.top_p, "top_p", ScalarType::Float);
   call.min_p = param(filters.min_p, "min_p", ScalarType::Float);
+  call.epsilon = param(filters.epsilon_cutoff, "epsilon_cutoff", ScalarType::Float);
+  call.eta = param(filters.eta_cutoff, "eta_cutoff", ScalarType::Float);
   call.seed = param(draws.seed, "seed", ScalarType::Long);
   call.offset = param(draws.offset, "offset", ScalarType::Long);
 
@@ -70,6 +76,10 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   p.top_p_value = ieee_float(filters.top_p_value);
   p.min_p = optional_data<float>(call.min_p);
   p.min_p_value = ieee_float(filters.min_p_value);
+  p.epsilon = optional_data<float>(call.epsilon);
+  p.epsilon_value = ieee_float(filters.epsilon_cutoff_value);
+  p.eta = optional_data<float>(call.eta);
+  p.eta_value = ieee_float(filters.eta_cutoff_value);
   p.filter_order = filter_order;
   p.seed = optional_data<int64_t>(call.seed);
   p.seed_value = draws.seed_value;

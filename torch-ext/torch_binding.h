@@ -37,12 +37,14 @@
 
 // The sampler's filters (sample, sample_with_logprobs, token_logprobs, verify_draft), and how
 // they compose ("joint" or "top_k_first": sampling.h's FilterOrder), one for the call.
-#define LP_FILTER_ARGUMENTS(X)                 \
-  LP_PER_ROW(X, temperature, "float", double)  \
-  LP_PER_ROW(X, top_k, "int", int64_t)         \
-  LP_PER_ROW(X, top_p, "float", double)        \
-  LP_PER_ROW(X, min_p, "float", double)        \
-  X("str", const std::string&, filter_apply_order)
+#define LP_FILTER_ARGUMENTS(X)                        \
+  LP_PER_ROW(X, temperature, "float", double)         \
+  LP_PER_ROW(X, top_k, "int", int64_t)                \
+  LP_PER_ROW(X, top_p, "float", double)               \
+  LP_PER_ROW(X, min_p, "float", double)               \
+  X("str", const std::string&, filter_apply_order)    \
+  LP_PER_ROW(X, epsilon_cutoff, "float", double)      \
+  LP_PER_ROW(X, eta_cutoff, "float", double)
 
 // The draw's seed and offset (every sampler op but token_logprobs, which draws nothing).
 #define LP_DRAW_ARGUMENTS(X)             \

@@ -128,6 +128,15 @@ MUTANTS = [
            "listed > kBinListCapacity && saturated_score(row_max_score(static_cast<uint32_t>(max_key)))",
            "fibers", AGREEMENT, "tiny_temperatures_agree and split_over_blocks",
            "tests/cuda_emulation/test_tiny_temperatures_cuda.py"),
+    # epsilon_cutoff's Z taken from each thread's own tokens, not the block's: t_eps too low.
+    Mutant("epsilon-z", ROW_SAMPLER, "block_sum(mass, sh)", "mass", "fibers", AGREEMENT,
+           "scalar_parameters and epsilon", within="TruncationSums sums{block_sum(mass, sh), {0, 0}, {0, 0}};"),
+    # eta_cutoff's entropy terms from each thread's own tokens: its floor then too high.
+    Mutant("eta-entropy", ROW_SAMPLER, "block_sum(terms_high, sh)", "terms_high", "fibers", AGREEMENT,
+           "scalar_parameters and eta"),
+    # A split epsilon_cutoff row cut over its chunks (which know no Z) instead of one block's.
+    Mutant("split-epsilon-whole", SPLIT, "has_truncation(sampler.r)", "false", "fibers", AGREEMENT,
+           "split_cut and dtype0-normal", within="const bool needs_z = has_truncation(sampler.r);"),
     # A device tree's link N taken as a node (the bound off by one): the last row's walk reads
     # past its tensors.
     Mutant("tree-link-bound", TREE_LINKS, "value >= 0 && value < nodes", "value >= 0 && value <= nodes",

@@ -9,7 +9,7 @@ there is one: test_shard_kernels_agree_with_cpu_on_the_target)."""
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED, row_params, to_device
+from cuda_emulation.cases import SANITIZED, shard_row_params, to_device
 from sharded_cases import case_inputs, case_logits, shard_bounds
 
 
@@ -111,7 +111,7 @@ if SANITIZED:
 def test_cuda_shard_kernels_agree_with_cpu(emulation, lp_cpu, sms, name, case, world, num_logprobs):
     logits = case_logits(case)
     rows, vocab = case["rows"], case["vocab"]
-    per_row = row_params(rows, torch.Generator().manual_seed(case["gen"])) if "gen" in case and (
+    per_row = shard_row_params(rows, torch.Generator().manual_seed(case["gen"])) if "gen" in case and (
         name in PER_ROW) else {}
     kwargs = {**case_inputs(case, lp_cpu), **per_row}
     emulated_kwargs = {**case_inputs(case, emulation.lp), **per_row}  # (its own Penalties type)
@@ -158,7 +158,7 @@ def test_shard_kernels_agree_with_cpu_on_the_target(cuda_target, lp_cpu, name, c
     the outputs equal to `sample_with_logprobs` on the whole rows (and the kept set)."""
     logits = case_logits(case)
     rows, vocab = case["rows"], case["vocab"]
-    per_row = row_params(rows, torch.Generator().manual_seed(case["gen"])) if name in PER_ROW else {}
+    per_row = shard_row_params(rows, torch.Generator().manual_seed(case["gen"])) if name in PER_ROW else {}
     kwargs = {**case_inputs(case, lp_cpu), **per_row}
     device = cuda_target.device
     target_kwargs = to_device({**case_inputs(case, cuda_target.lp), **per_row}, device)

@@ -27,7 +27,8 @@ def test_signatures_come_from_the_declaration(lp_cpu, name):
     an entry per control."""
     controls = declared(lp_cpu)
     op = getattr(lp_cpu, name)
-    expected = [c for c in controls if not (name in DISTRIBUTION_ONLY and c in ("seed", "offset"))]
+    expected = [c for c in controls if not (name in DISTRIBUTION_ONLY and c in ("seed", "offset"))
+                and (name != "sample_sharded" or controls[c].sharded)]
     assert list(op.sampling_controls) == expected
     parameters = inspect.signature(op).parameters
     for control in expected:
@@ -63,7 +64,8 @@ def test_controls_object_equals_the_keywords(lp_cpu):
     logits = torch.randn(rows, vocab, generator=g) * 3
     state = lp_cpu.penalty_state_from_tokens(torch.tensor([[1, 2, 3]] * rows), torch.tensor([[4, 4, 9]] * rows), vocab)
     penalties = lp_cpu.Penalties(*state, repetition_penalty=1.3, frequency_penalty=0.2)
-    controls = batch_controls(lp_cpu, rows, vocab, g, penalties=penalties)
+    controls = batch_controls(lp_cpu, rows, vocab, g, penalties=penalties,
+                              epsilon_cutoff=torch.rand(rows, generator=g) * 1e-3, eta_cutoff=2e-3)
     keywords = controls._asdict()
     drawless = {k: v for k, v in keywords.items() if k not in ("seed", "offset")}
     tokens = lp_cpu.sample(logits, **keywords)
@@ -77,6 +79,11 @@ def test_controls_object_equals_the_keywords(lp_cpu):
     }
     for name, call in calls.items():
         given = drawless if name in DISTRIBUTION_ONLY else keywords
+        if name == "sample_sharded":  # (it takes neither truncation cutoff)
+            unsharded = ("epsilon_cutoff", "eta_cutoff")
+            given = {k: v for k, v in given.items() if k not in unsharded}
+            assert same(call(controls=controls._replace(epsilon_cutoff=0.0, eta_cutoff=0.0)), call(**given)), name
+            continue
         assert same(call(controls=controls), call(**given)), name
     # The verification ops: one control set for every position or node.
     positions, drafts = 3, torch.randint(0, vocab, (rows, 2), generator=g)

@@ -1,6 +1,7 @@
 """The sampling controls, each declared once: its name, default, type, docs and how it reaches
 the kernels. Every sampler op (`sample`, `sample_with_logprobs`, `token_logprobs`,
-`filtered_*`, `sample_sharded`, `verify_draft`, `verify_tree`) takes its controls from here:
+`filtered_*`, `sample_sharded` (those marked `sharded`), `verify_draft`, `verify_tree`) takes its
+controls from here:
 
 - `sampling_op` builds the op's public signature (each control a keyword, as before, and
   ``controls=`` for a `SamplingControls` built once per step) and its docstring's entries;
@@ -41,6 +42,7 @@ class Control:
     number: Optional[type] = None
     positional: bool = True
     draw_only: bool = False  # read by the draw alone: not a control of the ops that draw nothing
+    sharded: bool = True  # a keyword of sample_sharded (else its schema argument stays at the default)
 
     def entry(self, brief: bool, text: Optional[str] = None) -> str:
         """The docstring's Args entry: `text`, or `sample`'s whole text, or (brief) a pointer to
@@ -91,12 +93,23 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
         "above, top-p over the whole row (FlashInfer's \"joint\", SGLang's). ``\"top_k_first\"``: "
         "top-p over the renormalised set that top-k and min-p keep (vLLM's order, FlashInfer's "
         "default \"top_k_first\"); see docs/semantics-sampling.md.")),
+    Control("epsilon_cutoff", 0.0, "Param", number=float, positional=False, doc=(
+        "keep the tokens with p >= epsilon_cutoff (transformers' EpsilonLogitsWarper, Hewitt et "
+        "al. 2022), p over the whole row, and always the most likely; in [0, 1]; 0.0 (default) "
+        "disables the filter. Like min-p it is decided before top-p in either order; "
+        "not taken by `sample_sharded` yet."), sharded=False),
+    Control("eta_cutoff", 0.0, "Param", number=float, positional=False, doc=(
+        "keep the tokens with p >= min(eta_cutoff, sqrt(eta_cutoff) * e^-H), H the entropy of the "
+        "whole row in nats (transformers' EtaLogitsWarper, Hewitt et al. 2022), and always the most "
+        "likely; in [0, 1]; 0.0 (default) disables it. Decided as epsilon_cutoff is (with both, the "
+        "larger floor); not taken by `sample_sharded` yet."), sharded=False),
 )}
 
 
 # The controls of the ops that draw, and of those that only compute the distribution.
 DRAW_CONTROLS = tuple(CONTROLS)
 DISTRIBUTION_CONTROLS = tuple(name for name, control in CONTROLS.items() if not control.draw_only)
+SHARDED_CONTROLS = tuple(name for name, control in CONTROLS.items() if control.sharded)
 
 
 class SamplingControls(collections.namedtuple("_Controls", CONTROLS, defaults=[c.default for c in CONTROLS.values()])):

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ._args import call, token_ids_dtype
-from ._controls import CONTROLS, DRAW_CONTROLS, SamplingControls, sampling_op
+from ._controls import CONTROLS, DRAW_CONTROLS, SHARDED_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
 from ._sampling import KeptSet, SampleWithLogprobs
@@ -136,7 +136,7 @@ def _check_shards(logits: torch.Tensor, vocab_offset: int, vocab_size: int, plan
         raise ValueError(f"vocab_offset: the shards cover [0, {end}), not [0, vocab_size = {vocab_size})")
 
 
-@sampling_op(*DRAW_CONTROLS, docs=_DOCS)
+@sampling_op(*SHARDED_CONTROLS, docs=_DOCS)
 def sample_sharded(
     local_logits: torch.Tensor,
     vocab_offset: int,

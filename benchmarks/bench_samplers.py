@@ -1,0 +1,68 @@
+"""Truncation samplers beyond top-k, top-p and min-p (epsilon_cutoff and eta_cutoff so far) beside plain `sample`,
+and the torch chain a user writes instead: transformers' warpers, softmax, torch.multinomial
+(`make bench`).
+
+V = 128256, B in {1, 32}, bfloat16 logits (randn * 3), temperature 0.8, on the GPU where there
+is one, else the CPU. Each time is the median of interleaved calls (the machine is shared:
+ratios, measured side by side, are the figures to read). The kept sets are checked equal to the
+warpers' (their finite scores against `filtered_logits`') on the way.
+
+  python benchmarks/bench_samplers.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from timing import bench_arguments, local_package, median_times, write_report
+from transformers.generation.logits_process import (EpsilonLogitsWarper, EtaLogitsWarper, LogitsProcessorList,
+                                                    TemperatureLogitsWarper)
+
+ROOT = Path(__file__).resolve().parent.parent
+VOCAB = 128256
+TEMPERATURE = 0.8
+
+# Each sampler: its keywords here, and the warpers transformers applies after the temperature.
+SAMPLERS = {
+    "epsilon_cutoff": (dict(epsilon_cutoff=3e-4), [EpsilonLogitsWarper(3e-4)]),
+    "eta_cutoff": (dict(eta_cutoff=2e-3), [EtaLogitsWarper(2e-3)]),
+}
+
+
+def main() -> int:
+    args = bench_arguments(__doc__)
+    lp, device, repeats = local_package(ROOT)
+    print(f"bench_samplers: V={VOCAB}, bfloat16, temperature {TEMPERATURE}, {device}", flush=True)
+    print("| B | sampler | sample | with the sampler | torch chain | sampler / sample | torch / sampler |")
+    print("|---|---|---|---|---|---|---|")
+    report = []
+    for batch in [32] if args.quick else [1, 32]:
+        g = torch.Generator().manual_seed(batch)
+        logits = (torch.randn(batch, VOCAB, generator=g) * 3).to(torch.bfloat16).to(device)
+        out = torch.empty(batch, dtype=torch.int64, device=device)
+        for name, (kwargs, warpers) in SAMPLERS.items():
+            chain = LogitsProcessorList([TemperatureLogitsWarper(TEMPERATURE), *warpers])
+
+            def theirs():
+                return torch.multinomial(chain(None, logits.float()).softmax(-1), 1)
+
+            # (the warpers on the kernels' float32 scores x / T, so that rounding cannot differ)
+            kept = torch.isfinite(LogitsProcessorList(warpers)(None, logits.float() / TEMPERATURE))
+            ours = lp.filtered_logits(logits, temperature=TEMPERATURE, **kwargs) > float("-inf")
+            same = bool(torch.equal(kept, ours))
+            calls = {"sample": lambda: lp.sample(logits, temperature=TEMPERATURE, seed=1, out=out),
+                     "sampler": lambda: lp.sample(logits, temperature=TEMPERATURE, seed=1, out=out, **kwargs),
+                     "torch": theirs}
+            t = median_times(calls, device, repeats)
+            report.append({"batch": batch, "sampler": name, "device": device, "seconds": t, "same_kept_set": same,
+                           "kept_per_row": float(ours.sum(-1).float().mean())})
+            print(f"| {batch} | {name} | {t['sample'] * 1e6:.0f} us | {t['sampler'] * 1e6:.0f} us | "
+                  f"{t['torch'] * 1e6:.0f} us | {t['sampler'] / t['sample']:.2f} | "
+                  f"{t['torch'] / t['sampler']:.1f}x{'' if same else ' (kept sets differ!)'} |", flush=True)
+    return write_report(args.json, report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
