@@ -175,16 +175,25 @@ class FusedAfter(transformers.LogitsProcessor):
         return self.lp.apply_penalties_(scores.clone(), *state, repetition_penalty=self.penalty)
 
 
-def test_sampled_scores_are_transformers_warped_scores(lp, pair, inputs):
+WARPINGS = {
+    "top_k_top_p": (dict(temperature=0.7, top_k=40, top_p=0.8),
+                    [transformers.TopKLogitsWarper(40), transformers.TopPLogitsWarper(0.8)]),
+    "epsilon_cutoff": (dict(temperature=0.7, top_k=0, epsilon_cutoff=3e-4), [transformers.EpsilonLogitsWarper(3e-4)]),
+    "eta_cutoff": (dict(temperature=0.7, top_k=0, eta_cutoff=2e-3), [transformers.EtaLogitsWarper(2e-3)]),
+}
+
+
+@pytest.mark.parametrize("name", list(WARPINGS))
+def test_sampled_scores_are_transformers_warped_scores(lp, pair, inputs, name):
     """output_scores holds the scores each token was drawn from: transformers' warpers (temperature,
-    top-k, top-p) over the same raw logits give the same kept set and values."""
+    top-k, top-p; or epsilon or eta alone) over the same raw logits give the same kept set and values."""
     _, model = pair
-    warping = dict(temperature=0.7, top_k=40, top_p=0.8)
+    warping, warpers = WARPINGS[name]
     out = ours(model, lp, inputs, do_sample=True, max_new_tokens=8, seed=3, return_dict_in_generate=True,
                output_scores=True, output_logits=True, **warping)
-    chain = transformers.LogitsProcessorList([transformers.TemperatureLogitsWarper(0.7),
-                                              transformers.TopKLogitsWarper(40), transformers.TopPLogitsWarper(0.8)])
+    chain = transformers.LogitsProcessorList([transformers.TemperatureLogitsWarper(0.7), *warpers])
     width = inputs["input_ids"].shape[1]
+    assert all(scores.isneginf().any(-1).all() for scores in out.scores)  # (every row cut at every step)
     for step, (scores, logits) in enumerate(zip(out.scores, out.logits)):
         warped = chain(out.sequences[:, :width + step], logits.clone())
         assert torch.equal(scores.isneginf(), warped.isneginf()), step
@@ -351,7 +360,8 @@ def test_streamer_stopping_criteria_and_return_sequences(lp, pair, inputs):
 
 UNSUPPORTED = {
     "typical_p": dict(do_sample=True, typical_p=0.9),
-    "epsilon_cutoff": dict(do_sample=True, epsilon_cutoff=0.01),
+    "epsilon_cutoff": dict(do_sample=True, epsilon_cutoff=0.01),  # (beside generate()'s default top_k=50)
+    "eta_cutoff": dict(do_sample=True, top_k=0, epsilon_cutoff=0.01, eta_cutoff=0.01),
     "num_beams": dict(num_beams=2),
     "penalty_alpha": dict(penalty_alpha=0.6, top_k=4),
     "filter_apply_order": dict(do_sample=True, top_p=0.9, min_p=0.1),

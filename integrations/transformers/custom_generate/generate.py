@@ -42,10 +42,10 @@ _kernels: dict[tuple[str, Optional[str]], Any] = {}
 
 # The warpers folded into the sampler, and the GenerationConfig field each comes from.
 FUSED_WARPERS = {tlp.TemperatureLogitsWarper: "temperature", tlp.TopKLogitsWarper: "top_k",
-                 tlp.TopPLogitsWarper: "top_p", tlp.MinPLogitsWarper: "min_p"}
-# Warpers transformers applies after top-k / top-p / min-p, which the sampler has no step for.
-REFUSED_WARPERS = {tlp.TopHLogitsWarper: "top_h", tlp.TypicalLogitsWarper: "typical_p",
-                   tlp.EpsilonLogitsWarper: "epsilon_cutoff", tlp.EtaLogitsWarper: "eta_cutoff"}
+                 tlp.TopPLogitsWarper: "top_p", tlp.MinPLogitsWarper: "min_p",
+                 tlp.EpsilonLogitsWarper: "epsilon_cutoff", tlp.EtaLogitsWarper: "eta_cutoff"}
+# Warpers the sampler has no step for.
+REFUSED_WARPERS = {tlp.TopHLogitsWarper: "top_h", tlp.TypicalLogitsWarper: "typical_p"}
 # Decoding strategies other than sampling and greedy search: (field, its neutral value).
 REFUSED_FIELDS = (("num_beams", 1), ("num_beam_groups", 1), ("penalty_alpha", None), ("dola_layers", None),
                   ("prompt_lookup_num_tokens", None), ("watermarking_config", None))
@@ -173,13 +173,15 @@ def refuse_unsupported(model, generation_config: GenerationConfig, processors) -
 
 
 def sampling_arguments(generation_config: GenerationConfig, processors, filter_apply_order: Optional[str]) -> dict:
-    """The sampler's temperature / top_k / top_p / min_p / filter_apply_order, read from the
-    warpers in the processor list (those generate() built from generation_config and any the
-    caller passed), which must come in transformers' order.
+    """The sampler's temperature / top_k / top_p / min_p / epsilon_cutoff / eta_cutoff /
+    filter_apply_order, read from the warpers in the processor list (those generate() built from
+    generation_config and any the caller passed), which must come in transformers' order.
 
-    transformers chains temperature, top-k, top-p, then min-p, each over the previous one's
-    output: with top-k and top-p that is the sampler's "top_k_first" order; with top-p and min-p
-    together it is neither of the sampler's orders, so the caller must choose one."""
+    transformers chains temperature, top-k, top-p, min-p, epsilon, then eta, each over the
+    previous one's output: with top-k and top-p that is the sampler's "top_k_first" order; with
+    top-p and min-p together it is neither of the sampler's orders, so the caller must choose
+    one; its epsilon and eta are over what the others left, the sampler's over the whole row, so
+    each is taken alone only."""
     if not generation_config.do_sample:
         return {"temperature": 0.0}
     warpers = [p for p in processors if isinstance(p, tuple(FUSED_WARPERS))]
@@ -193,6 +195,15 @@ def sampling_arguments(generation_config: GenerationConfig, processors, filter_a
     top_k = int(values["top_k"].top_k) if "top_k" in values else 0
     top_p = float(values["top_p"].top_p) if "top_p" in values else 1.0
     min_p = float(values["min_p"].min_p) if "min_p" in values else 0.0
+    epsilon = float(values["epsilon_cutoff"].epsilon) if "epsilon_cutoff" in values else 0.0
+    eta = float(values["eta_cutoff"].epsilon) if "eta_cutoff" in values else 0.0  # (EtaLogitsWarper's name)
+    for name, value, others in (("epsilon_cutoff", epsilon, (top_k > 0, top_p < 1.0, min_p > 0.0)),
+                                ("eta_cutoff", eta, (top_k > 0, top_p < 1.0, min_p > 0.0, epsilon > 0.0))):
+        if value > 0.0 and any(others):
+            raise ValueError(f"custom_generate (logits-processor): {name} with another filter (top_k, top_p, "
+                             "min_p, epsilon_cutoff): transformers applies it to what they keep, renormalised, "
+                             "the sampler to the whole row (docs/semantics-sampling.md); set top_k=0 "
+                             "(generate()'s default is 50)")
     if filter_apply_order is None:
         if top_p < 1.0 and min_p > 0.0:
             raise ValueError("custom_generate (logits-processor): top_p with min_p needs filter_apply_order= "
@@ -200,7 +211,7 @@ def sampling_arguments(generation_config: GenerationConfig, processors, filter_a
                              "neither order does (docs/semantics-sampling.md)")
         filter_apply_order = "top_k_first"
     return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
-            "filter_apply_order": filter_apply_order}
+            "epsilon_cutoff": epsilon, "eta_cutoff": eta, "filter_apply_order": filter_apply_order}
 
 
 def row_seeds(seed, rows: int, device: torch.device) -> torch.Tensor:
