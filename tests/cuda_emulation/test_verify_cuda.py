@@ -106,7 +106,7 @@ def test_cuda_kernel_agrees_with_cpu_with_penalties(emulation, lp_cpu, sms, dtyp
 
 @pytest.mark.emulation
 @pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
-@pytest.mark.parametrize("rows,drafts_count,vocab", [(24, 4, 45)] if SANITIZED else [(48, 5, 45), (16, 4, 3000)])
+@pytest.mark.parametrize("rows,drafts_count,vocab", [(24, 4, 45)] if SANITIZED else [(96, 5, 45), (16, 4, 3000)])
 def test_cuda_block_verification_agrees_with_cpu(emulation, lp_cpu, sms, rows, drafts_count, vocab):
     """Block verification with drafts drawn from a drafter near the target, so that blocks end
     inside the drafts (1 <= tau < n, where the last draw is over max(0, w_tau p - q)) as well
