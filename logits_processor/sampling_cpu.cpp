@@ -373,6 +373,7 @@ class RowSampler {
   // (epsilon_cutoff's and eta_cutoff's t_eps, like t_minp a floor decided on the whole row,
   // raises `lower`.)
   Cutoff cutoff() {
+    total_mass_ = kNoTotal;  // (the scores are this cut's: masses() computes them once)
     uint32_t lower = min_p_key(s_max_, r_.min_p);
     if (has_truncation(r_)) lower = std::max(lower, truncation_floor());
     const bool top_k = r_.top_k > 0 && r_.top_k < candidates_;
@@ -524,8 +525,10 @@ class RowSampler {
     return threshold;
   }
 
-  // token_mass of every token into scaled_mass (as float, exact), vectorised; Z returned.
+  // token_mass of every token into scaled_mass (as float, exact), vectorised; Z returned. Once
+  // a cut: a truncation floor's Z is top-p's too.
   uint64_t masses() {
+    if (total_mass_ != kNoTotal) return total_mass_;
     float* scaled = scratch_.scaled_mass.data();
     const float s_max = s_max_;
 #pragma omp simd
@@ -533,7 +536,7 @@ class RowSampler {
       scaled[i] = lp_mul(lp_exp_nonpositive(lp_add(scores_[i], -s_max)), kMassScale);
     uint64_t total = 0;
     for (int64_t i = 0; i < p_.vocab; ++i) total += static_cast<uint64_t>(scaled[i]);
-    return total;
+    return total_mass_ = total;
   }
 
   // Top-k (and top-p within it): the kept set is small, so all candidates from the k-th
@@ -607,6 +610,8 @@ class RowSampler {
   float x_origin_ = 0.0f;  // the Sampling scores' score_origin (load)
   int64_t candidates_ = 0;
   Cutoff cutoff_ = {kNoKey, false};
+  static constexpr uint64_t kNoTotal = ~uint64_t{0};  // (Z is below 2^63)
+  uint64_t total_mass_ = kNoTotal;  // masses()' Z in this cut, or kNoTotal
 };
 
 }  // namespace

@@ -66,13 +66,17 @@ def _logits_and_allowed(logits, bitmask):
     return x, allowed
 
 
+def entropy(p: torch.Tensor) -> float:
+    """The entropy in nats of a row's float64 probabilities."""
+    return float(-(p[p > 0] * p[p > 0].log()).sum())
+
+
 def truncation_floor(p: torch.Tensor, epsilon: float, eta: float) -> float:
     """The floor epsilon_cutoff and eta_cutoff put on p (a row's float64 probabilities):
     max(epsilon, min(eta, sqrt(eta) e^-H)), H the entropy in nats (0 for neither)."""
     floor = min(epsilon, 1.0) if epsilon > 0 else 0.0
     if eta > 0:
-        entropy = float(-(p[p > 0] * p[p > 0].log()).sum())
-        floor = max(floor, min(eta, math.sqrt(eta) * math.exp(-entropy)))
+        floor = max(floor, min(eta, math.sqrt(eta) * math.exp(-entropy(p))))
     return floor
 
 

@@ -5,7 +5,6 @@ define the same result, by a chi-square where they define the same distribution.
 
 import importlib.util
 import json
-import math
 import sys
 
 import jsonschema
@@ -15,7 +14,7 @@ import transformers
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from conftest import BUILD, ROOT
-from reference import chi_square_p_value
+from reference import chi_square_p_value, truncation_floor
 
 sys.path.insert(0, str(ROOT / "examples"))
 import _offline  # noqa: E402
@@ -176,12 +175,6 @@ class FusedAfter(transformers.LogitsProcessor):
         return self.lp.apply_penalties_(scores.clone(), *state, repetition_penalty=self.penalty)
 
 
-def eta_floor(p: torch.Tensor, eta: float) -> torch.Tensor:
-    """[rows, 1]: eta's floor min(eta, sqrt(eta) e^-H) of float64 probabilities [rows, V]."""
-    entropy = -(p * p.clamp(min=1e-300).log()).sum(-1, keepdim=True)
-    return torch.clamp(math.sqrt(eta) * torch.exp(-entropy), max=eta)
-
-
 # Each warping: generate()'s fields, transformers' warpers after the temperature, and for a
 # probability floor its value per row (tokens within 1e-4 of it, relatively, may fall either way:
 # transformers' float32 softmax and entropy round, the sampler's integer masses do not).
@@ -191,7 +184,7 @@ WARPINGS = {
     "epsilon_cutoff": (dict(temperature=0.7, top_k=0, epsilon_cutoff=3e-4), [transformers.EpsilonLogitsWarper(3e-4)],
                        lambda p: torch.full((p.shape[0], 1), 3e-4, dtype=torch.float64)),
     "eta_cutoff": (dict(temperature=0.7, top_k=0, eta_cutoff=2e-3), [transformers.EtaLogitsWarper(2e-3)],
-                   lambda p: eta_floor(p, 2e-3)),
+                   lambda p: torch.tensor([[truncation_floor(row, 0.0, 2e-3)] for row in p], dtype=torch.float64)),
 }
 
 

@@ -21,6 +21,7 @@ import torch
 
 from conftest import ROOT
 from harness import bits
+from reference import entropy, truncation_floor
 
 # Every float x in [-87.3, -0.0] (below, lp_exp_nonpositive's select gives 0): e^x must never
 # grow as x falls. The same loop over a deliberately non-monotone copy must find violations,
@@ -117,10 +118,6 @@ def test_matches_transformers_epsilon_warper(lp, scale):
     assert ((ours > 0).sum(-1) > 1).all() and ((ours > 0).sum(-1) < vocab).all()  # (each row cut, not to one)
 
 
-def entropy(p: torch.Tensor) -> float:
-    return float(-(p[p > 0] * p[p > 0].log()).sum())
-
-
 def eta_for_floor(p: torch.Tensor, g: torch.Generator, entropy_side: bool) -> float:
     """An eta whose floor min(eta, sqrt(eta) e^-H) lies between two of the row's probabilities:
     on the entropy's side, eta = (floor e^H)^2 for a floor in (e^-2H, e^-H) (then eta > floor);
@@ -155,8 +152,7 @@ def test_matches_transformers_eta_warper(lp, scale):
     assert_rows_match(ours, logits, temperature, [EtaLogitsWarper(float(e)) for e in eta])
     kept = ours > 0
     assert ((kept.sum(-1) > 1) & (kept.sum(-1) < vocab)).float().mean() > 0.8  # (cut, not to one token)
-    floors = torch.tensor([min(float(eta[b]), math.sqrt(float(eta[b])) * math.exp(-entropy(p[b])))
-                           for b in range(rows)])
+    floors = torch.tensor([truncation_floor(p[b], 0.0, float(eta[b])) for b in range(rows)])
     sides = floors < eta  # the entropy's side
     assert sides.any() and (not sides.all() or scale == 1.0)  # (scale 1: H ~ 8, no room below e^-2H)
     # epsilon at half eta's floor changes nothing; at twice it, epsilon decides.
