@@ -49,8 +49,9 @@ def _corpus() -> list[str]:
     return [p.read_text(errors="replace") for p in files]
 
 
-def train_tokenizer(vocab_size: int = 1000) -> transformers.PreTrainedTokenizerFast:
-    """A byte-level BPE (GPT-2's scheme) trained on the repository's source and docs."""
+def train_tokenizer(vocab_size: int = 1000, corpus: list[str] | None = None) -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE (GPT-2's scheme) trained on `corpus`, by default the repository's source
+    and docs as they are (the tests pass a fixed copy: their inputs must not change with the docs)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -61,7 +62,7 @@ def train_tokenizer(vocab_size: int = 1000) -> transformers.PreTrainedTokenizerF
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer)
+    tok.train_from_iterator(_corpus() if corpus is None else corpus, trainer)
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
 
 
@@ -90,10 +91,11 @@ def random_model(tokenizer, *, seed: int = 0) -> transformers.PreTrainedModel:
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def load_model(path: str | None, device: str):
-    """(tokenizer, model) from a local Hugging Face causal LM directory, or the offline pair."""
+def load_model(path: str | None, device: str, corpus: list[str] | None = None):
+    """(tokenizer, model) from a local Hugging Face causal LM directory, or the offline pair (its
+    tokenizer trained on `corpus`: train_tokenizer)."""
     if path is None:
-        tokenizer = train_tokenizer()
+        tokenizer = train_tokenizer(corpus=corpus)
         model = random_model(tokenizer)
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)

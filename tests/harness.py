@@ -7,6 +7,7 @@ LP_HYPOTHESIS_PROFILE  "ci" (default: a fixed, derandomised example count) or "l
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -19,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from kernels import get_local_kernel
 
-from conftest import BUILD, HAS_CUDA_VARIANT  # LP_BUILD_DIR is read there
+from conftest import BUILD, HAS_CUDA_VARIANT, ROOT  # LP_BUILD_DIR is read there
 
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True,
@@ -30,6 +31,14 @@ settings.load_profile(os.environ.get("LP_HYPOTHESIS_PROFILE", "ci"))
 
 
 @cache
+def tokenizer_corpus() -> list[str]:
+    """The fixed text the offline tokenizer of the integration and example tests (and of the vLLM
+    engine tests) is trained on: tests/tokenizer_corpus.json, a copy of README and docs/ as of
+    1176459. Trained on the repository as it is, every edit of the docs would change the tests'
+    inputs, and a test's premise (a row reaching its last step) could hold at one commit only."""
+    return json.loads((ROOT / "tests" / "tokenizer_corpus.json").read_text())
+
+
 def load(backend: str | None = "cpu"):
     """The package through the Hub loader: the CPU variant, or (backend=None) the default one."""
     return get_local_kernel(BUILD, backend=backend)

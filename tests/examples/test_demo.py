@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import ROOT, devices
+from harness import tokenizer_corpus
 
 sys.path.insert(0, str(ROOT / "examples"))
 import _offline  # noqa: E402
@@ -30,7 +31,7 @@ MAX_TOKENS = 160
 
 @pytest.fixture(scope="module")
 def offline_pair():
-    return _offline.load_model(None, "cpu")
+    return _offline.load_model(None, "cpu", corpus=tokenizer_corpus())
 
 
 @pytest.fixture

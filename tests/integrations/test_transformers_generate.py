@@ -14,6 +14,7 @@ import transformers
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from conftest import BUILD, ROOT
+from harness import tokenizer_corpus
 from reference import chi_square_p_value, truncation_floor
 
 sys.path.insert(0, str(ROOT / "examples"))
@@ -29,7 +30,7 @@ PROMPTS = ["def sample(logits, temperature):", "The kernel", "XGrammar fills the
 
 @pytest.fixture(scope="module")
 def pair():
-    return _offline.load_model(None, "cpu")
+    return _offline.load_model(None, "cpu", corpus=tokenizer_corpus())
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import torch
 import trl
 
 from conftest import BUILD, ROOT
+from harness import tokenizer_corpus
 
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "integrations" / "trl"))
@@ -34,7 +35,7 @@ def config(tmp_path, **overrides):
 
 
 def trainer_for(lp, tmp_path, rollout_func=None, **overrides):
-    tokenizer, model = _offline.load_model(None, "cpu")
+    tokenizer, model = _offline.load_model(None, "cpu", corpus=tokenizer_corpus())
     data = datasets.Dataset.from_dict({"prompt": PROMPTS * 4})
     return KeptSetGRPOTrainer(model=model, reward_funcs=reward, args=config(tmp_path, **overrides),
                               train_dataset=data, processing_class=tokenizer, rollout_func=rollout_func, kernel=lp,

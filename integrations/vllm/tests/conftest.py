@@ -5,7 +5,7 @@ Run from the repository root, in the vLLM environment (integrations/vllm/setup_e
     .venv-vllm/bin/python -m pytest integrations/vllm/tests
 
 Offline: the tokenizer is a byte-level BPE trained on a fixed copy of this repository's docs
-(tokenizer_corpus.json), the model a 2-layer Llama with seeded random weights (head_dim 32: vLLM's CPU attention needs >= 32), saved
+(tests/tokenizer_corpus.json, which the transformers and TRL tests share), the model a 2-layer Llama with seeded random weights (head_dim 32: vLLM's CPU attention needs >= 32), saved
 in a temporary folder; nothing is downloaded. The kernel is LOGITS_PROCESSOR_KERNEL, by default
 this checkout's build/ (which must hold the CPU variant: `make build` or tools/build.py).
 """
@@ -44,7 +44,7 @@ def _train_tokenizer(vocab_size: int = 1000):
     # A fixed corpus (this repository's README and docs as of 1176459), not the docs as they are
     # now: the tokenizer, and with it every output of the random model, would change with each
     # edit of the docs (a JSON schema's output then ran past max_tokens once).
-    texts = json.loads((Path(__file__).resolve().parent / "tokenizer_corpus.json").read_text())
+    texts = json.loads((REPO / "tests" / "tokenizer_corpus.json").read_text())
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
