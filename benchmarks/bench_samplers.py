@@ -1,6 +1,6 @@
-"""Truncation samplers beyond top-k, top-p and min-p (epsilon_cutoff and eta_cutoff so far) beside plain `sample`,
-and the torch chain a user writes instead: transformers' warpers, softmax, torch.multinomial
-(`make bench`).
+"""Truncation samplers beyond top-k, top-p and min-p (epsilon_cutoff, eta_cutoff and top_n_sigma so far) beside
+plain `sample`, and the torch chain a user writes instead: transformers' warpers (for top-n-sigma, which
+transformers lacks, its definition in torch), softmax, torch.multinomial (`make bench`).
 
 V = 128256, B in {1, 32}, bfloat16 logits (randn * 3), temperature 0.8, on the GPU where there
 is one, else the CPU. Each time is the median of interleaved calls (the machine is shared:
@@ -24,10 +24,25 @@ ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 128256
 TEMPERATURE = 0.8
 
-# Each sampler: its keywords here, and the warpers transformers applies after the temperature.
+
+
+class TopNSigma:
+    """Top-n-sigma as a user writes it in torch (llama.cpp's definition on the scores, the kept set
+    being the same at any temperature): -inf below max - n * std."""
+
+    def __init__(self, n: float):
+        self.n = n
+
+    def __call__(self, input_ids, scores: torch.Tensor) -> torch.Tensor:
+        top, sigma = scores.amax(-1, keepdim=True), scores.std(-1, unbiased=False, keepdim=True)
+        return scores.masked_fill(scores < top - self.n * sigma, float("-inf"))
+
+
+# Each sampler: its keywords here, and the warpers applied after the temperature.
 SAMPLERS = {
     "epsilon_cutoff": (dict(epsilon_cutoff=3e-4), [EpsilonLogitsWarper(3e-4)]),
     "eta_cutoff": (dict(eta_cutoff=2e-3), [EtaLogitsWarper(2e-3)]),
+    "top_n_sigma": (dict(top_n_sigma=1.5), [TopNSigma(1.5)]),
 }
 
 

@@ -11,6 +11,7 @@
 // checks the compiled PTX instead, and tools/build.py refuses flags that would undo them.
 #pragma once
 
+#include <cmath>
 #include <cstring>
 
 #include "common.h"
@@ -54,6 +55,14 @@ LP_HOST_DEVICE double lp_ddiv(double a, double b) {
   return __ddiv_rn(a, b);
 #else
   return a / b;
+#endif
+}
+
+LP_HOST_DEVICE double lp_dsqrt(double x) {
+#if defined(__CUDA_ARCH__)
+  return __dsqrt_rn(x);
+#else
+  return std::sqrt(x);
 #endif
 }
 

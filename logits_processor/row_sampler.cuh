@@ -312,7 +312,7 @@ struct RowSampler {
     } while (rebase(sh));
     origin = draw_origin(s_max);
     uint32_t lower = min_p_key(s_max, r.min_p);
-    if (has_truncation(r)) lower = max(lower, truncation_floor(sh));  // t_eps raises t_minp
+    if (has_truncation(r)) lower = max(lower, truncation_floor(sh));  // t_eps and t_sig raise t_minp
     threshold = lower;
     BinCut k_cut{-1, 0}, p_cut{-1, 0};
     if (top_k && static_cast<uint64_t>(r.top_k) < first.candidates)
@@ -360,24 +360,34 @@ struct RowSampler {
     return true;
   }
 
-  // epsilon_cutoff's and eta_cutoff's floor key (sampling.h's truncation_key): Z and, with eta,
-  // the entropy's sums, in one pass over the candidates.
+  // The floor key of epsilon_cutoff, eta_cutoff and top_n_sigma (sampling.h's truncation_key):
+  // Z, with eta the entropy's sums, with top_n_sigma sigma's, in one pass over the candidates.
   __device__ uint32_t truncation_floor(SharedState& sh) const {
-    const bool eta = r.eta > 0.0f;
+    const bool epsilon = has_mass_floor(r), eta = r.eta > 0.0f, sigma = r.top_n_sigma > 0.0f;
     uint64_t mass = 0, z_high = 0, z_low = 0, terms_high = 0, terms_low = 0;
+    SigmaSums own{0, 0, 0, 0};
     for_each_candidate([&](int64_t, float s) {
+      if (sigma) {
+        const SigmaSums t = sigma_terms(s, s_max, r.temperature);
+        own.count += t.count, own.distance += t.distance;
+        own.square_high += t.square_high, own.square_low += t.square_low;
+      }
       if (!eta) {
-        mass += token_mass(s, s_max);
+        if (epsilon) mass += token_mass(s, s_max);
         return;
       }
       const TruncationSums t = truncation_terms(s, s_max);
       mass += t.mass, z_high += t.z.high, z_low += t.z.low, terms_high += t.terms.high, terms_low += t.terms.low;
     });
-    TruncationSums sums{block_sum(mass, sh), {0, 0}, {0, 0}};
-    if (eta) {  // (the same for the whole block)
+    // (Each flag is the same for the whole block, so are the block_sums' barriers.)
+    TruncationSums sums{epsilon ? block_sum(mass, sh) : 0, {0, 0}, {0, 0}, {0, 0, 0, 0}};
+    if (eta) {
       sums.z = {block_sum(z_high, sh), block_sum(z_low, sh)};
       sums.terms = {block_sum(terms_high, sh), block_sum(terms_low, sh)};
     }
+    if (sigma)
+      sums.sigma = {block_sum(own.count, sh), block_sum(own.distance, sh), block_sum(own.square_high, sh),
+                    block_sum(own.square_low, sh)};
     return truncation_key(r, s_max, sums);
   }
 
@@ -487,6 +497,7 @@ struct RowSampler {
     r.min_p = 0.0f;
     r.epsilon = 0.0f;
     r.eta = 0.0f;
+    r.top_n_sigma = 0.0f;
     if (raw) bitmask = nullptr, penalty.enabled = false;
   }
 

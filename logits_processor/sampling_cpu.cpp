@@ -153,6 +153,21 @@ void add_entropy_sums(const float* __restrict scores, const float* __restrict sc
   sums.terms = {terms_high, terms_low};
 }
 
+// top_n_sigma's sums over the candidates (sigma_terms of each, 0 for the -inf of the others).
+SigmaSums sigma_sums(const float* __restrict scores, int64_t vocab, float s_max, float temperature) {
+  uint64_t count = 0, distance = 0, square_high = 0, square_low = 0;
+#pragma omp simd reduction(+ : count, distance, square_high, square_low)
+  for (int64_t i = 0; i < vocab; ++i) {
+    const bool candidate = scores[i] > kNegInf;
+    const SigmaSums t = sigma_terms(candidate ? scores[i] : s_max, s_max, temperature);
+    count += candidate ? t.count : 0;
+    distance += candidate ? t.distance : 0;
+    square_high += candidate ? t.square_high : 0;
+    square_low += candidate ? t.square_low : 0;
+  }
+  return {count, distance, square_high, square_low};
+}
+
 // fine_mass_sum, keeping each kept candidate's mass_term in `terms` (0 for the others).
 FineMass kept_terms_sum(const float* __restrict scores, int64_t vocab, float floor, float s_max,
                         float* __restrict terms) {
@@ -370,8 +385,7 @@ class RowSampler {
     return candidates_ > 0;
   }
 
-  // (epsilon_cutoff's and eta_cutoff's t_eps, like t_minp a floor decided on the whole row,
-  // raises `lower`.)
+  // (t_eps and t_sig, like t_minp floors decided on the whole row, raise `lower`.)
   Cutoff cutoff() {
     total_mass_ = kNoTotal;  // (the scores are this cut's: masses() computes them once)
     uint32_t lower = min_p_key(s_max_, r_.min_p);
@@ -560,10 +574,11 @@ class RowSampler {
     return {threshold, true};
   }
 
-  // t_eps's key from the whole row's sums (sampling.h's truncation_key).
+  // The key of t_eps and t_sig from the whole row's sums (sampling.h's truncation_key).
   uint32_t truncation_floor() {
-    TruncationSums sums{masses(), {0, 0}, {0, 0}};
+    TruncationSums sums{has_mass_floor(r_) ? masses() : 0, {0, 0}, {0, 0}, {0, 0, 0, 0}};
     if (r_.eta > 0.0f) add_entropy_sums(scores_, scratch_.scaled_mass.data(), p_.vocab, s_max_, sums);
+    if (r_.top_n_sigma > 0.0f) sums.sigma = sigma_sums(scores_, p_.vocab, s_max_, r_.temperature);
     return truncation_key(r_, s_max_, sums);
   }
 

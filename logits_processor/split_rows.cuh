@@ -252,7 +252,8 @@ __device__ void cut_from_chunks(const RowSampler<D>& sampler, const Split& split
   const uint64_t candidates = block_load(state.candidates, sh);
   const unsigned int listed = block_load(state.listed, sh);
   // (A saturated s_max may move the scores (RowSampler::rebase): the row goes to one block; so
-  // does an epsilon_cutoff or eta_cutoff row, whose t_eps needs Z before the cut.)
+  // does an epsilon_cutoff, eta_cutoff or top_n_sigma row, whose floor needs Z or sigma before
+  // the cut.)
   const bool needs_z = has_truncation(sampler.r);
   if (needs_z || listed > kBinListCapacity || saturated_score(row_max_score(static_cast<uint32_t>(max_key)))) {
     if (threadIdx.x == 0) state.cut = kSampledWhole;

@@ -80,15 +80,31 @@ def truncation_floor(p: torch.Tensor, epsilon: float, eta: float) -> float:
     return floor
 
 
+SIGMA_CAP = 32768.0  # logits: how far below the top a candidate counts in top_n_sigma's deviation
+
+
+def sigma_threshold(x: torch.Tensor, candidates: torch.Tensor, n: float) -> float:
+    """top_n_sigma's threshold on a row's float32 logits x (+inf as the largest float) from
+    llama.cpp's definition, in float64: x_max - n sigma, sigma the population standard
+    deviation of the candidates' logits, each counted at most SIGMA_CAP below the top
+    (-inf for n <= 0: no threshold)."""
+    if not n > 0:
+        return -math.inf
+    xs = x[candidates].double().clamp(max=torch.finfo(torch.float32).max)
+    top = xs.max()
+    return float(top - n * (top - xs).clamp(max=SIGMA_CAP).std(unbiased=False))
+
+
 def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, slack=0.0,
-                       epsilon_cutoff=0.0, eta_cutoff=0.0):
+                       epsilon_cutoff=0.0, eta_cutoff=0.0, top_n_sigma=-1.0):
     """float64 [B, V]: the probability of drawing each token under the intersection semantics
-    (epsilon_cutoff, eta_cutoff: p >= truncation_floor over the whole row, the top always kept).
+    (epsilon_cutoff, eta_cutoff: p >= truncation_floor over the whole row, the top always kept;
+    top_n_sigma: x >= sigma_threshold).
 
     Sort-based and in float64, independent of the kernels' algorithm. Scores are x / T in
     float32, +inf and overflow clamped to the finite range (the op's definition, so ties
     match), probabilities in float64. `slack` widens
-    the top-p, min-p and epsilon filters by that relative amount, for a kept set that tolerates
+    the top-p, min-p, epsilon and top-n-sigma filters by that relative amount, for a kept set that tolerates
     rounding at the cutoff. Rows with no allowed finite logit are all zero.
     """
     x, allowed = _logits_and_allowed(logits, bitmask)
@@ -121,6 +137,8 @@ def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, b
         floor = truncation_floor(p, float(_row_value(epsilon_cutoff, b)), float(_row_value(eta_cutoff, b)))
         if floor > 0:
             keep &= (p >= floor * (1 - slack)) | (s == s.max())
+        n_sigma = float(_row_value(top_n_sigma, b))
+        keep &= x[b].clamp(max=big).double() >= sigma_threshold(x[b], cand, n_sigma * (1 + slack))
         tp = float(_row_value(top_p, b))
         if tp < 1:
             order = torch.argsort(s64, descending=True, stable=True)
@@ -134,7 +152,7 @@ def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, b
 
 
 def vllm_sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, epsilon_cutoff=0.0,
-                            eta_cutoff=0.0):
+                            eta_cutoff=0.0, top_n_sigma=-1.0):
     """float64 [B, V]: the probability of drawing each token as vLLM's sampler chains the
     filters (filter_apply_order="top_k_first"), written as vLLM writes it in torch, in float64.
 
@@ -143,8 +161,8 @@ def vllm_sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0
     (vllm/v1/sample/ops/topk_topp_sampler.py: sort ascending, drop below the k-th largest, then
     softmax of what is left, drop while the ascending cumulative sum <= 1 - top_p, the top token
     kept), then softmax. Scores as `sampling_reference`'s; rows with nothing allowed all zero.
-    epsilon_cutoff and eta_cutoff (not vLLM's) are applied as min-p is, before top-k: p >=
-    truncation_floor over the whole row, the top kept.
+    epsilon_cutoff, eta_cutoff and top_n_sigma (not vLLM's) are applied as min-p is, before
+    top-k: p >= truncation_floor over the whole row, the top kept; x >= sigma_threshold.
     """
     x, allowed = _logits_and_allowed(logits, bitmask)
     rows, vocab = x.shape
@@ -164,6 +182,8 @@ def vllm_sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0
         floor = truncation_floor(full, float(_row_value(epsilon_cutoff, b)), float(_row_value(eta_cutoff, b)))
         if floor > 0:
             scores = scores.masked_fill((full < floor) & (scores < scores.max()), float("-inf"))
+        below_sigma = x[b].clamp(max=big).double() < sigma_threshold(x[b], cand, float(_row_value(top_n_sigma, b)))
+        scores = scores.masked_fill(below_sigma, float("-inf"))
         k = int(_row_value(top_k, b))
         tp = float(_row_value(top_p, b))
         logits_sort, logits_idx = scores.sort(descending=False)
@@ -241,7 +261,7 @@ def penalty_state_reference(prompt_token_ids, output_token_ids, vocab):
 
 
 def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, mode="processed", slack=0.0,
-                   filter_apply_order="joint", epsilon_cutoff=0.0, eta_cutoff=0.0):
+                   filter_apply_order="joint", epsilon_cutoff=0.0, eta_cutoff=0.0, top_n_sigma=-1.0):
     """float32 [B, V]: the scores of the distribution `sample_with_logprobs` reports, -inf outside its support.
 
     "raw": the logits (NaN as -inf, +inf as the largest float), no temperature, filter or
@@ -263,7 +283,8 @@ def support_scores(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitma
         return torch.where(greedy, off, value)
 
     filters = (logits, temps, unless_greedy(top_k, 0).long(), unless_greedy(top_p, 1.0), unless_greedy(min_p, 0.0))
-    truncation = dict(epsilon_cutoff=unless_greedy(epsilon_cutoff, 0.0), eta_cutoff=unless_greedy(eta_cutoff, 0.0))
+    truncation = dict(epsilon_cutoff=unless_greedy(epsilon_cutoff, 0.0), eta_cutoff=unless_greedy(eta_cutoff, 0.0),
+                      top_n_sigma=unless_greedy(top_n_sigma, -1.0))
     if filter_apply_order == "top_k_first":
         kept = vllm_sampling_reference(*filters, bitmask=bitmask, **truncation) > 0
     else:

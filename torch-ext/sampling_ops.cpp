@@ -35,6 +35,7 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
             "epsilon_cutoff must be in [0, 1] (0 disables it), got ", filters.epsilon_cutoff_value);
   CHECK_ARG(filters.eta_cutoff_value >= 0.0 && filters.eta_cutoff_value <= 1.0,
             "eta_cutoff must be in [0, 1] (0 disables it), got ", filters.eta_cutoff_value);
+  CHECK_ARG(!std::isnan(filters.top_n_sigma_value), "top_n_sigma must not be NaN (0 or less disables it)");
   const auto filter_order = static_cast<lp::FilterOrder>(
       choice_index(filters.filter_apply_order, "filter_apply_order", {"joint", "top_k_first"}));
 
@@ -50,6 +51,7 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   call.min_p = param(filters.min_p, "min_p", ScalarType::Float);
   call.epsilon = param(filters.epsilon_cutoff, "epsilon_cutoff", ScalarType::Float);
   call.eta = param(filters.eta_cutoff, "eta_cutoff", ScalarType::Float);
+  call.top_n_sigma = param(filters.top_n_sigma, "top_n_sigma", ScalarType::Float);
   call.seed = param(draws.seed, "seed", ScalarType::Long);
   call.offset = param(draws.offset, "offset", ScalarType::Long);
 
@@ -80,6 +82,8 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   p.epsilon_value = ieee_float(filters.epsilon_cutoff_value);
   p.eta = optional_data<float>(call.eta);
   p.eta_value = ieee_float(filters.eta_cutoff_value);
+  p.top_n_sigma = optional_data<float>(call.top_n_sigma);
+  p.top_n_sigma_value = ieee_float(filters.top_n_sigma_value);
   p.filter_order = filter_order;
   p.seed = optional_data<int64_t>(call.seed);
   p.seed_value = draws.seed_value;

@@ -25,7 +25,7 @@ struct DrawArguments {
 // dtypes (held here for the duration of the call).
 struct SamplingCall {
   logits_processor::SamplingParams params{};
-  std::optional<Tensor> temperature, top_k, top_p, min_p, epsilon, eta, seed, offset;
+  std::optional<Tensor> temperature, top_k, top_p, min_p, epsilon, eta, top_n_sigma, seed, offset;
   PenaltyCall penalty;
 };
 

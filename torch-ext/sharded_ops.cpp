@@ -57,11 +57,14 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
                        const Tensor& picks, const Tensor& kept_bitmask) {
   const FilterArguments filters{LP_FILTER_ARGUMENTS(LP_FORWARD)};
   SamplingCall call = sampling_call(logits, filters, {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask);
-  // (t_eps needs the row's Z before the cut: a collective round the protocol does not have yet.)
+  // (t_eps and t_sig need the row's Z or sigma before the cut: a collective round the protocol
+  // does not have yet.)
   CHECK_ARG(!epsilon_cutoff.has_value() && epsilon_cutoff_value == 0.0,
             "epsilon_cutoff is not supported by sample_sharded (leave it at 0)");
   CHECK_ARG(!eta_cutoff.has_value() && eta_cutoff_value == 0.0,
             "eta_cutoff is not supported by sample_sharded (leave it at 0)");
+  CHECK_ARG(!top_n_sigma.has_value() && !(top_n_sigma_value > 0.0),
+            "top_n_sigma is not supported by sample_sharded (leave it at -1)");
   CHECK_ARG(vocab_size >= 1 && vocab_size < (int64_t{1} << 31), "vocab_size must be in [1, 2^31), got ",
             vocab_size);
   const int64_t shard = logits.size(1);

@@ -23,6 +23,7 @@ PATHS = {
     "all": dict(top_k=50, top_p=0.9, min_p=0.05),
     "epsilon": dict(epsilon_cutoff=1e-3),
     "eta": dict(eta_cutoff=2e-3),
+    "top_n_sigma": dict(top_n_sigma=1.5),
 }
 
 # Where filter_apply_order="top_k_first" decides differently (top-p over what top-k and min-p
@@ -34,50 +35,48 @@ TOP_K_FIRST_PATHS = {
     "all": dict(top_k=50, top_p=0.9, min_p=0.05),
     "large_top_k": dict(top_k=5000, top_p=0.95),
     "epsilon_eta": dict(top_k=40, top_p=0.9, epsilon_cutoff=1e-3, eta_cutoff=2e-3),
+    "top_n_sigma": dict(top_p=0.9, min_p=0.01, top_n_sigma=2.0),
 }
 
 
-# The speculative kernels' rows (verify_draft, verify_tree): row r on path r % 5.
+# The speculative kernels' rows (verify_draft, verify_tree): row r on path r % 7.
 VERIFY_PATHS = [dict(temperature=0.0), dict(), dict(top_k=7), dict(top_p=0.8, min_p=0.05),
-                dict(temperature=0.6, top_k=40, top_p=0.9), dict(top_p=0.95, epsilon_cutoff=1e-3, eta_cutoff=2e-3)]
+                dict(temperature=0.6, top_k=40, top_p=0.9), dict(top_p=0.95, epsilon_cutoff=1e-3, eta_cutoff=2e-3),
+                dict(top_n_sigma=1.0)]
+
+# The filters' per-row values where a path leaves them out (the value that disables each).
+FILTER_DEFAULTS = dict(top_k=0, top_p=1.0, min_p=0.0, epsilon_cutoff=0.0, eta_cutoff=0.0, top_n_sigma=-1.0)
+# Those sample_sharded does not take.
+UNSHARDED = ("epsilon_cutoff", "eta_cutoff", "top_n_sigma")
 
 
-def verify_row_params(rows: int, g: torch.Generator) -> dict:
-    """Per-row temperature and filters of the speculative kernels' tests, row r on VERIFY_PATHS[r % 6]."""
-    params = dict(temperature=torch.rand(rows, generator=g) + 0.4, top_k=torch.zeros(rows, dtype=torch.int64),
-                  top_p=torch.ones(rows), min_p=torch.zeros(rows), epsilon_cutoff=torch.zeros(rows),
-                  eta_cutoff=torch.zeros(rows))
+def path_params(paths: list[dict], temperature: torch.Tensor) -> dict:
+    """Per-row filters, row r on paths[r % len(paths)] (its temperature where the path has one)."""
+    rows = len(temperature)
+    params = {"temperature": temperature} | {
+        name: torch.full((rows,), value, dtype=torch.int64 if name == "top_k" else torch.float32)
+        for name, value in FILTER_DEFAULTS.items()}
     for r in range(rows):
-        for name, value in VERIFY_PATHS[r % len(VERIFY_PATHS)].items():
+        for name, value in paths[r % len(paths)].items():
             params[name][r] = value
     return params
 
 
+def verify_row_params(rows: int, g: torch.Generator) -> dict:
+    """Per-row temperature and filters of the speculative kernels' tests, row r on VERIFY_PATHS[r % 7]."""
+    return path_params(VERIFY_PATHS, torch.rand(rows, generator=g) + 0.4)
+
+
 def row_params(rows: int, g: torch.Generator) -> dict:
-    """Per-row parameters, row r on path r % 9 with its own temperature, seed and offset."""
-    temperature = torch.rand(rows, generator=g) + 0.3
-    top_k = torch.zeros(rows, dtype=torch.int64)
-    top_p = torch.ones(rows)
-    min_p = torch.zeros(rows)
-    epsilon = torch.zeros(rows)
-    eta = torch.zeros(rows)
-    for r in range(rows):
-        path = list(PATHS.values())[r % len(PATHS)]
-        temperature[r] = path.get("temperature", temperature[r])
-        top_k[r] = path.get("top_k", 0)
-        top_p[r] = path.get("top_p", 1.0)
-        min_p[r] = path.get("min_p", 0.0)
-        epsilon[r] = path.get("epsilon_cutoff", 0.0)
-        eta[r] = path.get("eta_cutoff", 0.0)
-    return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, epsilon_cutoff=epsilon, eta_cutoff=eta,
-                seed=torch.randint(0, 2**62, (rows,), generator=g),
-                offset=torch.randint(0, 2**40, (rows,), generator=g))
+    """Per-row parameters, row r on path r % 10 with its own temperature, seed and offset."""
+    return path_params(list(PATHS.values()), torch.rand(rows, generator=g) + 0.3) | dict(
+        seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
 
 
 def shard_row_params(rows: int, g: torch.Generator) -> dict:
-    """row_params without epsilon_cutoff and eta_cutoff, which sample_sharded does not take (their
-    paths' rows unfiltered)."""
-    return {k: v for k, v in row_params(rows, g).items() if k not in ("epsilon_cutoff", "eta_cutoff")}
+    """row_params without the filters sample_sharded does not take (UNSHARDED: their paths' rows
+    unfiltered)."""
+    return {k: v for k, v in row_params(rows, g).items() if k not in UNSHARDED}
 
 
 def special_logits(rows: int, vocab: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:

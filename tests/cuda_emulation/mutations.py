@@ -130,10 +130,14 @@ MUTANTS = [
            "tests/cuda_emulation/test_tiny_temperatures_cuda.py"),
     # epsilon_cutoff's Z taken from each thread's own tokens, not the block's: t_eps too low.
     Mutant("epsilon-z", ROW_SAMPLER, "block_sum(mass, sh)", "mass", "fibers", AGREEMENT,
-           "scalar_parameters and epsilon", within="TruncationSums sums{block_sum(mass, sh), {0, 0}, {0, 0}};"),
+           "scalar_parameters and epsilon",
+           within="TruncationSums sums{epsilon ? block_sum(mass, sh) : 0, {0, 0}, {0, 0}, {0, 0, 0, 0}};"),
     # eta_cutoff's entropy terms from each thread's own tokens: its floor then too high.
     Mutant("eta-entropy", ROW_SAMPLER, "block_sum(terms_high, sh)", "terms_high", "fibers", AGREEMENT,
            "scalar_parameters and eta"),
+    # top_n_sigma's sum of distances from each thread's own tokens: the mean too small, sigma too large.
+    Mutant("sigma-mean", ROW_SAMPLER, "block_sum(own.distance, sh)", "own.distance", "fibers", AGREEMENT,
+           "scalar_parameters and top_n_sigma"),
     # A split epsilon_cutoff row cut over its chunks (which know no Z) instead of one block's.
     Mutant("split-epsilon-whole", SPLIT, "has_truncation(sampler.r)", "false", "fibers", AGREEMENT,
            "split_cut and dtype0-normal", within="const bool needs_z = has_truncation(sampler.r);"),

@@ -65,7 +65,8 @@ def test_controls_object_equals_the_keywords(lp_cpu):
     state = lp_cpu.penalty_state_from_tokens(torch.tensor([[1, 2, 3]] * rows), torch.tensor([[4, 4, 9]] * rows), vocab)
     penalties = lp_cpu.Penalties(*state, repetition_penalty=1.3, frequency_penalty=0.2)
     controls = batch_controls(lp_cpu, rows, vocab, g, penalties=penalties,
-                              epsilon_cutoff=torch.rand(rows, generator=g) * 1e-3, eta_cutoff=2e-3)
+                              epsilon_cutoff=torch.rand(rows, generator=g) * 1e-3, eta_cutoff=2e-3,
+                              top_n_sigma=torch.rand(rows, generator=g) + 1.5)
     keywords = controls._asdict()
     drawless = {k: v for k, v in keywords.items() if k not in ("seed", "offset")}
     tokens = lp_cpu.sample(logits, **keywords)
@@ -79,10 +80,10 @@ def test_controls_object_equals_the_keywords(lp_cpu):
     }
     for name, call in calls.items():
         given = drawless if name in DISTRIBUTION_ONLY else keywords
-        if name == "sample_sharded":  # (it takes neither truncation cutoff)
-            unsharded = ("epsilon_cutoff", "eta_cutoff")
+        if name == "sample_sharded":  # (it takes none of the truncation samplers)
+            unsharded = {c: declared(lp_cpu)[c].default for c in keywords if not declared(lp_cpu)[c].sharded}
             given = {k: v for k, v in given.items() if k not in unsharded}
-            assert same(call(controls=controls._replace(epsilon_cutoff=0.0, eta_cutoff=0.0)), call(**given)), name
+            assert same(call(controls=controls._replace(**unsharded)), call(**given)), name
             continue
         assert same(call(controls=controls), call(**given)), name
     # The verification ops: one control set for every position or node.

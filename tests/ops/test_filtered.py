@@ -3,7 +3,7 @@
 Against independent references: the float64 sort-based kept sets of tests/reference.py (the
 intersection, and vLLM's torch chain for "top_k_first"), transformers' own warpers
 (TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper; EpsilonLogitsWarper in
-test_epsilon_eta.py), the draw itself (the kept set of
+test_truncation.py), the draw itself (the kept set of
 `sample_with_logprobs(return_kept=)`, and a chi-square over a million draws of `sample`), the
 penalties applied first by `apply_penalties_`; and the edge cases (ties, -0.0, NaN, +-inf, rows
 with nothing allowed, one token left, tiny temperatures).
@@ -31,6 +31,8 @@ FILTERS = {
     "epsilon_all": dict(top_k=50, top_p=0.95, min_p=0.002, epsilon_cutoff=3e-3),
     "eta": dict(eta_cutoff=2e-3),
     "eta_all": dict(top_k=50, top_p=0.95, min_p=0.002, eta_cutoff=0.1),
+    "top_n_sigma": dict(top_n_sigma=1.5),
+    "top_n_sigma_all": dict(top_k=50, top_p=0.95, min_p=0.002, top_n_sigma=2.5),
 }
 ORDERS = ["joint", "top_k_first"]
 
@@ -253,7 +255,7 @@ def test_bad_arguments(lp):
         lp.filtered_probs(logits, filter_apply_order="sideways")
     with pytest.raises(RuntimeError, match="output"):
         lp._ops.ops.filtered_distribution(logits, None, 1.0, None, 0, None, 1.0, None, 0.0, "joint", None, 0.0,
-                                          None, 0.0, None, None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None,
+                                          None, 0.0, None, -1.0, None, None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None,
                                           "tokens", torch.empty(3, 100))
 
 
@@ -264,7 +266,8 @@ def test_opcheck_and_compile(lp):
     no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None)
     for output in ("probs", "logits"):
         torch.library.opcheck(lp._ops.ops.filtered_distribution,
-                              (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "joint", None, 1e-4, None, 2e-3, bitmask,
+                              (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "joint", None, 1e-4, None, 2e-3,
+                               torch.full((4,), 2.0), -1.0, bitmask,
                                *no_penalties, output, torch.empty(4, 300)))
 
     @torch.compile(fullgraph=True, backend="aot_eager")

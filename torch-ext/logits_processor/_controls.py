@@ -103,6 +103,12 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
         "whole row in nats (transformers' EtaLogitsWarper, Hewitt et al. 2022), and always the most "
         "likely; in [0, 1]; 0.0 (default) disables it. Decided as epsilon_cutoff is (with both, the "
         "larger floor); not taken by `sample_sharded` yet."), sharded=False),
+    Control("top_n_sigma", -1.0, "Param", number=float, positional=False, doc=(
+        "keep the tokens whose logit is within top_n_sigma standard deviations of the largest, "
+        "the deviation over the whole row's allowed logits (llama.cpp's top_n_sigma, Tang et al. "
+        "2024; the kept set does not depend on the temperature); 0 or less (default -1.0, "
+        "llama.cpp's) disables it. Decided as epsilon_cutoff is (the highest floor wins); not "
+        "taken by `sample_sharded` yet."), sharded=False),
 )}
 
 

@@ -1,13 +1,17 @@
-"""epsilon_cutoff and eta_cutoff: keep the tokens with p >= a floor (the whole row's p), the
-most likely always: epsilon itself, or eta's min(eta, sqrt(eta) e^-H), H the row's entropy.
+"""The truncation samplers decided on the whole row once its top is known: epsilon_cutoff and
+eta_cutoff keep the tokens with p >= a floor (epsilon itself, or eta's min(eta, sqrt(eta) e^-H), H
+the row's entropy), top_n_sigma the logits within n standard deviations of the top; the most
+likely always.
 
 Against transformers' own EpsilonLogitsWarper and EtaLogitsWarper (on the float32 scores x / T)
-on random rows, with the floor between two of a row's probabilities so that float rounding cannot
-decide; the exhaustive check that makes the kernels' binary search for the floor's key exact
-(token_mass monotone in the score); a chi-square of `sample`'s draws against `filtered_probs`;
-the edge cases (ties at the top, a floor of 1, one candidate, per-row values of 0). Their
-composition with the other filters, in both orders, is in test_filtered.py (FILTERS); CPU =
-emulated CUDA in tests/cuda_emulation/.
+and a float64 top-n-sigma written from llama.cpp's definition (reference.py's sigma_threshold),
+on random rows, with the floor or threshold between two of a row's values so that float rounding
+cannot decide; the exhaustive check that makes the kernels' binary search for the floor's key
+exact (token_mass monotone in the score); a chi-square of `sample`'s draws against
+`filtered_probs`; the edge cases (ties at the top, a floor of 1, one candidate, per-row values
+that disable them, masked tokens outside sigma, the cap on a distance). Their composition with
+the other filters, in both orders, is in test_filtered.py (FILTERS); CPU = emulated CUDA in
+tests/cuda_emulation/.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 
 from conftest import ROOT
 from harness import bits
-from reference import entropy, truncation_floor
+from reference import SIGMA_CAP, entropy, random_bitmask, sigma_threshold, truncation_floor, unpack_bitmask
 
 # Every float x in [-87.3, -0.0] (below, lp_exp_nonpositive's select gives 0): e^x must never
 # grow as x falls. The same loop over a deliberately non-monotone copy must find violations,
@@ -185,7 +189,7 @@ def test_the_top_is_always_kept(lp):
     assert torch.equal(tokens[[0, 3]], torch.tensor([int(logits[0].argmax()), 42]))
 
 
-@pytest.mark.parametrize("floor", [dict(epsilon_cutoff=0.02), dict(eta_cutoff=0.3)])
+@pytest.mark.parametrize("floor", [dict(epsilon_cutoff=0.02), dict(eta_cutoff=0.3), dict(top_n_sigma=1.0)])
 def test_sample_draws_from_filtered_probs(lp, floor):
     """A million draws of `sample` against filtered_probs: a chi-square, which the same kept set
     at another temperature (1 instead of 0.9) fails."""
@@ -206,3 +210,101 @@ def test_sample_draws_from_filtered_probs(lp, floor):
     bound = dof + 8 * math.sqrt(2 * dof)  # beyond 8 sigma: a real bias
     assert chi2(p) < bound, (chi2(p), dof)
     assert chi2(probabilities(row[0], 1.0)) > 10 * bound
+
+
+# --- top_n_sigma ------------------------------------------------------------------------------
+
+def sigma_between_two_logits(x: torch.Tensor, candidates: torch.Tensor, g: torch.Generator) -> float:
+    """An n whose threshold x_max - n sigma (sigma_threshold's, in float64) lies halfway between
+    two of the row's candidate logits at least 1e-3 apart, below the top two and within 4 sigma:
+    no logit lies within float rounding of it."""
+    xs = x[candidates].double()
+    top = xs.max()
+    sigma = float((top - xs).clamp(max=SIGMA_CAP).std(unbiased=False))
+    values = torch.sort(xs.unique(), descending=True).values
+    middle = (values[:-1] + values[1:]) / 2
+    fit = (((values[:-1] - values[1:]) > 1e-3) & (top - middle < 4 * sigma)).nonzero()[:, 0]
+    fit = fit[fit > 0]
+    i = int(fit[torch.randint(len(fit), (1,), generator=g)])
+    return float(top - middle[i]) / sigma
+
+
+def sigma_rows(rows: int, vocab: int, scale: float, g: torch.Generator):
+    """Random logits with NaN and -inf columns, a random bitmask, and each row's n between two of
+    its candidates' logits (sigma_between_two_logits)."""
+    logits = torch.randn(rows, vocab, generator=g) * scale
+    logits[torch.rand(rows, vocab, generator=g) < 0.01] = float("nan")
+    logits[torch.rand(rows, vocab, generator=g) < 0.01] = float("-inf")
+    bitmask = random_bitmask(rows, vocab, g, "words")
+    candidates = unpack_bitmask(bitmask, vocab) & (logits > float("-inf"))
+    n = torch.tensor([sigma_between_two_logits(logits[b], candidates[b], g) for b in range(rows)])
+    return logits, bitmask, candidates, n
+
+
+@pytest.mark.parametrize("scale", [1.0, 3.0, 8.0])
+def test_top_n_sigma_matches_its_definition(lp, scale):
+    """The kept set is {x >= x_max - n sigma} over the allowed, finite logits (llama.cpp's
+    top_n_sigma, masked and -inf tokens outside sigma), whatever the temperature; greedy rows
+    take the argmax."""
+    g = torch.Generator().manual_seed(int(440 + scale))
+    rows, vocab = 24, 4000
+    logits, bitmask, candidates, n = sigma_rows(rows, vocab, scale, g)
+    expected = torch.stack([candidates[b] & (logits[b].double() >= sigma_threshold(logits[b], candidates[b], float(n[b])))
+                            for b in range(rows)])
+    assert ((expected.sum(-1) > 1) & (expected.sum(-1) < candidates.sum(-1))).all()  # (each row cut)
+    for temperature in (0.3, 1.0, torch.rand(rows, generator=g) * 2 + 0.2):
+        kept = lp.filtered_logits(logits, temperature=temperature, top_n_sigma=n, bitmask=bitmask) > -math.inf
+        assert torch.equal(kept, expected)
+    greedy = lp.sample(logits, temperature=0.0, top_n_sigma=n, bitmask=bitmask)
+    assert torch.equal(greedy, lp.sample(logits, temperature=0.0, bitmask=bitmask))
+
+
+def test_top_n_sigma_leaves_masked_tokens_out(lp):
+    """A row with masked, NaN and -inf tokens keeps what the row of its candidates alone keeps:
+    they are outside sigma, not counted as far below."""
+    g = torch.Generator().manual_seed(450)
+    logits, bitmask, candidates, n = sigma_rows(8, 3000, 3.0, g)
+    kept = lp.filtered_logits(logits, top_n_sigma=n, bitmask=bitmask) > -math.inf
+    for b in range(8):
+        alone = lp.filtered_logits(logits[b][candidates[b]].view(1, -1), top_n_sigma=float(n[b])) > -math.inf
+        assert torch.equal(kept[b][candidates[b]], alone[0]), b
+        assert not kept[b][~candidates[b]].any()
+
+
+def test_top_n_sigma_caps_distances(lp):
+    """A candidate more than SIGMA_CAP logits below the top counts as SIGMA_CAP below (sampling.h's
+    kSigmaCap): half a row biased down by 1e5 keeps the set of the capped definition, which is not
+    llama.cpp's uncapped one there."""
+    g = torch.Generator().manual_seed(460)
+    logits = torch.randn(1, 2000, generator=g) * 3
+    logits[0, 1000:] -= 1e5
+    candidates = torch.ones_like(logits, dtype=torch.bool)
+    n = sigma_between_two_logits(logits[0], candidates[0], g)
+    kept = lp.filtered_logits(logits, top_n_sigma=n) > -math.inf
+    capped = logits[0].double() >= sigma_threshold(logits[0], candidates[0], n)
+    assert torch.equal(kept[0], capped) and 1 < int(capped.sum()) < 1000
+    x = logits[0].double()
+    uncapped = x >= x.max() - n * x.std(unbiased=False)  # (sigma about 5e4, not 1.6e4)
+    assert int(uncapped.sum()) > 2 * int(capped.sum())
+
+
+def test_top_n_sigma_edge_rows(lp):
+    """Ties at the top all kept; every token tied (sigma 0) all kept; one candidate; a row with
+    nothing allowed samples -1; n <= 0, NaN (per row) disable it, +inf keeps every candidate."""
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(470))
+    logits[1, [7, 200]] = 9.0
+    logits[2] = 0.25
+    logits[3] = float("-inf")
+    logits[3, 42] = -5.0
+    logits[4] = float("nan")
+    kept = lp.filtered_logits(logits, top_n_sigma=1e-6) > -math.inf
+    assert torch.equal(kept[0].nonzero()[:, 0], logits[0].argmax().view(1))
+    assert torch.equal(kept[1].nonzero()[:, 0], torch.tensor([7, 200]))
+    assert kept[2].all()
+    assert torch.equal(kept[3].nonzero()[:, 0], torch.tensor([42]))
+    assert not kept[4].any()
+    assert lp.sample(logits, top_n_sigma=1.0, seed=5)[4] == -1
+    unfiltered = lp.filtered_probs(logits)
+    for off in (0.0, -1.0, float("nan")):
+        assert torch.equal(bits(lp.filtered_probs(logits, top_n_sigma=torch.full((5,), off))), bits(unfiltered))
+    assert torch.equal(bits(lp.filtered_probs(logits, top_n_sigma=math.inf)), bits(unfiltered))
