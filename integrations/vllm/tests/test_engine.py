@@ -14,8 +14,8 @@ from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.sample.logits_processor import LogitsProcessor
 
 import vllm_logits_processor as vlp
-from helpers import (PROMPTS, chi_square_p, compare_logprob_dicts, compare_shadow, generate, plugin_stats,
-                     token_ids)
+from helpers import (PROMPTS, chi_square_p, compare_logprob_dicts, compare_shadow, full_rows, generate,
+                     plugin_stats, token_ids)
 
 LOGPROBS_MODES = ["raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits"]
 
@@ -155,6 +155,42 @@ def test_penalties_bias_min_tokens_allowed_ids_bad_words_match_vllms_sampler(eng
                 for word in bad_ids:
                     assert not any(ids[i:i + len(word)] == word for i in range(len(ids)))
     assert not plugin_stats()["fallbacks"]
+    engines.close()
+
+
+def test_truncation_samplers_from_extra_args_match_vllms_sampler(engines, monkeypatch):
+    """epsilon_cutoff, eta_cutoff and top_n_sigma in SamplingParams.extra_args (vLLM has none of
+    them): the plugin's TruncationLogitsProcessor keeps each row's values and the kernel applies
+    them fused; vLLM's own sampler, shadowing every step on the same logits and SamplingMetadata,
+    applies the processor's torch definition: the same processed distribution, each row cut,
+    greedy rows unchanged, no fallback. A bad value is refused when the request is made."""
+    monkeypatch.setenv("LOGITS_PROCESSOR_SHADOW", "1")
+    llm = engines.get(True, logprobs_mode="processed_logprobs", max_logprobs=-1)
+    extras = [{"epsilon_cutoff": 2e-3}, {"eta_cutoff": 0.05}, {"top_n_sigma": 1.0},
+              {"top_n_sigma": 2.0, "epsilon_cutoff": 5e-4}, {}, {"top_n_sigma": 0.5}]
+    params = [SamplingParams(temperature=0 if k == 5 else 0.9, seed=40 + k, max_tokens=12, extra_args=e)
+              for k, e in enumerate(extras)]
+    outputs = generate(llm, PROMPTS[:len(params)], params, "truncation samplers (extra_args), shadowed")
+    records = vlp.shadow_records()
+    seen = compare_shadow(records)
+    print(f"truncation samplers: {seen}")
+    assert not plugin_stats()["fallbacks"]
+    request = {o.request_id: k for k, o in enumerate(outputs)}  # (the engine's ids may add "-<suffix>")
+    support = {k: [] for k in range(len(extras))}
+    for record in records:
+        rows = full_rows(record["plugin"], len(record["req_ids"]))
+        for r, req in enumerate(record["req_ids"]):
+            if not record["greedy"][r]:
+                k = request[req] if req in request else request[req.rsplit("-", 1)[0]]
+                support[k].append(sum(math.isfinite(v) for v in rows[r][0].values()))
+    unfiltered = min(support[4])
+    assert unfiltered > 900
+    for k in (0, 1, 2, 3):
+        assert support[k] and max(support[k]) < unfiltered // 2, (extras[k], support[k])
+    with pytest.raises(Exception, match="top_n_sigma"):
+        llm.generate(PROMPTS[:1], SamplingParams(extra_args={"top_n_sigma": float("nan")}), use_tqdm=False)
+    with pytest.raises(Exception, match="epsilon_cutoff"):
+        llm.generate(PROMPTS[:1], SamplingParams(extra_args={"epsilon_cutoff": 2.0}), use_tqdm=False)
     engines.close()
 
 

@@ -20,6 +20,8 @@ What maps where (vLLM 0.32; the line numbers are in NOTES.md):
   one packed bitmask (`bitmask=`), so the logits are not written and "raw" logprobs stay raw:
   vLLM's bool mask packed, then the banned and stop tokens cleared (`constrain_bitmask_`).
 - tokens in vLLM's int32 (`ids_dtype=torch.int32`, written by the kernel).
+- epsilon_cutoff, eta_cutoff and top_n_sigma from the requests' extra_args, kept per row by this
+  plugin's TruncationLogitsProcessor (_truncation.py), as per-row tensors.
 - logprobs: `sample_with_logprobs(num_logprobs=N, logprobs_mode="raw" | "processed",
   rank_ties="max")` as vLLM's LogprobsTensors (int32 ids [B, N+1], float32 values, int64 ranks
   [B] counting the ties against the token, as vLLM does); the *_logits modes report the logits
@@ -45,9 +47,12 @@ from vllm.v1.sample.logits_processor.builtin import (
     MinTokensLogitsProcessor,
 )
 
+from ._truncation import TruncationLogitsProcessor
+
 logger = init_logger("vllm_logits_processor")
 
-BUILTIN_PROCESSORS = (MinTokensLogitsProcessor, LogitBiasLogitsProcessor, MinPLogitsProcessor)
+# The logits processors whose work the package does (the last one this plugin's own).
+KNOWN_PROCESSORS = (MinTokensLogitsProcessor, LogitBiasLogitsProcessor, MinPLogitsProcessor, TruncationLogitsProcessor)
 _MASK64 = (1 << 64) - 1
 
 
@@ -208,7 +213,7 @@ class PackageSampler:
         if holder is not None and holder.has_tracked_requests():
             return "thinking token budget"
         for processor in md.logitsprocs.all:
-            if not isinstance(processor, BUILTIN_PROCESSORS):
+            if not isinstance(processor, KNOWN_PROCESSORS):
                 return f"custom logits processor {type(processor).__name__}"
         return None
 
@@ -392,10 +397,11 @@ class PackageSampler:
         top_k: Any = 0 if md.top_k is None else md.top_k[:rows]
         top_p: Any = 1.0 if md.top_p is None else md.top_p[:rows]
         seeds, offsets = self.seeds_and_offsets(md, batch, rows)
+        truncation = processors.get(TruncationLogitsProcessor)
         return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seeds, offset=offsets,
                     bitmask=self.constraint_bitmask(logits, md, processors.get(MinTokensLogitsProcessor)),
                     penalties=self.penalties(md, batch, rows, processors.get(LogitBiasLogitsProcessor)),
-                    filter_apply_order="top_k_first")
+                    filter_apply_order="top_k_first", **(truncation and truncation.columns(rows) or {}))
 
     def _forward(self, logits: torch.Tensor, md, batch) -> SamplerOutput:
         lp = self.lp
