@@ -15,7 +15,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from conftest import BUILD, ROOT
 from harness import tokenizer_corpus
-from reference import chi_square_p_value, truncation_floor
+from reference import chi_square_p_value, sigma_threshold, truncation_floor
 
 sys.path.insert(0, str(ROOT / "examples"))
 import _offline  # noqa: E402
@@ -212,6 +212,28 @@ def test_sampled_scores_are_transformers_warped_scores(lp, pair, inputs, name):
         assert torch.allclose(scores[both], warped[both], rtol=1e-6), step
         drawn = out.sequences[:, width + step]
         assert not scores.gather(1, drawn[:, None]).isneginf().any(), step
+
+
+def test_top_n_sigma_is_an_argument_of_the_loop(lp, pair, inputs):
+    """top_n_sigma (llama.cpp's; transformers has no warper for it), passed to generate() like
+    frequency_penalty: each step's reported scores keep exactly the logits at or above x_max -
+    n sigma (reference.py's sigma_threshold on the raw logits; logits within 1e-4 of it may fall
+    either way), every row is cut, and each token drawn is in its kept set; greedy search ignores it."""
+    _, model = pair
+    out = ours(model, lp, inputs, do_sample=True, top_k=0, temperature=0.7, top_n_sigma=1.0, max_new_tokens=8, seed=3,
+               return_dict_in_generate=True, output_scores=True, output_logits=True)
+    width = inputs["input_ids"].shape[1]
+    for step, (scores, logits) in enumerate(zip(out.scores, out.logits)):
+        for b in range(logits.shape[0]):
+            x = logits[b].float()
+            threshold = sigma_threshold(x, x > float("-inf"), 1.0)
+            decided = (x.double() - threshold).abs() > 1e-4 * max(1.0, abs(threshold))
+            kept = ~scores[b].isneginf()
+            assert torch.equal(kept[decided], (x.double() >= threshold)[decided]), (step, b)
+            assert 1 < int(kept.sum()) < x.numel() // 2, (step, b)
+        assert not scores.gather(1, out.sequences[:, width + step, None]).isneginf().any(), step
+    greedy = dict(do_sample=False, max_new_tokens=6)
+    assert torch.equal(ours(model, lp, inputs, **greedy, top_n_sigma=1.0), ours(model, lp, inputs, **greedy))
 
 
 def test_seeded_sampling_reproducible_and_batch_invariant(lp, pair):

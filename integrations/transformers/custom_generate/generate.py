@@ -313,6 +313,7 @@ def decode(
     filter_apply_order: Optional[str] = None,
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
+    top_n_sigma: float = -1.0,
     output_logprobs: bool = False,
     num_logprobs: int = 0,
     return_kept: Optional[int] = None,
@@ -328,6 +329,9 @@ def decode(
     filter_apply_order: "top_k_first" (default: transformers' chain) or "joint"; needed when
         top_p and min_p are both set.
     frequency_penalty, presence_penalty: vLLM's, from the counts of generated tokens.
+    top_n_sigma: llama.cpp's (transformers has no warper for it): keep the logits within
+        top_n_sigma standard deviations of the row's largest, before top-k and top-p; -1 (the
+        default), 0 or less: off; ignored by greedy search.
     output_logprobs, num_logprobs, return_kept: per-step log-probabilities and kept sets in the
         output (return_dict_in_generate=True).
     kernel: the loaded package (default: LOGITS_PROCESSOR_KERNEL's, see load_kernel).
@@ -339,6 +343,8 @@ def decode(
         raise ValueError("custom_generate (logits-processor): output_logprobs / return_kept need "
                          "return_dict_in_generate=True")
     sampling = sampling_arguments(config, logits_processor, filter_apply_order)
+    if sampling["temperature"] > 0:
+        sampling["top_n_sigma"] = top_n_sigma
     rows, device = input_ids.shape[0], input_ids.device
     seeds = row_seeds(seed, rows, device)
     pad = config._pad_token_tensor
