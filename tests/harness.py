@@ -39,6 +39,7 @@ def tokenizer_corpus() -> list[str]:
     return json.loads((ROOT / "tests" / "tokenizer_corpus.json").read_text())
 
 
+@cache
 def load(backend: str | None = "cpu"):
     """The package through the Hub loader: the CPU variant, or (backend=None) the default one."""
     return get_local_kernel(BUILD, backend=backend)
