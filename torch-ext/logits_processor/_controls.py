@@ -106,7 +106,8 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("top_n_sigma", -1.0, "Param", number=float, positional=False, doc=(
         "keep the tokens whose logit is within top_n_sigma standard deviations of the largest, "
         "the deviation over the whole row's allowed logits (llama.cpp's top_n_sigma, Tang et al. "
-        "2024; the kept set does not depend on the temperature); 0 or less (default -1.0, "
+        "2024; the kept set does not depend on the temperature, but where the scores overflow or "
+        "T is +inf); 0 or less (default -1.0, "
         "llama.cpp's) disables it. Decided as epsilon_cutoff is (the highest floor wins); not "
         "taken by `sample_sharded` yet."), sharded=False),
 )}
