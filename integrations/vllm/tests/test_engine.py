@@ -160,12 +160,14 @@ def test_penalties_bias_min_tokens_allowed_ids_bad_words_match_vllms_sampler(eng
 
 def test_truncation_samplers_from_extra_args_match_vllms_sampler(engines, monkeypatch):
     """epsilon_cutoff, eta_cutoff and top_n_sigma in SamplingParams.extra_args (vLLM has none of
-    them): the plugin's TruncationLogitsProcessor keeps each row's values and the kernel applies
+    them): the plugin's TruncationLogitsProcessor (given to the engine by name) keeps each row's
+    values and the kernel applies
     them fused; vLLM's own sampler, shadowing every step on the same logits and SamplingMetadata,
     applies the processor's torch definition: the same processed distribution, each row cut,
     greedy rows unchanged, no fallback. A bad value is refused when the request is made."""
     monkeypatch.setenv("LOGITS_PROCESSOR_SHADOW", "1")
-    llm = engines.get(True, logprobs_mode="processed_logprobs", max_logprobs=-1)
+    llm = engines.get(True, logprobs_mode="processed_logprobs", max_logprobs=-1,
+                      logits_processors=["vllm_logits_processor.truncation:TruncationLogitsProcessor"])
     extras = [{"epsilon_cutoff": 2e-3}, {"eta_cutoff": 0.05}, {"top_n_sigma": 1.0},
               {"top_n_sigma": 2.0, "epsilon_cutoff": 5e-4}, {}, {"top_n_sigma": 0.5}]
     params = [SamplingParams(temperature=0 if k == 5 else 0.9, seed=40 + k, max_tokens=12, extra_args=e)

@@ -21,7 +21,7 @@ What maps where (vLLM 0.32; the line numbers are in NOTES.md):
   vLLM's bool mask packed, then the banned and stop tokens cleared (`constrain_bitmask_`).
 - tokens in vLLM's int32 (`ids_dtype=torch.int32`, written by the kernel).
 - epsilon_cutoff, eta_cutoff and top_n_sigma from the requests' extra_args, kept per row by this
-  plugin's TruncationLogitsProcessor (_truncation.py), as per-row tensors.
+  plugin's TruncationLogitsProcessor (truncation.py), as per-row tensors.
 - logprobs: `sample_with_logprobs(num_logprobs=N, logprobs_mode="raw" | "processed",
   rank_ties="max")` as vLLM's LogprobsTensors (int32 ids [B, N+1], float32 values, int64 ranks
   [B] counting the ties against the token, as vLLM does); the *_logits modes report the logits
@@ -47,7 +47,7 @@ from vllm.v1.sample.logits_processor.builtin import (
     MinTokensLogitsProcessor,
 )
 
-from ._truncation import TruncationLogitsProcessor
+from .truncation import TruncationLogitsProcessor
 
 logger = init_logger("vllm_logits_processor")
 

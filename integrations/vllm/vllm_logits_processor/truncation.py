@@ -2,9 +2,16 @@
 server's `vllm_xargs`): `epsilon_cutoff` and `eta_cutoff` (transformers' names) and `top_n_sigma`
 (llama.cpp's), defined as the package defines them (docs/semantics-sampling.md).
 
-`TruncationLogitsProcessor` is a vLLM logits processor (entry point group
-`vllm.logits_processors`: every engine has one while the plugin is installed) that keeps each
-row's three values, as vLLM's MinPLogitsProcessor keeps min_p. With the plugin's sampler on, the
+`TruncationLogitsProcessor` is a vLLM (V1 model runner) logits processor that keeps each row's
+three values, as vLLM's MinPLogitsProcessor keeps min_p. An engine has it when asked:
+
+    LLM(model, logits_processors=[TruncationLogitsProcessor])  # or the name below, a string
+    vllm serve MODEL --logits-processors vllm_logits_processor.truncation:TruncationLogitsProcessor
+
+(Not by an entry point in `vllm.logits_processors`: vLLM loads those into every engine, and
+Model Runner V2, the default where Triton is installed, refuses V1-interface processors at
+start; with speculative decoding vLLM refuses any custom processor, saying so.) With the
+plugin's sampler on, the
 `PackageSampler` hands them to the kernel as per-row tensors (`columns`), fused into the draw;
 with it off, or in a batch that falls back, vLLM's sampler calls `apply`, the same definitions in
 torch. vLLM applies such argmax-invariant processors after the temperature and min-p, before
@@ -23,6 +30,7 @@ import torch
 
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
+FLOAT32_MAX = 3.4028234663852886e38
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it is greedy
 
 # Each extra_args key and the value that turns it off.
@@ -41,7 +49,7 @@ def request_values(extra_args: Optional[dict]) -> list[float]:
         if math.isnan(value) or (key != "top_n_sigma" and not 0.0 <= value <= 1.0):
             raise ValueError(f"extra_args[{key!r}] must be in [0, 1] (0 disables it), got {value}"
                              if key != "top_n_sigma" else f"extra_args[{key!r}] must not be NaN")
-        values.append(value)
+        values.append(min(value, FLOAT32_MAX))  # (as the kernels clamp it: +inf keeps every candidate)
     return values
 
 
@@ -113,5 +121,5 @@ class TruncationLogitsProcessor(LogitsProcessor):
         count = finite.sum(-1, keepdim=True).clamp(min=1)
         mean = torch.where(finite, s, 0.0).sum(-1, keepdim=True) / count
         sigma = (torch.where(finite, (s - mean) ** 2, 0.0).sum(-1, keepdim=True) / count).sqrt()
-        keep &= ~(n > 0) | (s >= top - n * sigma)
+        keep &= ~(n > 0) | (s >= top - n * sigma) | (s == top)  # (n FLT_MAX, sigma 0: the top)
         return logits.masked_fill_(~keep, float("-inf"))
