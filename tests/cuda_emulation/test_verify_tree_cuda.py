@@ -102,7 +102,7 @@ def test_cuda_out_narrower_than_the_tree(emulation, lp_cpu):
 
 
 @pytest.mark.emulation
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("vocab", [45, 1001])
 def test_cuda_sampled_siblings_rejected_in_turn(emulation, lp_cpu, dtype, vocab):
     """Sampled drafts, children rejected one after another: drafters unrelated to the target
