@@ -113,22 +113,22 @@ __device__ __forceinline__ uint32_t vector_word(const uint4& v, int j) {
   return j < 2 ? (j == 0 ? v.x : v.y) : (j == 2 ? v.z : v.w);
 }
 
-// This thread's share of elements [begin, end) of a read-only array of kSize-byte elements at
-// `base` (element-aligned): unit(first, v, count) for each 16-byte aligned load v of elements
-// first .. first + 16 / kSize - 1 (count = 16 / kSize), and for each element before the first
-// 16-byte boundary or after the last whole vector, alone in the low bytes of v (count = 1).
+// This thread's share of elements [begin, end) of a read-only array of `size`-byte elements
+// (2 or 4) at `base` (element-aligned): unit(first, v, count) for each 16-byte aligned load v of
+// elements first .. first + 16 / size - 1 (count = 16 / size), and for each element before the
+// first 16-byte boundary or after the last whole vector, alone in the low bytes of v (count = 1).
 // unit has one call site, so that it is compiled once: callers pass their per-element work,
-// the largest code of the kernels. Called by the whole block (no barrier: each thread its share).
-template <int64_t kSize, typename Unit>
-__device__ void for_each_aligned(const char* base, int64_t begin, int64_t end, Unit&& unit) {
-  static_assert(kSize == 2 || kSize == 4, "elements of 2 or 4 bytes");
-  constexpr int64_t kPerVector = 16 / kSize;
-  const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(base + begin * kSize) % 16);
-  int64_t head = misaligned == 0 ? 0 : (16 - misaligned) / kSize;
+// the largest code of the kernels. `size` may be known only at run time (the logits' dtype):
+// shifts, not divisions, by it. Called by the whole block (no barrier: each thread its share).
+template <typename Unit>
+__device__ void for_each_aligned(const char* base, int64_t size, int64_t begin, int64_t end, Unit&& unit) {
+  const int shift = size == 4 ? 2 : 1;  // log2(size)
+  const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(base + (begin << shift)) % 16);
+  int64_t head = misaligned == 0 ? 0 : (16 - misaligned) >> shift;
   head = head < end - begin ? head : end - begin;
-  const int64_t vectors = (end - begin - head) / kPerVector;
+  const int64_t vectors = (end - begin - head) >> (4 - shift);
   const int64_t body = begin + head;
-  const int64_t tail = body + vectors * kPerVector;
+  const int64_t tail = body + (vectors << (4 - shift));
   const int64_t scalars = head + (end - tail);
   for (int64_t e = threadIdx.x; e < scalars + vectors; e += kThreads) {
     int64_t first;
@@ -136,13 +136,13 @@ __device__ void for_each_aligned(const char* base, int64_t begin, int64_t end, U
     int count;
     if (e < scalars) {
       first = e < head ? begin + e : tail + (e - head);
-      if constexpr (kSize == 4) v.x = *reinterpret_cast<const uint32_t*>(base + first * kSize);
-      else v.x = *reinterpret_cast<const uint16_t*>(base + first * kSize);
+      if (shift == 2) v.x = *reinterpret_cast<const uint32_t*>(base + (first << 2));
+      else v.x = *reinterpret_cast<const uint16_t*>(base + (first << 1));
       count = 1;
     } else {
-      first = body + (e - scalars) * kPerVector;
-      v = __ldg(reinterpret_cast<const uint4*>(base + first * kSize));
-      count = static_cast<int>(kPerVector);
+      first = body + ((e - scalars) << (4 - shift));
+      v = __ldg(reinterpret_cast<const uint4*>(base + (first << shift)));
+      count = 16 >> shift;
     }
     unit(first, v, count);
   }

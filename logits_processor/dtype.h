@@ -55,6 +55,18 @@ LP_HOST_DEVICE float load_logit(const void* row, int64_t i) {
   }
 }
 
+// load_logit and logit_from_bits with the dtype known only at run time: the CUDA sampler is
+// compiled once for the three dtypes (a copy per dtype tripled the CUDA build's time), and
+// this branch is the same for every thread of a launch.
+LP_HOST_DEVICE float logit_from_bits(Dtype dtype, uint16_t h) {
+  return dtype == Dtype::Float16 ? logit_from_bits<Dtype::Float16>(h) : logit_from_bits<Dtype::BFloat16>(h);
+}
+
+LP_HOST_DEVICE float load_logit(Dtype dtype, const void* row, int64_t i) {
+  return dtype == Dtype::Float32 ? load_logit<Dtype::Float32>(row, i)
+                                 : logit_from_bits(dtype, static_cast<const uint16_t*>(row)[i]);
+}
+
 // Calls f.template operator()<D>() with the dtype as a compile-time constant.
 template <typename F>
 void dispatch_dtype(Dtype dtype, F&& f) {

@@ -4,8 +4,7 @@
 // also verify_draft's), and with return_kept the draw's kept set (KeptSet: collected in that
 // pass, sorted in shared memory); and filtered_probs / filtered_logits (row_filtered: every
 // token's value, no draw). Never split over blocks, and a kernel of its own: its registers
-// would lower sample_kernel's occupancy. Compiled with the sampler's kernels
-// (sampling_kernels.cuh).
+// would lower sample_kernel's occupancy. Compiled with the sampler's kernels (sampling_cuda.cu).
 #pragma once
 
 #include "block_primitives.cuh"
@@ -45,8 +44,8 @@ struct KeptPass {
 // The pass, by the whole block (`row` has been cut): also visit(i, key) for each kept
 // candidate, and into *top (emptied first) this thread's best n (<= kTopChunk) packed (key,
 // index) pairs below `bound` (n = 0: top unused).
-template <Dtype D, typename Visit>
-__device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token, bool ties_max, uint64_t bound, int n,
+template <typename Visit>
+__device__ KeptPass kept_pass(const RowSampler& row, float s_token, bool ties_max, uint64_t bound, int n,
                               TopList* top, Visit&& visit) {
   KeptPass k{{0, 0}, 0};
   if (n > 0) top->clear();
@@ -64,8 +63,7 @@ __device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token, bool ties
   return k;
 }
 
-template <Dtype D>
-__device__ KeptPass kept_pass(const RowSampler<D>& row, float s_token) {
+__device__ KeptPass kept_pass(const RowSampler& row, float s_token) {
   return kept_pass(row, s_token, false, 0, 0, nullptr, [](int64_t, uint32_t) {});
 }
 
@@ -128,8 +126,7 @@ __device__ bool begin_kept(const LogprobsParams& out, int64_t row, int64_t token
 // there (no pass over the row); a larger one (K > kBinCapacity) takes kTopChunk ids a pass
 // over the row, as the top-N do, the first chunk already in `list` when `ready`. Called by the
 // whole block.
-template <Dtype D>
-__device__ void finish_kept(const LogprobsParams& out, int64_t row, KeptSet& set, const RowSampler<D>& sampler,
+__device__ void finish_kept(const LogprobsParams& out, int64_t row, KeptSet& set, const RowSampler& sampler,
                             TopList& list, bool ready, SharedState& sh) {
   const uint64_t size = block_sum(set.size, sh);  // (its barriers complete the collection)
   if (threadIdx.x == 0) out.kept_size[row] = static_cast<int64_t>(size);
@@ -171,8 +168,7 @@ __device__ void finish_kept(const LogprobsParams& out, int64_t row, KeptSet& set
 // filtered_probs / filtered_logits for one row, by the whole block (sampling.h, "The filtered
 // distribution"): a greedy row's argmax, or the draw's cut and, for probabilities, one pass for
 // Z (kept_pass); then one pass writing every token.
-template <Dtype D>
-__device__ void row_filtered(const SamplingParams& p, RowSampler<D>& sampler, int64_t row, SharedState& sh) {
+__device__ void row_filtered(const SamplingParams& p, RowSampler& sampler, int64_t row, SharedState& sh) {
   const LogprobsParams& out = p.logprobs;
   float* values = out.filtered + row * p.vocab;
   const bool as_logits = out.filtered_as_logits;
@@ -204,12 +200,11 @@ __device__ void row_filtered(const SamplingParams& p, RowSampler<D>& sampler, in
 // and threshold (`cut`). With return_kept, a processed row's kept set is collected in that
 // same pass (its distribution's support is the draw's kept set); a raw row's takes a pass of
 // its own, before.
-template <Dtype D>
-__device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, int64_t row, SharedState& sh) {
+__device__ void row_logprobs(const SamplingParams& p, RowSampler& sampler, int64_t row, SharedState& sh) {
   const LogprobsParams& out = p.logprobs;
   if (out.filtered) return row_filtered(p, sampler, row, sh);
   if (out.given_tokens) {
-    RowSampler<D>& d = sampler;
+    RowSampler& d = sampler;
     d.become_logprob_row(out.raw);
     float value = kNegInf;
     if (d.cut(sh)) {
@@ -247,7 +242,7 @@ __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, in
   // (sample cut the row unless one pass decided it: greedy or unfiltered. A row collecting
   // its kept set has a candidate, its token: its cut cannot fail.)
   const bool uncut = out.raw || sampler.single_pass();
-  RowSampler<D>& d = sampler;  // (the draw's row no longer needed)
+  RowSampler& d = sampler;  // (the draw's row no longer needed)
   d.become_logprob_row(out.raw);
   if (uncut && !d.cut(sh)) return;
   if (collecting) {  // (an unfiltered row's cut gathers nothing: sh.entry_count is still 0)
@@ -282,18 +277,6 @@ __device__ void row_logprobs(const SamplingParams& p, RowSampler<D>& sampler, in
     kept_pass(d, s_token, out.rank_ties_max, bound, n, &list, collect);
   }
   if (kept) finish_kept(out, row, set, d, list, false, sh);
-}
-
-// One block per row, grid-stride. (__grid_constant__: row_logprobs takes p by reference, which
-// would otherwise copy its 472 bytes to the stack, toward CUDA's default 1 KB limit.)
-template <Dtype D>
-__global__ void __launch_bounds__(kThreads) logprobs_kernel(const __grid_constant__ SamplingParams p) {
-  __shared__ SharedState sh;
-  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    RowSampler<D> sampler{p, row_params(p, row), logits_row(p, row), row_bitmask(p, row),
-                          block_row_penalty_view(p, row, sh), 0.0f, kNoKey, sh.staged_words};
-    row_logprobs(p, sampler, row, sh);
-  }
 }
 
 }  // namespace

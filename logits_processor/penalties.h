@@ -260,6 +260,15 @@ LP_HOST_DEVICE float stored_logit(float x) {
   }
 }
 
+// stored_logit with the dtype known only at run time (the CUDA sampler's: dtype.h's load_logit).
+LP_HOST_DEVICE float stored_logit(Dtype dtype, float x) {
+  switch (dtype) {
+    case Dtype::Float16: return stored_logit<Dtype::Float16>(x);
+    case Dtype::BFloat16: return stored_logit<Dtype::BFloat16>(x);
+    default: return x;
+  }
+}
+
 // value[i - begin] of each listed token i of [begin, end) (biased or on the path), penalised
 // by the vectorised formula (state counts, no biases), replaced by biased_token from its
 // logit (a token listed twice gets the same value twice); each marked in touched[i - begin]
@@ -278,12 +287,11 @@ LP_HOST_DEVICE void add_row_biases(const RowPenaltyView& q, const void* logits, 
 // Token i's logit x penalised and biased (as biased_token), then stored as apply_penalties_
 // stores it: what the unfused sampler would read. The lists are scanned only where the
 // filter (if any) says a bias or a path token may be i.
-template <Dtype D>
-LP_HOST_DEVICE float penalized_token(const RowPenaltyView& q, int64_t i, float x) {
+LP_HOST_DEVICE float penalized_token(Dtype dtype, const RowPenaltyView& q, int64_t i, float x) {
   const bool biased = q.listed && (!q.bias_filter || bias_filter_hit(q.bias_filter, i));
-  return stored_logit<D>(biased ? biased_token(q, i, x)
-                                : penalized_logit(x, token_allowed(q.prompt_mask, i), q.output_counts[i], q.values,
-                                                  q.bias_first));
+  return stored_logit(dtype, biased ? biased_token(q, i, x)
+                                    : penalized_logit(x, token_allowed(q.prompt_mask, i), q.output_counts[i],
+                                                      q.values, q.bias_first));
 }
 
 // Token ids counted into state rows: output_counts[s, id] += 1 (counts) or the id's bit set

@@ -1,4 +1,4 @@
-// The CUDA row sampler, RowSampler<D>: a block samples one row by sampling.h's definitions, so
+// The CUDA row sampler, RowSampler: a block samples one row by sampling.h's definitions, so
 // it draws the token the CPU's RowSampler (sampling_cpu.cpp) draws. `sample` decides greedy
 // and unfiltered rows in one pass (unfiltered rows with |s_max| >= 2^8 in two: the draw's
 // origin, sampling.h); filtered rows take 2 or 3 (`cut`, no sort, integer
@@ -57,17 +57,13 @@ struct SharedState {
   uint32_t bias_filter[kBiasFilterWords];  // the row's logit bias ids (penalties.h)
 };
 
-// The logits one 16-byte load holds, and the j-th of them (little-endian: a word's lower
-// half is the lower address). Selects rather than an indexed array, which would live in
-// local memory when j varies.
-template <Dtype D>
-constexpr int kVector = 16 / dtype_size(D);
-
-template <Dtype D>
-__device__ float vector_logit(const uint4& v, int j) {
-  const uint32_t word = vector_word(v, D == Dtype::Float32 ? j : j >> 1);
-  if constexpr (D == Dtype::Float32) return bits_float(word);
-  else return logit_from_bits<D>(static_cast<uint16_t>(j & 1 ? word >> 16 : word));
+// Logit j of a 16-byte load of logits of `dtype` (little-endian: a word's lower half is the
+// lower address). Selects rather than an indexed array, which would live in local memory when
+// j varies.
+__device__ float vector_logit(Dtype dtype, const uint4& v, int j) {
+  if (dtype == Dtype::Float32) return bits_float(vector_word(v, j));
+  const uint32_t word = vector_word(v, j >> 1);
+  return logit_from_bits(dtype, static_cast<uint16_t>(j & 1 ? word >> 16 : word));
 }
 
 // A thread's Philox words for consecutive tokens: one call per group of 4 (noise_bits),
@@ -154,7 +150,6 @@ enum class KeyBins { kNone, kCounts, kEstimatedMasses };
 struct Split;  // split_rows.cuh
 
 // Every member function that passes over the row is called by the whole block.
-template <Dtype D>
 struct RowSampler {
   const SamplingParams& p;
   RowParams r;
@@ -168,8 +163,8 @@ struct RowSampler {
   float x_origin = 0.0f;   // the scores': score_origin (sampling.h), found by rebase
 
   // f(i, x) for each token i of this thread's share of [begin, end), x its candidate_logit,
-  // by 16-byte loads (kVector<D> consecutive tokens each) where the row is aligned: rows need
-  // only be element-aligned (any stride, any view offset). With a bitmask, the tokens go by
+  // by 16-byte loads (8 tokens each, 4 in float32) where the row is aligned: rows need only be
+  // element-aligned (any stride, any view offset). With a bitmask, the tokens go by
   // tiles of kStagedWords words, each tile's words staged in shared memory first.
   template <typename F>
   __device__ void for_each_logit(int64_t begin, int64_t end, F&& f) const {
@@ -193,7 +188,8 @@ struct RowSampler {
     const int64_t loaded = word_end < p.bitmask_width ? word_end : p.bitmask_width;
     for (int64_t w = (loaded > word0 ? loaded : word0) + threadIdx.x; w < word_end; w += kThreads)
       staged_words[w - word0] = ~0u;
-    for_each_aligned<4>(reinterpret_cast<const char*>(bitmask), word0, loaded, [&](int64_t first, const uint4& v, int count) {
+    for_each_aligned(reinterpret_cast<const char*>(bitmask), 4, word0, loaded,
+                     [&](int64_t first, const uint4& v, int count) {
       for (int j = 0; j < count; ++j) staged_words[first + j - word0] = vector_word(v, j);
     });
     __syncthreads();
@@ -202,11 +198,13 @@ struct RowSampler {
   // for_each_logit over [begin, end) with word(i) the bitmask word holding token i's bit.
   template <typename Word, typename F>
   __device__ void logits_in(int64_t begin, int64_t end, Word&& word, F&& f) const {
-    for_each_aligned<dtype_size(D)>(static_cast<const char*>(logits), begin, end, [&](int64_t first, const uint4& v, int count) {
+    const Dtype dtype = p.dtype;
+    for_each_aligned(static_cast<const char*>(logits), dtype_size(dtype), begin, end,
+                     [&](int64_t first, const uint4& v, int count) {
       // (Not unrolled: f can be large, the Gumbel noise's Philox calls among it.)
 #pragma unroll 1
       for (int j = 0; j < count; ++j)
-        f(first + j, candidate_from_logit<D>(penalty, first + j, vector_logit<D>(v, j), word(first + j)));
+        f(first + j, candidate_from_logit(dtype, penalty, first + j, vector_logit(dtype, v, j), word(first + j)));
     });
   }
 
@@ -477,7 +475,7 @@ struct RowSampler {
   // Token i's score if it is in the kept set {key >= threshold}, else -inf (i may be any id).
   __device__ float kept_score(int64_t i) const {
     if (i < 0 || i >= p.vocab) return kNegInf;
-    const float x = candidate_logit<D>(p, logits, bitmask, penalty, i);
+    const float x = candidate_logit(p, logits, bitmask, penalty, i);
     if (!(x > kNegInf)) return kNegInf;
     const float s = score(x, r.temperature, x_origin);
     return score_key(s) >= threshold ? s : kNegInf;

@@ -190,19 +190,19 @@ LP_HOST_DEVICE uint32_t allowed_word(const SamplingParams& p, const int32_t* bit
 // it: -inf when it is not a candidate (masked, NaN or -inf); with penalties, the value
 // apply_penalties_ would have stored (penalised, biased and rounded to D). Every read of a
 // token goes through here, whether its logit came alone (candidate_logit) or in a vector
-// (the CUDA sampler's 16-byte loads).
-template <Dtype D>
-LP_HOST_DEVICE float candidate_from_logit(const RowPenaltyView& penalty, int64_t i, float x, uint32_t allowed) {
+// (the CUDA sampler's 16-byte loads). The dtype is a constant where the caller's is (the CPU's
+// templates) and a run-time value in the CUDA sampler, compiled once for the three.
+LP_HOST_DEVICE float candidate_from_logit(Dtype dtype, const RowPenaltyView& penalty, int64_t i, float x,
+                                          uint32_t allowed) {
   if (!((allowed >> (i & 31)) & 1u)) return kNegInf;
-  if (penalty.enabled) x = penalized_token<D>(penalty, i, x);
+  if (penalty.enabled) x = penalized_token(dtype, penalty, i, x);
   return x > kNegInf ? x : kNegInf;  // NaN fails the compare
 }
 
 // Token i's logit as float, or -inf when it is not a candidate.
-template <Dtype D>
 LP_HOST_DEVICE float candidate_logit(const SamplingParams& p, const void* row, const int32_t* bitmask_row,
                                      const RowPenaltyView& penalty, int64_t i) {
-  return candidate_from_logit<D>(penalty, i, load_logit<D>(row, i), allowed_word(p, bitmask_row, i));
+  return candidate_from_logit(p.dtype, penalty, i, load_logit(p.dtype, row, i), allowed_word(p, bitmask_row, i));
 }
 
 constexpr float kMaxFinite = 3.402823466e38f;
@@ -592,10 +592,6 @@ int64_t sample_cuda_scratch_words(int64_t splits);
 int64_t sample_cuda_zeroed_words(const SamplingParams& params);
 void sample_cuda(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* zeroed,
                  cudaStream_t stream);
-// sample_cuda's launches for logits of dtype D (sampling_kernels.cuh; a translation unit per dtype).
-template <Dtype D>
-void sample_cuda_kernels(const SamplingParams& params, int64_t splits, unsigned long long* scratch, int64_t* zeroed,
-                         cudaStream_t stream);
 #endif
 
 }  // namespace logits_processor

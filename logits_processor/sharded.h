@@ -295,7 +295,7 @@ template <Dtype D>
 LP_HOST_DEVICE float shard_value(const ShardStep& a, const RowPenaltyView& penalty, const void* logits,
                                  const int32_t* bitmask, int64_t j) {
   const int64_t id = a.vocab_offset + j;
-  return candidate_from_logit<D>(penalty, id, load_logit<D>(logits, j), allowed_word(a.params, bitmask, id));
+  return candidate_from_logit(D, penalty, id, load_logit<D>(logits, j), allowed_word(a.params, bitmask, id));
 }
 
 // Row `row`'s state with the previous stage's merged results absorbed (stage > 0), and at the

@@ -94,15 +94,13 @@ struct Split {
 };
 
 // Whether a split batch cuts this row over its chunks' blocks: any filter.
-template <Dtype D>
-__device__ bool cut_over_chunks(const RowSampler<D>& sampler) {
+__device__ bool cut_over_chunks(const RowSampler& sampler) {
   return !sampler.single_pass();
 }
 
 // Whether a split row sums its key bins over its chunks in global memory (Split::merged_bins;
 // may_merge_bins on the host): top-k above kMaxSplitTopK, top-p without top-k.
-template <Dtype D>
-__device__ bool merges_bins(const RowSampler<D>& sampler) {
+__device__ bool merges_bins(const RowSampler& sampler) {
   return sampler.has_top_k() ? sampler.r.top_k > kMaxSplitTopK : sampler.r.top_p < 1.0f;
 }
 
@@ -165,8 +163,7 @@ __device__ void list_bins(const unsigned int* counts, int lowest, SplitRow& stat
 // The first kernel's pass of a greedy or unfiltered row over chunk [begin, end): its winner
 // (and an unfiltered row's max key) into its partials; the last block takes the best winner,
 // or, for an unfiltered row whose s_max asks for another origin, marks the row kRedrawn.
-template <Dtype D>
-__device__ void single_pass_chunk(const RowSampler<D>& sampler, const Split& split, int64_t row, int64_t chunk,
+__device__ void single_pass_chunk(const RowSampler& sampler, const Split& split, int64_t row, int64_t chunk,
                                   int64_t begin, int64_t end, SharedState& sh) {
   SplitRow& state = split.rows[row];
   uint64_t max_key = kNoKey;
@@ -192,8 +189,7 @@ __device__ void single_pass_chunk(const RowSampler<D>& sampler, const Split& spl
 // The second kernel's part of an unfiltered row marked kRedrawn: each chunk's draw from
 // origin s_max into its partial (the first kernel's are consumed), the last block's (arrivals
 // counted in `counted`, which unfiltered rows leave unused) the best of them.
-template <Dtype D>
-__device__ void redraw_chunk(RowSampler<D>& sampler, const Split& split, int64_t row, int64_t chunk, int64_t begin,
+__device__ void redraw_chunk(RowSampler& sampler, const Split& split, int64_t row, int64_t chunk, int64_t begin,
                              int64_t end, SharedState& sh) {
   SplitRow& state = split.rows[row];
   if (block_load(state.cut, sh) != kRedrawn) return;
@@ -212,8 +208,7 @@ __device__ void redraw_chunk(RowSampler<D>& sampler, const Split& split, int64_t
 // s_max, and the bins [low, high] where the cumulative estimate from the top crosses top_p
 // times its total, give or take kEstimateMargin: t_p's bin, if the estimate is that close
 // (draw_top_p_bracket checks). A row whose estimates are all 0 is sampled whole.
-template <Dtype D>
-__device__ void bracket_top_p(const RowSampler<D>& sampler, const Split& split, int64_t row, uint32_t max_key,
+__device__ void bracket_top_p(const RowSampler& sampler, const Split& split, int64_t row, uint32_t max_key,
                               uint32_t lower, SharedState& sh) {
   const unsigned long long* estimates = split.merged_bins(row);
   const float row_max = row_max_score(max_key);
@@ -245,8 +240,7 @@ __device__ void bracket_top_p(const RowSampler<D>& sampler, const Split& split, 
 // the entries (or whose top-k cuts nothing): the row is left to one block of the draw
 // kernel, sampled whole (here the sampler's code would be a second time in sample_kernel,
 // and spill its registers).
-template <Dtype D>
-__device__ void cut_from_chunks(const RowSampler<D>& sampler, const Split& split, int64_t row, SharedState& sh) {
+__device__ void cut_from_chunks(const RowSampler& sampler, const Split& split, int64_t row, SharedState& sh) {
   SplitRow& state = split.rows[row];
   const uint64_t max_key = partials_max(split.partials(row), split.splits, sh);
   const uint64_t candidates = block_load(state.candidates, sh);
@@ -300,8 +294,7 @@ __device__ void cut_from_chunks(const RowSampler<D>& sampler, const Split& split
 // are exact in every bin where the row's cut can lie. Top-k rows above kMaxSplitTopK add
 // their counts to the row's merged bins instead, and top-p rows without top-k their
 // estimated bin masses. The last chunk's block cuts the sampler.
-template <Dtype D>
-__device__ void count_chunk(const RowSampler<D>& sampler, const Split& split, int64_t row, int64_t chunk, int64_t begin,
+__device__ void count_chunk(const RowSampler& sampler, const Split& split, int64_t row, int64_t chunk, int64_t begin,
                             int64_t end, SharedState& sh) {
   SplitRow& state = split.rows[row];
   const bool top_k = sampler.has_top_k();
@@ -333,8 +326,7 @@ __device__ void count_chunk(const RowSampler<D>& sampler, const Split& split, in
 // into its partial, the bin's candidates at or above t_minp gathered into the row's
 // entries. The last chunk's block selects t_k among the entries and finishes the draw (a
 // bin too large for them: the select and the bin's draw by passes over the row).
-template <Dtype D>
-__device__ void draw_cut_chunk(RowSampler<D>& sampler, const Split& split, int64_t row, int64_t chunk, int64_t begin,
+__device__ void draw_cut_chunk(RowSampler& sampler, const Split& split, int64_t row, int64_t chunk, int64_t begin,
                                int64_t end, int bin, uint32_t lower, SharedState& sh) {
   SplitRow& state = split.rows[row];
   BinEntry* entries = split.entries(row);
@@ -372,8 +364,7 @@ __device__ void draw_cut_chunk(RowSampler<D>& sampler, const Split& split, int64
 // candidates' masses added to the row's Z, its candidates at or above t_k's bin and t_minp
 // gathered into the row's entries; the last block selects t_k and t_p among the entries (for
 // keys at or above them, their masses are the row's) and draws over them.
-template <Dtype D>
-__device__ void draw_top_p_chunk(RowSampler<D>& sampler, const Split& split, int64_t row, int64_t begin, int64_t end,
+__device__ void draw_top_p_chunk(RowSampler& sampler, const Split& split, int64_t row, int64_t begin, int64_t end,
                                  int bin, uint32_t lower, SharedState& sh) {
   SplitRow& state = split.rows[row];
   sampler.s_max = row_max_score(block_load(state.max_key, sh));
@@ -414,8 +405,7 @@ __device__ void draw_top_p_chunk(RowSampler<D>& sampler, const Split& split, int
 // the bracket's top and not below the entries (unless t_minp bounds them, and then is the
 // threshold), selects it among them and finishes the draw; false if the bracket missed, or
 // overflowed the entries: that block then samples the row whole.
-template <Dtype D>
-__device__ bool draw_top_p_bracket(RowSampler<D>& sampler, const Split& split, int64_t row, int64_t chunk,
+__device__ bool draw_top_p_bracket(RowSampler& sampler, const Split& split, int64_t row, int64_t chunk,
                                    int64_t begin, int64_t end, int high, uint32_t lower, SharedState& sh) {
   SplitRow& state = split.rows[row];
   sampler.s_max = row_max_score(block_load(state.max_key, sh));
@@ -461,9 +451,8 @@ __device__ bool draw_top_p_bracket(RowSampler<D>& sampler, const Split& split, i
 // Each chunk: an unfiltered row's second draw (redraw_chunk), a filtered row's draw by its
 // filters (above), or the row sampled whole by one block (kSampledWhole: the chunk-0 block;
 // a top-p bracket that missed: the last block).
-template <Dtype D>
-__device__ void RowSampler<D>::draw_chunk(const Split& split, int64_t row, int64_t chunk, int64_t begin, int64_t end,
-                                          SharedState& sh) {
+__device__ void RowSampler::draw_chunk(const Split& split, int64_t row, int64_t chunk, int64_t begin, int64_t end,
+                                       SharedState& sh) {
   const uint64_t cut = block_load(split.rows[row].cut, sh);
   bool whole = cut == kSampledWhole && chunk == 0;
   if (single_pass()) {

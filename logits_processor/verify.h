@@ -221,9 +221,6 @@ void verify_cpu(const VerifyParams& params, const ParallelFor& parallel_for);
 // One launch for the batch, a block per row walking its positions; no scratch memory and no
 // host synchronisation (verify_cuda.cuh).
 void verify_cuda(const VerifyParams& params, cudaStream_t stream);
-// verify_kernel's launch for target logits of dtype D (sampling_kernels.cuh).
-template <Dtype D>
-void verify_cuda_kernel(const VerifyParams& params, unsigned int blocks, cudaStream_t stream);
 // The block-verified rows' kernel (verify_block_cuda.cu), launched by verify_cuda.
 void verify_block_cuda(const VerifyParams& params, unsigned int blocks, cudaStream_t stream);
 #endif

@@ -13,7 +13,6 @@ namespace {
 // written (thread 0). One walk over positions 0, 1, ... until the block ends, then position
 // tau once more for its token, so the kernel holds one RowSampler, one cut and one pass of
 // each kind (the bonus is sample's draw: the cut's kept set from the cut's origin).
-template <Dtype D>
 __device__ int64_t block_verify_row(const VerifyParams& v, int64_t b, SharedState& sh) {
   const int64_t drafts = row_draft_count(v, b);
   float log_w = 0.0f, tau_log_w = 0.0f;  // ln w_j, and ln w_tau
@@ -24,7 +23,7 @@ __device__ int64_t block_verify_row(const VerifyParams& v, int64_t b, SharedStat
   for (int64_t j = 0;; ++j) {
     const int64_t position = emitting ? tau : j;
     target = position_target(v, position);
-    RowSampler<D> row = position_sampler<D>(v, target, b, position, sh);
+    RowSampler row = position_sampler(v, target, b, position, sh);
     double log_z;
     const bool allowed = cut_position(row, &log_z, sh);
     if (emitting) {
@@ -67,7 +66,6 @@ __device__ int64_t block_verify_row(const VerifyParams& v, int64_t b, SharedStat
   return tau;
 }
 
-template <Dtype D>
 __global__ void __launch_bounds__(kThreads) block_verify_kernel(VerifyParams v) {
   __shared__ SharedState sh;
   for (int64_t b = blockIdx.x; b < v.target.rows; b += gridDim.x) {
@@ -75,7 +73,7 @@ __global__ void __launch_bounds__(kThreads) block_verify_kernel(VerifyParams v) 
     int64_t* tokens = row_tokens(v, b);
     for (int64_t j = threadIdx.x; j < v.positions; j += kThreads) tokens[j] = -1;
     __syncthreads();  // the -1 padding is written before the tokens (other threads' columns)
-    const int64_t tau = block_verify_row<D>(v, b, sh);
+    const int64_t tau = block_verify_row(v, b, sh);
     if (threadIdx.x == 0) v.num_accepted[b] = tau;
   }
 }
@@ -83,9 +81,7 @@ __global__ void __launch_bounds__(kThreads) block_verify_kernel(VerifyParams v) 
 }  // namespace
 
 void verify_block_cuda(const VerifyParams& params, unsigned int blocks, cudaStream_t stream) {
-  dispatch_dtype(params.target.dtype, [&]<Dtype D>() {
-    launch_kernel("verify_draft(block_verification=True)", block_verify_kernel<D>, blocks, kThreads, stream, params);
-  });
+  launch_kernel("verify_draft(block_verification=True)", block_verify_kernel, blocks, kThreads, stream, params);
 }
 
 }  // namespace logits_processor

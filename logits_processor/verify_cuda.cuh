@@ -1,7 +1,7 @@
 // CUDA verify_draft (verify.h): verify_kernel, a block per row, walks its positions, each
 // position's distribution taken by the sampler's RowSampler (row_sampler.cuh) and its Z by
 // kept_pass (logprobs_cuda.cuh), so the CPU (verify_cpu.cpp) emits the same tokens. Compiled
-// with the sampler's kernels (sampling_kernels.cuh; verify_cuda launches it); block-verified rows
+// with the sampler's kernels (sampling_cuda.cu; verify_cuda launches it); block-verified rows
 // are block_verify_kernel's (verify_block_cuda.cu, which includes this file's helpers).
 #pragma once
 
@@ -17,8 +17,7 @@ namespace {
 // ResidualDraw over the row, the draft excluded, of the residual max(0, w p - q) (w = e^log_w:
 // 1 position by position, block verification's w_tau); `row` has been cut, log_z is its
 // distribution's.
-template <Dtype D>
-__device__ int64_t residual_draw(const VerifyParams& v, int64_t b, int64_t position, const RowSampler<D>& row,
+__device__ int64_t residual_draw(const VerifyParams& v, int64_t b, int64_t position, const RowSampler& row,
                                  double log_z, int64_t draft, SharedState& sh, float log_w = 0.0f) {
   ResidualDraw draw;
   NoiseWords noise;
@@ -34,8 +33,7 @@ __device__ int64_t residual_draw(const VerifyParams& v, int64_t b, int64_t posit
 }
 
 // `row` cut (false: nothing allowed), and its distribution's ln Z into *log_z.
-template <Dtype D>
-__device__ bool cut_position(RowSampler<D>& row, double* log_z, SharedState& sh) {
+__device__ bool cut_position(RowSampler& row, double* log_z, SharedState& sh) {
   if (!row.cut(sh)) return false;
   const KeptPass k = kept_pass(row, kNegInf);
   *log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
@@ -43,20 +41,18 @@ __device__ bool cut_position(RowSampler<D>& row, double* log_z, SharedState& sh)
 }
 
 // Position `position`'s RowSampler over `target` (position_target's, which it references).
-template <Dtype D>
-__device__ RowSampler<D> position_sampler(const VerifyParams& v, const SamplingParams& target, int64_t b,
-                                          int64_t position, SharedState& sh) {
-  return RowSampler<D>{target, position_params(v, b, position), logits_row(target, b), row_bitmask(target, b),
-                       block_row_penalty_view(target, b, sh, drafts_before(v, b, position)), 0.0f, kNoKey,
-                       sh.staged_words};
+__device__ RowSampler position_sampler(const VerifyParams& v, const SamplingParams& target, int64_t b,
+                                       int64_t position, SharedState& sh) {
+  return RowSampler{target, position_params(v, b, position), logits_row(target, b), row_bitmask(target, b),
+                    block_row_penalty_view(target, b, sh, drafts_before(v, b, position)), 0.0f, kNoKey,
+                    sh.staged_words};
 }
 
 // The token a position emits (the draft itself when accepted; -1 if nothing is allowed).
-template <Dtype D>
 __device__ int64_t position_token(const VerifyParams& v, int64_t b, int64_t position, int64_t draft,
                                   SharedState& sh) {
   const SamplingParams target = position_target(v, position);
-  RowSampler<D> row = position_sampler<D>(v, target, b, position, sh);
+  RowSampler row = position_sampler(v, target, b, position, sh);
   if (!v.draft_probs || row.r.greedy || position == row_draft_count(v, b)) return row.sample(sh);
   if (!row.cut(sh)) return -1;
   const float s_draft = row.kept_score(draft);
@@ -67,27 +63,6 @@ __device__ int64_t position_token(const VerifyParams& v, int64_t b, int64_t posi
   const float q = in_support ? draft_prob(v, b, position, draft) : 0.0f;
   if (draft_accepted(row.r, logprob, q)) return draft;
   return residual_draw(v, b, position, row, log_z, draft, sh);
-}
-
-// One block per row (grid-stride), walking its positions.
-template <Dtype D>
-__global__ void __launch_bounds__(kThreads) verify_kernel(VerifyParams v) {
-  __shared__ SharedState sh;
-  for (int64_t b = blockIdx.x; b < v.target.rows; b += gridDim.x) {
-    if (block_verified(v, b)) continue;  // block_verify_kernel's (verify_block_cuda.cu)
-    int64_t* tokens = row_tokens(v, b);
-    for (int64_t j = threadIdx.x; j < v.positions; j += kThreads) tokens[j] = -1;
-    const int64_t drafts = row_draft_count(v, b);
-    int64_t accepted = 0;
-    for (; accepted <= drafts; ++accepted) {
-      const int64_t draft = accepted < drafts ? draft_token(v, b, accepted) : -1;
-      const int64_t emitted = position_token<D>(v, b, accepted, draft, sh);
-      __syncthreads();  // the -1 padding is written before the token (other threads' columns)
-      if (threadIdx.x == 0) tokens[accepted] = emitted;
-      if (accepted == drafts || emitted < 0 || emitted != draft) break;
-    }
-    if (threadIdx.x == 0) v.num_accepted[b] = accepted;  // (the bonus position: all accepted)
-  }
 }
 
 }  // namespace

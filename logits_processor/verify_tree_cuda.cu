@@ -35,8 +35,7 @@ __device__ float residual_after(const TreeShared& ts, int64_t n, int64_t i, floa
 
 // The sampled-draft rule at node `node` (verify_tree.h): the accepted child's token, or the
 // correction drawn from the last residual.
-template <Dtype D>
-__device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, RowSampler<D>& row, TreeShared& ts,
+__device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, RowSampler& row, TreeShared& ts,
                                  SharedState& sh) {
   const VerifyParams& v = t.chain;
   if (!row.cut(sh)) return -1;
@@ -85,20 +84,18 @@ __device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, R
 // Node `node`'s token at column `column` (verify_tree.h); called by the whole block, the same
 // for every thread (the tree's links as thread 0 reads them). One RowSampler for both rules: a
 // second one would take its own stack.
-template <Dtype D>
 __device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int64_t column, TreeShared& ts,
                               SharedState& sh) {
   const SamplingParams target = position_target(t.chain, node);
   // (block_row_penalty_view's barrier orders thread 0's tokens before their reads as the path.)
-  RowSampler<D> row{target, position_params(t.chain, b, node), logits_row(target, b), row_bitmask(target, b),
-                    block_row_penalty_view(target, b, sh, path_before(t, b, column)), 0.0f, kNoKey,
-                    sh.staged_words};
+  RowSampler row{target, position_params(t.chain, b, node), logits_row(target, b), row_bitmask(target, b),
+                 block_row_penalty_view(target, b, sh, path_before(t, b, column)), 0.0f, kNoKey,
+                 sh.staged_words};
   if (read_by_thread0([&] { return sampled_node(t, b, node, column); }, sh))
-    return sampled_token<D>(t, b, node, row, ts, sh);
+    return sampled_token(t, b, node, row, ts, sh);
   return row.sample(sh);
 }
 
-template <Dtype D>
 __global__ void __launch_bounds__(kThreads) verify_tree_kernel(TreeParams t) {
   __shared__ SharedState sh;
   __shared__ TreeShared ts;
@@ -109,7 +106,7 @@ __global__ void __launch_bounds__(kThreads) verify_tree_kernel(TreeParams t) {
     int64_t node = 0;
     int64_t column = 0;
     for (;; ++column) {
-      const int64_t token = node_token<D>(t, b, node, column, ts, sh);
+      const int64_t token = node_token(t, b, node, column, ts, sh);
       __syncthreads();  // the -1 padding is written before the token (other threads' columns)
       if (threadIdx.x == 0) tokens[column] = token, node_ids[column] = node;
       if (token < 0 || column + 1 >= t.width) break;
@@ -127,9 +124,7 @@ void verify_tree_cuda(const TreeParams& params, cudaStream_t stream) {
   const int64_t limit = resident_block_limit(8);
   const int64_t rows = params.chain.target.rows;
   const unsigned int blocks = static_cast<unsigned int>(rows < limit ? rows : limit);
-  dispatch_dtype(params.chain.target.dtype, [&]<Dtype D>() {
-    launch_kernel("verify_tree", verify_tree_kernel<D>, blocks, kThreads, stream, params);
-  });
+  launch_kernel("verify_tree", verify_tree_kernel, blocks, kThreads, stream, params);
 }
 
 }  // namespace logits_processor

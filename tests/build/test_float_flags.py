@@ -4,7 +4,7 @@ build.toml's cuda-flags pin -ftz=false -prec-div=true -prec-sqrt=true --fmad=fal
 lets explicit options win over what --use_fast_math implies. No macro tells device code that
 fast math is on, so this reads the result: each .cu of the CUDA variant compiled to PTX for
 compute_80 (the PTX sm_80's and sm_90's machine code come from; cicc only, no ptxas; the
-sampler's sampling_kernels_<dtype>.cu take most of the time) with
+sampler's sampling_cuda.cu takes most of the time) with
 NVCC_APPEND_FLAGS=--use_fast_math and the build's flags must hold none of FLOAT_MODES. The
 whole PTX is checked: every float instruction of these files is decision code (the sampler's
 scores, masses and noise, the penalties' values), compared bit for bit with the CPU's.
