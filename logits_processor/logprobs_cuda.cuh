@@ -1,10 +1,10 @@
-// The CUDA log-probabilities (sampling.h's "Log-probabilities"): logprobs_kernel, a block per
-// row, serves sample_with_logprobs (the draw: RowSampler::sample) and token_logprobs (the given
+// The CUDA log-probabilities (sampling.h's "Log-probabilities"): a row's work (row_logprobs) for
+// logprobs_kernel, a block per row, which serves sample_with_logprobs (the draw: RowSampler::sample) and token_logprobs (the given
 // tokens), then takes one pass over the kept set for ln Z, the rank and the top-N (kept_pass,
 // also verify_draft's), and with return_kept the draw's kept set (KeptSet: collected in that
 // pass, sorted in shared memory); and filtered_probs / filtered_logits (row_filtered: every
 // token's value, no draw). Never split over blocks, and a kernel of its own: its registers
-// would lower sample_kernel's occupancy. Compiled with the sampler's kernels (sampling_cuda.cu).
+// would lower sample_kernel's occupancy. The kernel is sampling_cuda.cu's, beside the sampler's.
 #pragma once
 
 #include "block_primitives.cuh"

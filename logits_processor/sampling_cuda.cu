@@ -1,14 +1,12 @@
 // The sampler's CUDA kernels and entry points (sampling.h, verify.h). sample_kernel samples each
 // row with a block of its own (RowSampler, row_sampler.cuh) or, in a small batch, splits it
-// over several blocks, finished by split_draw_kernel (split_rows.cuh); logprobs_kernel
-// (logprobs_cuda.cuh) and verify_kernel (verify_cuda.cuh) reuse the row sampler. One kernel for
+// over several blocks, finished by split_draw_kernel (split_rows.cuh); logprobs_kernel (its row
+// work: logprobs_cuda.cuh) and verify_kernel (verify_cuda.cuh) reuse the row sampler. One kernel for
 // the whole chain of filters (two for a split batch), no sort and no float atomics, the
 // arithmetic sampling.h's, so the CPU returns the same tokens.
 // The four kernels are one translation unit, compiled once for the three logits dtypes (the
 // dtype is a run-time value: RowSampler::logits_in): nvcc inlines RowSampler's code by what the
-// four callers need (for sm_100 it keeps RowSampler::cut a call in logprobs_kernel and
-// split_draw_kernel, inlined elsewhere), so a kernel in a .cu of its own would compile to other
-// code. A copy of the kernels per dtype had tripled the time of the CUDA build, the largest
+// four callers need, so a kernel in a .cu of its own would compile to other code. A copy of the kernels per dtype had tripled the time of the CUDA build, the largest
 // part of `make test`.
 #include "block_primitives.cuh"
 #include "cuda_utils.cuh"

@@ -1,7 +1,7 @@
-// CUDA verify_draft (verify.h): verify_kernel, a block per row, walks its positions, each
-// position's distribution taken by the sampler's RowSampler (row_sampler.cuh) and its Z by
-// kept_pass (logprobs_cuda.cuh), so the CPU (verify_cpu.cpp) emits the same tokens. Compiled
-// with the sampler's kernels (sampling_cuda.cu; verify_cuda launches it); block-verified rows
+// CUDA verify_draft (verify.h): a position's token (position_token) for verify_kernel, a block
+// per row that walks its positions, each position's distribution taken by the sampler's RowSampler (row_sampler.cuh) and its Z by
+// kept_pass (logprobs_cuda.cuh), so the CPU (verify_cpu.cpp) emits the same tokens. The kernel
+// is sampling_cuda.cu's, beside the sampler's (verify_cuda launches it); block-verified rows
 // are block_verify_kernel's (verify_block_cuda.cu, which includes this file's helpers).
 #pragma once
 
