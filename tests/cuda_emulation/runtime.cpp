@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -443,29 +444,77 @@ void contract_violation(const char* message) {
 // not depend on timing: only they are unordered by anything but the kernel's own atomics).
 constexpr std::size_t kConcurrentBlocks = 16;
 
+// A launch's share for worker w: its blocks of `order`, one after the other. Returns the
+// contract broken, or "".
+std::string run_share(const std::vector<uint3>& order, std::size_t w, std::size_t workers, unsigned int threads,
+                      const Kernel& kernel) {
+  pool.reserve(threads);
+  pool.kernel = kernel;
+  arrive_at(pool.sync_point);
+  try {
+    for (std::size_t i = w; i < order.size(); i += workers) {
+      blockIdx = order[i];
+      run_block_fibers(threads, config.schedule == Schedule::kFibersReversed);
+    }
+    leave(pool.sync_point);
+    return {};
+  } catch (const std::exception& e) {
+    ++pool.sync_point;  // the failed block's threads never reach its end: start afresh
+    return e.what();
+  }
+}
+
+// The OS threads that run the blocks, started by the first launch that needs them and kept,
+// each with its fiber pool: a thread and 1024 TSan fibers made per block thread and launch were
+// most of this flavor's time. A mutex hands each launch to them and its end back: the
+// happens-before edges that creating and joining the threads gave. (Never destroyed: they wait
+// for the next launch until the process exits.)
+class Workers {
+ public:
+  void run(const std::vector<uint3>& order, unsigned int threads, const Kernel& kernel) {
+    std::unique_lock lock(mutex_);
+    workers_ = std::min(order.size(), kConcurrentBlocks);
+    while (started_ < workers_) std::thread(&Workers::work, this, started_++).detach();
+    order_ = &order;
+    threads_ = threads;
+    kernel_ = kernel;
+    pending_ = workers_;
+    errors_.assign(workers_, std::string());
+    ++launch_;
+    go_.notify_all();
+    done_.wait(lock, [&] { return pending_ == 0; });
+    for (const std::string& error : errors_)
+      if (!error.empty()) throw std::runtime_error(error);
+  }
+
+ private:
+  void work(std::size_t w) {
+    std::unique_lock lock(mutex_);
+    for (uint64_t seen = 0;; seen = launch_) {
+      go_.wait(lock, [&] { return launch_ != seen; });
+      if (w >= workers_) continue;  // (a launch of fewer blocks)
+      lock.unlock();
+      std::string error = run_share(*order_, w, workers_, threads_, kernel_);
+      lock.lock();
+      errors_[w] = std::move(error);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable go_, done_;
+  std::size_t started_ = 0;
+  uint64_t launch_ = 0;
+  std::size_t workers_ = 0, pending_ = 0;
+  const std::vector<uint3>* order_ = nullptr;
+  unsigned int threads_ = 0;
+  Kernel kernel_{};
+  std::vector<std::string> errors_;
+};
+
 void run_blocks_concurrently(const std::vector<uint3>& order, unsigned int threads, const Kernel& kernel) {
-  const std::size_t workers = std::min(order.size(), kConcurrentBlocks);
-  std::vector<std::string> errors(workers);
-  std::vector<std::thread> running;
-  for (std::size_t w = 0; w < workers; ++w)
-    running.emplace_back([&, w] {
-      // (Thread creation orders the launch's start before this; joining, its end after.)
-      pool.reserve(threads);
-      pool.kernel = kernel;
-      arrive_at(pool.sync_point);
-      try {
-        for (std::size_t i = w; i < order.size(); i += workers) {
-          blockIdx = order[i];
-          run_block_fibers(threads, config.schedule == Schedule::kFibersReversed);
-        }
-        leave(pool.sync_point);
-      } catch (const std::exception& e) {
-        errors[w] = e.what();  // (its fibers are abandoned with the thread)
-      }
-    });
-  for (std::thread& t : running) t.join();
-  for (const std::string& error : errors)
-    if (!error.empty()) throw std::runtime_error(error);
+  static Workers& workers = *new Workers;
+  workers.run(order, threads, kernel);
 }
 #endif
 

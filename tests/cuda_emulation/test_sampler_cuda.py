@@ -129,7 +129,7 @@ def split_rows(kind: str, rows: int, vocab: int, dtype: torch.dtype, g: torch.Ge
 
 
 SPLIT_CASES = [(dtype, kind) for dtype in DTYPES for kind in ["normal", "ties", "equal", "heavy"]]
-if FLAVOR == "concurrent":  # (blocks at the same time under ThreadSanitizer: about 40 s a case)
+if FLAVOR == "concurrent":  # (blocks at the same time under ThreadSanitizer: about 50 s a case)
     SPLIT_CASES = [(torch.float32, "normal"), (torch.bfloat16, "heavy")]
 
 
