@@ -36,6 +36,10 @@ JOBS = os.environ.get("LP_TEST_JOBS", str(os.cpu_count() or 1))
 PYTEST = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", JOBS, "--dist", "loadgroup"]
 # The emulation's runs: native sanitizer reports go to the terminal, not to pytest's captured fd 2.
 EMULATED = PYTEST + ["-m", "emulation", "--capture=sys"]
+# Every part's processes (unless the caller says otherwise): an idle OpenMP thread sleeps
+# instead of spinning (libgomp's default), since pytest-xdist already runs a worker per core and
+# torch's spinning threads took the other worker's core (the fibers runs: a fifth of their time).
+DEFAULT_ENVIRONMENT = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def compiler_library(name: str) -> str:
@@ -134,7 +138,7 @@ def main() -> None:
         print(f"[test] {part}: {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(command[1:])}",
               flush=True)
         start, start_cpu = time.monotonic(), children_cpu_seconds()
-        result = subprocess.run(command, cwd=ROOT, env={**os.environ, **env})
+        result = subprocess.run(command, cwd=ROOT, env={**DEFAULT_ENVIRONMENT, **os.environ, **env})
         times[part] = (time.monotonic() - start, children_cpu_seconds() - start_cpu)
         if result.returncode != 0:
             print(table(times, part), flush=True)

@@ -140,6 +140,7 @@ enum class FiberState { kReady, kAtBarrier, kReturned, kFailed };
 struct Fiber {
   void* sp;
   unsigned int rank;
+  uint3 thread_index;        // threadIdx while it runs (unflattened once a block)
   FiberState state;
   unsigned int barriers;
   std::source_location barrier;  // where it waits (the __syncthreads() call site)
@@ -278,6 +279,7 @@ void prepare_fiber(Fiber& fiber, unsigned int rank) {
   frame[8] = reinterpret_cast<uint64_t>(&lp_fiber_start);  // return address
   fiber.sp = frame;
   fiber.rank = rank;
+  fiber.thread_index = unflatten(rank, blockDim);
   fiber.state = FiberState::kReady;
   fiber.barriers = 0;
   fiber.barrier = {};
@@ -324,7 +326,7 @@ void run_block_fibers(unsigned int threads, bool reversed) {
       if (fiber.state == FiberState::kReturned) continue;
       fiber.state = FiberState::kReady;
       pool.current = &fiber;
-      threadIdx = unflatten(fiber.rank, blockDim);
+      threadIdx = fiber.thread_index;
       enter(fiber);
       if (fiber.state == FiberState::kFailed) throw std::runtime_error(std::move(pool.error));
     }
@@ -340,7 +342,8 @@ void run_block_fibers(unsigned int threads, bool reversed) {
       const Fiber& fiber = pool.fibers[rank];
       if (fiber.state == FiberState::kAtBarrier &&
           (fiber.barrier.line() != waiting->barrier.line() || fiber.barrier.column() != waiting->barrier.column() ||
-           std::strcmp(fiber.barrier.file_name(), waiting->barrier.file_name())))
+           (fiber.barrier.file_name() != waiting->barrier.file_name() &&
+            std::strcmp(fiber.barrier.file_name(), waiting->barrier.file_name()))))
         throw std::runtime_error("CUDA emulation: " + block_name(blockIdx) + ": thread " + std::to_string(fiber.rank) +
                                  " waits at the __syncthreads() of " + site(fiber) + " and thread " +
                                  std::to_string(waiting->rank) + " at the one of " + site(*waiting) +
