@@ -12,7 +12,8 @@ logits_processor/ (write_schema) in which each change is a switch beside the cod
 `(LP_MUTANT(id) ? (new) : (old))` for an expression, `if (LP_MUTANT(id)) { new } else { old }` for
 statements (tests/cuda_emulation/mutant_switch.h; the copy keeps every line where it was, so
 coverage and reports name the sources' lines). A run picks its mutant with LP_MUTANT=<id>;
-without it the switches are off. So a mutant costs one test run, no compile.
+without it the switches are off. So a mutant costs one test run, no compile; the fibers mutants'
+runs are children forked from a process that imported torch once (mutant_runner.py).
 
   python tests/cuda_emulation/mutations.py [NAME ...]
 """
@@ -395,30 +396,57 @@ def write_schema(dest: Path) -> None:
         manifest.write_text(listing)
 
 
-def check(mutant: Mutant, mutant_id: int) -> str | None:
-    """None if the emulation caught the mutant, else what went wrong."""
-    # One run decides: the fibers' schedules are fixed, and ThreadSanitizer's verdict does not
-    # depend on them (the emulation gives it happens-before from synchronisation alone). Its
-    # coverage counts go elsewhere: they are the unmutated runs' (coverage.py).
-    with tempfile.TemporaryDirectory() as counts:
-        # (no pytest plugin autoloading: a shorter start per mutant, and the emulated tests use none)
-        env = {**os.environ, **emulation_environment(mutant.flavor), "LP_MUTANT": str(mutant_id),
-               "GCOV_PREFIX": counts, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-        run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                              "--capture=sys", "-m", "emulation", mutant.test_file,
-                              "-k", mutant.tests],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    output = run.stdout + run.stderr
-    if run.returncode == 0:
+def verdict(mutant: Mutant, status: int, output: str) -> str | None:
+    """None if the run (its exit status and output) caught the mutant, else what went wrong."""
+    if status == 0:
         return "the emulated tests passed"
     if mutant.evidence not in output:
         return f"the tests failed without {mutant.evidence!r}:\n{output[-3000:]}"
     return None
 
 
-def timed_check(item: tuple[int, Mutant]) -> tuple[str | None, float]:
+def mutant_environment(flavor: str) -> dict[str, str]:
+    # (no pytest plugin autoloading: a shorter start, and the emulated tests use none)
+    return {**os.environ, **emulation_environment(flavor), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+def check(mutant_id: int, mutant: Mutant) -> list[tuple[int, str | None, float]]:
+    """One mutant in a process of its own: [(id, its verdict, seconds)]."""
+    # One run decides: the fibers' schedules are fixed, and ThreadSanitizer's verdict does not
+    # depend on them (the emulation gives it happens-before from synchronisation alone). Its
+    # coverage counts go elsewhere: they are the unmutated runs' (coverage.py).
     start = time.monotonic()
-    return check(item[1], item[0]), time.monotonic() - start
+    with tempfile.TemporaryDirectory() as counts:
+        env = {**mutant_environment(mutant.flavor), "LP_MUTANT": str(mutant_id), "GCOV_PREFIX": counts}
+        run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                              "--capture=sys", "-m", "emulation", mutant.test_file,
+                              "-k", mutant.tests],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return [(mutant_id, verdict(mutant, run.returncode, run.stdout + run.stderr), time.monotonic() - start)]
+
+
+def check_forked(mutants: list[tuple[int, Mutant]]) -> list[tuple[int, str | None, float]]:
+    """Fibers mutants, each in a child of one process (mutant_runner.py)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = Path(tmp) / "runs.json"
+        runs.write_text(json.dumps([[i, m.test_file, m.tests] for i, m in mutants]))
+        proc = subprocess.run([sys.executable, str(Path(__file__).with_name("mutant_runner.py")), str(runs)],
+                              cwd=ROOT, env=mutant_environment("fibers"), capture_output=True, text=True)
+    done = {i: (status, seconds, output) for i, status, seconds, output in map(json.loads, proc.stdout.splitlines())}
+    lost = f"mutant_runner.py ended (exit status {proc.returncode}) before this run:\n{proc.stderr[-3000:]}"
+    return [(i, verdict(m, *done[i][::2]), done[i][1]) if i in done else (i, lost, 0.0) for i, m in mutants]
+
+
+FORKED_PER_PROCESS = 8
+
+
+def tasks(mutants: list[tuple[int, Mutant]]) -> list:
+    """The runs, slowest first: each sanitizer mutant alone, the fibers mutants FORKED_PER_PROCESS
+    to a process (a few processes, so that they still share the cores)."""
+    alone = [lambda item=item: check(*item) for item in mutants if item[1].flavor != "fibers"]
+    fibers = [item for item in mutants if item[1].flavor == "fibers"]
+    return alone + [lambda chunk=fibers[k:k + FORKED_PER_PROCESS]: check_forked(chunk)
+                    for k in range(0, len(fibers), FORKED_PER_PROCESS)]
 
 
 def main() -> None:
@@ -433,13 +461,16 @@ def main() -> None:
     # (up to date after tests/run.py's build-emulation: ninja then compiles nothing)
     subprocess.run([sys.executable, str(ROOT / "tools" / "build_emulation.py"), *flavors], cwd=ROOT, check=True)
     escaped = []
-    # Several at a time, reported in list order.
+    by_id = dict(mutants)
+    # Several at a time, reported task by task in order.
     with ThreadPoolExecutor(max_workers=int(JOBS)) as pool:
-        for (_, mutant), (problem, seconds) in zip(mutants, pool.map(timed_check, mutants)):
-            verdict = "caught" if problem is None else f"NOT CAUGHT: {problem}"
-            print(f"[mutants] {mutant.name} ({mutant.flavor}): {verdict} ({seconds:.0f} s)", flush=True)
-            if problem is not None:
-                escaped.append(mutant.name)
+        for results in pool.map(lambda task: task(), tasks(mutants)):
+            for i, problem, seconds in results:
+                mutant = by_id[i]
+                said = "caught" if problem is None else f"NOT CAUGHT: {problem}"
+                print(f"[mutants] {mutant.name} ({mutant.flavor}): {said} ({seconds:.0f} s)", flush=True)
+                if problem is not None:
+                    escaped.append(mutant.name)
     if escaped:
         raise SystemExit(f"[mutants] the emulation missed: {', '.join(escaped)}")
 
