@@ -4,7 +4,11 @@ A case is a dict of plain values; `case_inputs` builds the same whole-vocabulary
 parameters from it in every process, so each rank slices its own shard and the test computes the
 reference (`sample` / `sample_with_logprobs` on the whole rows) without sending tensors around.
 
-  python tests/sharded_cases.py RANK WORLD STORE CASES.json OUT.pt   (one rank, gloo over a file store)
+  python tests/sharded_cases.py RANK WORLD STORE JOBS.json OUT.pt   (one rank, gloo over a file store)
+
+JOBS.json lists {"world": R, "cases": [...]}: ranks 0 .. R - 1 run the cases on a group of R
+ranks (the default group where R is the whole world, else a new_group), so one launch of
+processes serves every group size: each process imports torch and loads the kernel once.
 """
 
 from __future__ import annotations
@@ -95,15 +99,8 @@ def field_names(case: dict) -> tuple:
     return names + (("kept bitmask", "kept ids", "kept size") if case.get("return_kept") else ())
 
 
-def run_rank(rank: int, world: int, store: str, cases: list[dict], out: str) -> None:
-    import torch.distributed as dist
-    from kernels import get_local_kernel
-
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    from conftest import BUILD
-
-    lp = get_local_kernel(BUILD, backend="cpu")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+def run_cases(lp, rank: int, world: int, group, cases: list[dict]) -> list:
+    """This rank's results for `cases` on `group`, a group of `world` ranks."""
     results = []
     for case in cases:
         logits = case_logits(case)
@@ -120,11 +117,28 @@ def run_rank(rank: int, world: int, store: str, cases: list[dict], out: str) -> 
         elif mismatch == "overlap":
             start, shard = 0, logits[:, : shard.shape[1]].contiguous()
         try:
-            result = lp.sample_sharded(shard, start, case["vocab"], **kwargs, num_logprobs=case.get("num_logprobs"))
+            result = lp.sample_sharded(shard, start, case["vocab"], **kwargs, num_logprobs=case.get("num_logprobs"),
+                                       group=group)
         except ValueError as e:
             results.append(("error", str(e)))
             continue
         results.append(result_fields(result, case))
+    return results
+
+
+def run_rank(rank: int, world: int, store: str, jobs: list[dict], out: str) -> None:
+    import torch.distributed as dist
+    from kernels import get_local_kernel
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from conftest import BUILD
+
+    lp = get_local_kernel(BUILD, backend="cpu")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    # (every rank creates every group, in the same order: new_group is collective)
+    groups = [None if job["world"] == world else dist.new_group(list(range(job["world"]))) for job in jobs]
+    results = [run_cases(lp, rank, job["world"], group, job["cases"]) if rank < job["world"] else []
+               for job, group in zip(jobs, groups)]
     dist.destroy_process_group()
     torch.save(results, out)
 

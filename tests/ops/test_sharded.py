@@ -1,7 +1,9 @@
 """sample_sharded over real processes: R in {1, 2, 3, 4, 8} ranks (gloo, a file store), each
 holding an uneven slice of the vocabulary, must return on every rank the tokens, log-probabilities,
 ids and ranks that `sample` / `sample_with_logprobs` return on the whole rows, bit for bit
-(tests/sharded_cases.py builds the cases). Then the bad inputs, and the bytes each rank sends."""
+(tests/sharded_cases.py builds the cases). One launch of 8 processes runs every R, the smaller
+ones on groups of the first R ranks (`group=`), R = 8 on the default group. Then the bad inputs,
+and the bytes each rank sends."""
 
 from __future__ import annotations
 
@@ -79,10 +81,12 @@ def test_one_process_is_the_unsharded_sampler(lp_cpu):
             assert same_bits(a, b), f"{case['name']}: {name}\n{a}\n!=\n{b}"
 
 
-def run_world(world: int, cases: list[dict], tmp_path: Path) -> list[list[tuple]]:
-    """Each rank's results for `cases`, from `world` processes."""
-    spec = tmp_path / "cases.json"
-    spec.write_text(json.dumps(cases))
+def run_worlds(jobs: list[dict], tmp_path: Path) -> list[list[list[tuple]]]:
+    """Each job's results ({"world": R, "cases": [...]}), rank by rank, from one launch of as
+    many processes as the largest R."""
+    world = max(job["world"] for job in jobs)
+    spec = tmp_path / "jobs.json"
+    spec.write_text(json.dumps(jobs))
     store = tmp_path / "store"
     # One OpenMP thread per rank: up to 8 ranks share the machine's cores (on the 2-core one,
     # R = 8 took 30 s instead of 37 s with torch's default thread count).
@@ -92,7 +96,8 @@ def run_world(world: int, cases: list[dict], tmp_path: Path) -> list[list[tuple]
     logs = [p.communicate(timeout=600)[0] for p in procs]
     for rank, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, f"rank {rank} of {world} failed:\n{log}"
-    return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(world)]
+    by_rank = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(world)]
+    return [[by_rank[rank][j] for rank in range(job["world"])] for j, job in enumerate(jobs)]
 
 
 def reference(lp, case: dict) -> tuple:
@@ -106,11 +111,31 @@ def reference(lp, case: dict) -> tuple:
     return result_fields(result, case)
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
-def test_every_rank_gets_the_unsharded_result(lp_cpu, world, tmp_path):
-    if SANITIZED and world > 2:  # (the ranks inherit the sanitizer: R = 1 and 2 run every case under it)
+WORLDS = [1, 2, 3, 4, 8]
+MISMATCHES = [("batch", "local_logits' batch size differs across the ranks"), ("temperature", "temperature differs"),
+              ("overlap", "vocab_offset: the shards must tile")]
+DISAGREEING = [{"name": m, "gen": 20 + i, "rows": 3, "vocab": 500, "temperature": 1.0, "mismatch": m}
+               for i, (m, _) in enumerate(MISMATCHES)]
+# (the ranks inherit the sanitizer: under ASan R = 1 and 2 run every case, a third of the time)
+SANITIZED_WORLDS = [1, 2]
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory) -> dict:
+    """Every R's results for CASES, and R = 2's for the disagreeing ranks ("disagree")."""
+    sizes = SANITIZED_WORLDS if SANITIZED else WORLDS
+    jobs = [{"world": r, "cases": CASES} for r in sizes] + [{"world": 2, "cases": DISAGREEING}]
+    results = run_worlds(jobs, tmp_path_factory.mktemp("sharded"))
+    return {**dict(zip(sizes, results)), "disagree": results[-1]}
+
+
+# (one xdist worker for the tests that read the launch: it runs once)
+@pytest.mark.xdist_group("sharded-launch")
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_rank_gets_the_unsharded_result(lp_cpu, world, worlds):
+    if SANITIZED and world not in SANITIZED_WORLDS:
         pytest.skip("under ASan only R = 1 and 2: the same code, a third of the time")
-    results = run_world(world, CASES, tmp_path)
+    results = worlds[world]
     for i, case in enumerate(CASES):
         expected = reference(lp_cpu, case)
         for rank in range(world):
@@ -119,14 +144,9 @@ def test_every_rank_gets_the_unsharded_result(lp_cpu, world, tmp_path):
                 assert same_bits(a, b), f"{case['name']}, rank {rank} of {world}: {name}\n{a}\n!=\n{b}"
 
 
-MISMATCHES = [("batch", "local_logits' batch size differs across the ranks"), ("temperature", "temperature differs"),
-              ("overlap", "vocab_offset: the shards must tile")]
-
-
-def test_ranks_that_disagree_all_raise(tmp_path):
-    cases = [{"name": m, "gen": 20 + i, "rows": 3, "vocab": 500, "temperature": 1.0, "mismatch": m}
-             for i, (m, _) in enumerate(MISMATCHES)]
-    results = run_world(2, cases, tmp_path)
+@pytest.mark.xdist_group("sharded-launch")
+def test_ranks_that_disagree_all_raise(worlds):
+    results = worlds["disagree"]
     for i, (_, message) in enumerate(MISMATCHES):
         for rank in range(2):
             assert results[rank][i][0] == "error" and message in results[rank][i][1], (rank, results[rank][i])
