@@ -55,12 +55,17 @@ def token_ids_dtype(ids_dtype: torch.dtype) -> torch.dtype:
 _ARGUMENT_NAMES: dict[str, tuple[str, ...]] = {}
 
 
-@torch.compiler.assume_constant_result  # torch.compile runs it while tracing, as Python
 def argument_names(op_name: str) -> tuple[str, ...]:
     """The names of the op's arguments, in its schema's order."""
     if op_name not in _ARGUMENT_NAMES:
         _ARGUMENT_NAMES[op_name] = tuple(a.name for a in getattr(_registered_ops, op_name).default._schema.arguments)
     return _ARGUMENT_NAMES[op_name]
+
+
+# torch.compile runs it while tracing, as Python: what torch.compiler.assume_constant_result
+# sets (torch 2.10 to 2.14), without the decorator's import of torch._dynamo, which made loading
+# this package 1.5 s longer (tests/ops/test_replay.py compiles a call with fullgraph=True).
+argument_names._dynamo_marked_constant = True
 
 
 def call(ops, op_name: str, *outputs: torch.Tensor, **arguments) -> None:
