@@ -62,6 +62,7 @@ int main() {
 """
 
 
+@pytest.mark.no_sanitize("compiles and runs a program of its own, which ASan does not instrument")
 def test_token_mass_is_monotone_in_the_score(tmp_path):
     """sampling.h's epsilon_key finds t_eps by a binary search over the keys, exact only if
     token_mass(s, s_max) = floor(2^32 e^(s - s_max)) never falls as s rises: s - s_max is one
