@@ -13,7 +13,7 @@ logits_processor/ (write_schema) in which each change is a switch beside the cod
 statements (tests/cuda_emulation/mutant_switch.h; the copy keeps every line where it was, so
 coverage and reports name the sources' lines). A run picks its mutant with LP_MUTANT=<id>;
 without it the switches are off. So a mutant costs one test run, no compile; the fibers mutants'
-runs are children forked from a process that imported torch once (mutant_runner.py).
+runs are children forked from a process that imported torch once (tests/forked_pytest.py).
 
   python tests/cuda_emulation/mutations.py [NAME ...]
 """
@@ -34,6 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
+from forked_pytest import run_forked  # noqa: E402
 from run import JOBS, emulation_environment  # noqa: E402
 
 BLOCK = "logits_processor/block_primitives.cuh"
@@ -405,6 +406,9 @@ def verdict(mutant: Mutant, status: int, output: str) -> str | None:
     return None
 
 
+PYTEST_RUN = ["-x", "-q", "-p", "no:cacheprovider", "--capture=sys", "-m", "emulation"]  # a mutant's tests' run
+
+
 def mutant_environment(flavor: str) -> dict[str, str]:
     # (no pytest plugin autoloading: a shorter start, and the emulated tests use none)
     return {**os.environ, **emulation_environment(flavor), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
@@ -418,23 +422,16 @@ def check(mutant_id: int, mutant: Mutant) -> list[tuple[int, str | None, float]]
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as counts:
         env = {**mutant_environment(mutant.flavor), "LP_MUTANT": str(mutant_id), "GCOV_PREFIX": counts}
-        run = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                              "--capture=sys", "-m", "emulation", mutant.test_file,
-                              "-k", mutant.tests],
+        run = subprocess.run([sys.executable, "-m", "pytest", *PYTEST_RUN, mutant.test_file, "-k", mutant.tests],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     return [(mutant_id, verdict(mutant, run.returncode, run.stdout + run.stderr), time.monotonic() - start)]
 
 
 def check_forked(mutants: list[tuple[int, Mutant]]) -> list[tuple[int, str | None, float]]:
-    """Fibers mutants, each in a child of one process (mutant_runner.py)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = Path(tmp) / "runs.json"
-        runs.write_text(json.dumps([[i, m.test_file, m.tests] for i, m in mutants]))
-        proc = subprocess.run([sys.executable, str(Path(__file__).with_name("mutant_runner.py")), str(runs)],
-                              cwd=ROOT, env=mutant_environment("fibers"), capture_output=True, text=True)
-    done = {i: (status, seconds, output) for i, status, seconds, output in map(json.loads, proc.stdout.splitlines())}
-    lost = f"mutant_runner.py ended (exit status {proc.returncode}) before this run:\n{proc.stderr[-3000:]}"
-    return [(i, verdict(m, *done[i][::2]), done[i][1]) if i in done else (i, lost, 0.0) for i, m in mutants]
+    """Fibers mutants, each in a child of one process (tests/forked_pytest.py)."""
+    runs = [({"LP_MUTANT": str(i)}, PYTEST_RUN + [m.test_file, "-k", m.tests]) for i, m in mutants]
+    results = run_forked(runs, mutant_environment("fibers"), ROOT)
+    return [(i, verdict(m, status, output), seconds) for (i, m), (status, seconds, output) in zip(mutants, results)]
 
 
 FORKED_PER_PROCESS = 8

@@ -6,19 +6,19 @@ work. Each defect runs the op's test file in a child pytest, stopping at the fir
 first the test that caught it when CAUGHT_BY was written (one test instead of the file, which
 is most of the time), then, if that one passes or this build lacks it, the whole file. The bad-input tests are left out: the
 defects keep the real validation, so a failure there would mean the plant itself is broken,
-not that a test caught the defect.
+not that a test caught the defect. The children are forked from one process that imported
+torch once (tests/forked_pytest.py), all the defects' runs in one module fixture.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from conftest import ROOT
+from forked_pytest import run_forked
 from planted_defects import DEFECTS, ENV
 
 pytestmark = pytest.mark.no_sanitize("reruns the op tests with Python-level defects: 220 s under ASan for nothing new")
@@ -65,24 +65,40 @@ def test_each_defect_names_the_test_that_caught_it():
     assert sorted(CAUGHT_BY) == sorted(DEFECTS)
 
 
-@pytest.mark.parametrize("defect", list(DEFECTS))
-def test_hand_written_tests_catch_the_planted_defect(defect):
-    op, _ = DEFECTS[defect]
-    test_file = DEFECT_TEST_FILE.get(defect, TEST_FILE[op])
+def defect_test_file(defect: str) -> str:
+    return DEFECT_TEST_FILE.get(defect, TEST_FILE[DEFECTS[defect][0]])
+
+
+# No plugin autoloading (the installed plugins, xdist's, hypothesis' and others: about a third of
+# a child's time here); an op test that needed one would error, a verdict the assert refuses.
+PYTEST_RUN = ["-p", "planted_defects", "-p", "no:cacheprovider", "-x", "-q", "-k", "not bad_input"]
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, tuple[int, float, str]]:
+    """Each defect's verdict run: (exit status, seconds, output) of its CAUGHT_BY test, or of
+    its whole test file where that one passed or is not in this build's parameters."""
     # tests/ for the plugin, ahead of the caller's PYTHONPATH (certification's carried packages).
     python_path = os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))
-    # No plugin autoloading (the installed plugins, xdist's, hypothesis' and others: about a
-    # third of a child's time here); an op test that needed one would error, a verdict the
-    # assert below refuses.
-    env = os.environ | {ENV: defect, "PYTHONPATH": python_path, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    command = [sys.executable, "-m", "pytest", "-p", "planted_defects", "-p", "no:cacheprovider",
-               "-x", "-q", "-k", "not bad_input"]
-    for tests in ([f"{test_file}::{CAUGHT_BY[defect]}"] if defect in CAUGHT_BY else []) + [test_file]:
-        child = subprocess.run(command + [tests], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else ""
-        caught = re.findall(r"^FAILED (\S+)", child.stdout, re.MULTILINE)
-        if child.returncode not in (0, 4, 5):  # caught, or an error; else (passed, or no such test
-            break                              # in this build's parameters) the whole file
-    assert child.returncode == 1 and re.search(r"\b1 failed\b", summary) and "error" not in summary, (
-        f"{test_file} does not catch {defect}:\n{child.stdout[-3000:]}\n{child.stderr[-2000:]}")
+    env = os.environ | {"PYTHONPATH": python_path, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+    def run(defects: list[str], target) -> dict[str, tuple[int, float, str]]:
+        results = run_forked([({ENV: d}, PYTEST_RUN + [target(d)]) for d in defects], env, ROOT)
+        return dict(zip(defects, results))
+
+    first = run([d for d in DEFECTS if d in CAUGHT_BY], lambda d: f"{defect_test_file(d)}::{CAUGHT_BY[d]}")
+    # caught (1), or an error: decided; else (passed, or no such test) the whole file
+    again = [d for d in DEFECTS if d not in first or first[d][0] in (0, 4, 5)]
+    return first | run(again, defect_test_file)
+
+
+# (one xdist worker for the defects: their runs are one fixture's)
+@pytest.mark.xdist_group("planted-defects")
+@pytest.mark.parametrize("defect", list(DEFECTS))
+def test_hand_written_tests_catch_the_planted_defect(defect, runs):
+    status, _, output = runs[defect]
+    summary = output.strip().splitlines()[-1] if output.strip() else ""
+    caught = re.findall(r"^FAILED (\S+)", output, re.MULTILINE)
+    assert status == 1 and re.search(r"\b1 failed\b", summary) and "error" not in summary, (
+        f"{defect_test_file(defect)} does not catch {defect}:\n{output[-5000:]}")
     print(f"{defect}: caught by {caught[0]}")
