@@ -263,9 +263,16 @@ def host_flags(config: dict, backend: str) -> list[str]:
             + section_flags(config, backend, "cxx-flags"))
 
 
+# The unit that compiles longest (the sampler's kernels, each inlining the RowSampler: about 7 of
+# the CUDA variant's 8 minutes here), started first: ninja starts jobs in the sources' order, so
+# the other core then compiles every other unit beside it instead of before it.
+LONGEST_UNIT = ROOT / "logits_processor" / "sampling_cuda.cu"
+
+
 def build_variant(config: dict, backend: str, out_root: Path, sanitize: bool) -> Path:
     files = sources(config, backend)
-    compiled = [str(f) for f in files if f.suffix in (".cpp", ".cu")]
+    compiled = [str(f) for f in sorted((f for f in files if f.suffix in (".cpp", ".cu")),
+                                       key=lambda f: (f != LONGEST_UNIT, f.suffix != ".cu"))]
     stable = stable_abi(config, backend)
     cflags = host_flags(config, backend)
     # A stable-ABI build must not need libtorch_python (nor anything else it does not use):
