@@ -121,6 +121,16 @@ __device__ bool begin_kept(const LogprobsParams& out, int64_t row, int64_t token
   return false;
 }
 
+// sh.wide.kept[0, size) (a collected set, size <= kBinCapacity) sorted in place, largest first
+// (kNoToken after it, up to a power of two). Called by the whole block.
+__device__ void sort_kept(uint64_t size, SharedState& sh) {
+  int m = 1;
+  while (static_cast<uint64_t>(m) < size) m <<= 1;
+  for (int e = static_cast<int>(size) + threadIdx.x; e < m; e += kThreads) sh.wide.kept[e] = kNoToken;
+  __syncthreads();
+  block_sort_descending(sh.wide.kept, m);
+}
+
 // After the collecting pass: the set's size, and when it has at most K members their ids
 // (top-N order; a larger set is in the bitmask only). A set that fit in sh.wide.kept is sorted
 // there (no pass over the row); a larger one (K > kBinCapacity) takes kTopChunk ids a pass
@@ -133,11 +143,7 @@ __device__ void finish_kept(const LogprobsParams& out, int64_t row, KeptSet& set
   const int64_t k = out.kept_k;
   if (size > static_cast<uint64_t>(k)) return;  // (size is the block's: every thread returns)
   if (size <= kBinCapacity) {
-    int m = 1;
-    while (static_cast<uint64_t>(m) < size) m <<= 1;
-    for (int e = static_cast<int>(size) + threadIdx.x; e < m; e += kThreads) sh.wide.kept[e] = kNoToken;
-    __syncthreads();
-    block_sort_descending(sh.wide.kept, m);
+    sort_kept(size, sh);
     for (int64_t c = threadIdx.x; c < k && c < static_cast<int64_t>(size); c += kThreads)
       set.ids[c] = unpack_index(sh.wide.kept[c]);
     __syncthreads();  // sh.wide is read before the next row writes it

@@ -470,21 +470,42 @@ LP_HOST_DEVICE uint64_t next_top(const int64_t* picks, int64_t ranks, int64_t st
   return best;
 }
 
-// The kept set's size and, where it has at most K tokens, its ids: the largest of the ranks'
-// lists in turn (a rank's list is complete then: it holds at most K of the set).
-LP_HOST_DEVICE void finish_kept(const ShardOutputs& out, const int64_t* picks, int64_t stride, int64_t row) {
+// The kept set's size, and its K ids -1: place_kept_id, after, writes those of a set of at most
+// K tokens (a larger set's ids are in the bitmask only, as sample_with_logprobs').
+LP_HOST_DEVICE void finish_kept(const ShardOutputs& out, int64_t row) {
   const int64_t k = out.kept_k;
-  const int64_t size = out.draw_sums[row * draw_sums_width(out.num_logprobs, k) + kept_sums_word(out.num_logprobs)];
-  int64_t* ids = out.kept_ids + row * k;
-  for (int64_t c = 0; c < k; ++c) ids[c] = -1;
-  out.kept_size[row] = size;
-  if (size > k) return;  // (its ids are in the bitmask only, as sample_with_logprobs')
-  uint64_t bound = ~uint64_t{0};
-  for (int64_t j = 0; j < size; ++j) {
-    bound = next_top(picks + kept_picks_word(out.num_logprobs), out.ranks, stride, k, bound);
-    if (bound == kNoToken) break;
-    ids[j] = unpack_index(bound);
+  out.kept_size[row] = out.draw_sums[row * draw_sums_width(out.num_logprobs, k) + kept_sums_word(out.num_logprobs)];
+  for (int64_t c = 0; c < k; ++c) out.kept_ids[row * k + c] = -1;
+}
+
+// How many packs of a rank's list (n packs, largest first, kNoToken after the last) are above
+// `pack`: a binary search.
+LP_HOST_DEVICE int64_t packs_above(const int64_t* list, int64_t n, uint64_t pack) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (static_cast<uint64_t>(list[mid]) > pack) lo = mid + 1;
+    else hi = mid;
   }
+  return lo;
+}
+
+// Rank q's listed pack i of row `row`'s kept set, where the set has at most K tokens (each
+// rank's list then holds all of the rank's, largest first): its id at its place in the merged
+// order, largest first, which is i plus the other ranks' packs above it (packs are distinct:
+// ids are). Each listed pack independently, so that a GPU places them all at once.
+LP_HOST_DEVICE void place_kept_id(const ShardOutputs& out, int64_t row, int64_t q, int64_t i) {
+  const int64_t n = out.num_logprobs, k = out.kept_k;
+  const int64_t size = out.draw_sums[row * draw_sums_width(n, k) + kept_sums_word(n)];
+  const int64_t width = draw_picks_width(n, k);
+  const int64_t stride = out.rows * width;
+  const int64_t* lists = out.draw_picks + row * width + kept_picks_word(n);
+  const uint64_t pack = static_cast<uint64_t>(lists[q * stride + i]);
+  if (size > k || pack == kNoToken) return;
+  int64_t place = i;
+  for (int64_t other = 0; other < out.ranks; ++other)
+    if (other != q) place += packs_above(lists + other * stride, k, pack);
+  if (place < size) out.kept_ids[row * k + place] = unpack_index(pack);  // (bounded on any input)
 }
 
 // Row `row`'s outputs: the token, with log-probabilities its log-probability and rank and the
@@ -498,7 +519,7 @@ LP_HOST_DEVICE void finish_shard_row(const ShardOutputs& out, const int64_t* sta
   const int64_t* picks = out.draw_picks + row * width;
   const int64_t token = unpack_or_none(drawn_pack(s, out.ranks, picks, stride, &winner));
   out.tokens.set(row, token);
-  if (out.kept_k > 0) finish_kept(out, picks, stride, row);
+  if (out.kept_k > 0) finish_kept(out, row);
   if (n < 0) return;
   float* logprobs = out.logprobs + row * (1 + n);
   const TokenIds ids = out.token_ids.from(row * (1 + n));

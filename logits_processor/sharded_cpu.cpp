@@ -223,7 +223,10 @@ void sample_shard_cpu(const ShardStep& a, const ParallelFor& parallel_for) {
 void finish_shard_cpu(const ShardOutputs& out, const int64_t* state, const ParallelFor& parallel_for) {
   parallel_for(0, out.rows, 1, [&](int64_t begin, int64_t end) {
     const IeeeFloatMode mode;
-    for (int64_t row = begin; row < end; ++row) finish_shard_row(out, state, row);
+    for (int64_t row = begin; row < end; ++row) {
+      finish_shard_row(out, state, row);
+      for (int64_t e = 0; e < out.ranks * out.kept_k; ++e) place_kept_id(out, row, e / out.kept_k, e % out.kept_k);
+    }
   });
 }
 

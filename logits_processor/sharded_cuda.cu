@@ -1,7 +1,8 @@
 // The CUDA side of sample_sharded (sharded.h): one stage of one shard, a block per row
-// (grid-stride), and the outputs, a thread per row. A stage reads the shard's logits once (a
-// top-N or kept list over kTopChunk tokens: once more per kTopChunk; the kept set's bitmask
-// words: once more); every decision is sharded.h's, made
+// (grid-stride), and the outputs, a thread per row (the kept ids: a thread per rank's listed
+// id). A stage reads the shard's logits once (a top-N over kTopChunk tokens: once more per
+// kTopChunk; the kept set is collected in the draw's pass, its ids sorted in shared memory up to
+// kBinCapacity); every decision is sharded.h's, made
 // by the same host/device functions as the CPU's, so both return the same bits. Sums are
 // integers (shared 32-bit atomics, key_bins.cuh's add_to_bin) and picks maxima: the order in
 // which threads add them does not matter.
@@ -135,21 +136,26 @@ __device__ void top_packs(const ShardRowView<D>& row, int64_t n, PackOf&& pack_o
   // reaches after reading it here.)
 }
 
-// The kept set's part of the draw (return_kept), from its size here (`count`, this thread's):
-// the block's size, the row's bitmask words (a thread a word; this shard's bits, 0 elsewhere)
-// and, where the set has at most K tokens here, its K largest packs.
+// The kept set's part of the draw (return_kept), collected in the draw's pass (`set`: its bits,
+// this thread's count and, up to kBinCapacity, the block's packs in sh.wide.kept): the block's
+// size and, where the set has at most K tokens here, its K largest packs, sorted in shared
+// memory (a set past kBinCapacity: kTopChunk packs a pass over the shard, as the top-N).
 template <Dtype D>
-__device__ void draw_kept(const ShardRowView<D>& row, const ShardDrawRow& d, uint64_t count, int64_t* size,
-                          int64_t* packs, int32_t* words, TopList& list, ShardShared& sh) {
+__device__ void draw_kept(const ShardRowView<D>& row, const ShardDrawRow& d, const KeptSet& set, int64_t* size,
+                          int64_t* packs, TopList& list, ShardShared& sh) {
   const ShardStep& a = row.a;
-  const auto in_set = [&](int64_t j, float v) { return in_kept_set(d, v, row.score_of(v, d.sc), a.vocab_offset + j); };
-  count = block_sum(count, sh.sampler);
+  const uint64_t count = block_sum(set.size, sh.sampler);  // (its barriers complete the collection)
   if (threadIdx.x == 0) *size = static_cast<int64_t>(count);
-  for (int64_t w = threadIdx.x; w < a.kept_width; w += kThreads)
-    words[w] = static_cast<int32_t>(kept_word(a, w, [&](int64_t j) { return in_set(j, row.value_at(j)); }));
   if (count > static_cast<uint64_t>(a.plan.kept_k)) return;  // (no ids are listed; the same for the block)
+  if (count <= kBinCapacity) {
+    sort_kept(count, sh.sampler);
+    for (int64_t c = threadIdx.x; c < static_cast<int64_t>(count); c += kThreads)
+      packs[c] = static_cast<int64_t>(sh.sampler.wide.kept[c]);
+    return;  // (the next row writes sh.wide only past its own barriers)
+  }
   top_packs(row, a.plan.kept_k, [&](int64_t j, float v) {
-    return in_set(j, v) ? pack_argmax(score_key(row.score_of(v, d.sc)), a.vocab_offset + j) : kNoToken;
+    const float x = row.score_of(v, d.sc);
+    return in_kept_set(d, v, x, a.vocab_offset + j) ? pack_argmax(score_key(x), a.vocab_offset + j) : kNoToken;
   }, list, false, packs, sh);
 }
 
@@ -163,11 +169,10 @@ __device__ void draw_shard(const ShardRowView<D>& row, const ShardRow& s, int64_
   const int64_t n = plan.num_logprobs, k = plan.kept_k;
   for (int64_t c = threadIdx.x; c < draw_picks_width(n, k); c += kThreads) picks[c] = static_cast<int64_t>(kNoToken);
   for (int64_t c = threadIdx.x; c < draw_sums_width(n, k); c += kThreads) sums[c] = 0;
-  __syncthreads();  // the defaults before any result
-  if (s.greedy == kNoToken) {  // (the same for the whole block)
-    for (int64_t w = threadIdx.x; k > 0 && w < row.a.kept_width; w += kThreads) kept[w] = 0;
-    return;
-  }
+  for (int64_t w = threadIdx.x; k > 0 && w < row.a.kept_width; w += kThreads) kept[w] = 0;
+  if (threadIdx.x == 0) sh.sampler.entry_count = 0;
+  __syncthreads();  // the defaults (the kept set's zeros) before any result
+  if (s.greedy == kNoToken) return;  // (the same for the whole block)
   const ShardDrawRow d = shard_draw_row(row.r, s, plan);
   const int64_t offset = row.a.vocab_offset;
   ShardDrawPart part{kNoToken, kNoKey, {0, 0}};
@@ -175,7 +180,7 @@ __device__ void draw_shard(const ShardRowView<D>& row, const ShardRow& s, int64_
   TopList list;
   const int chunk = static_cast<int>(n < kTopChunk ? (n > 0 ? n : 0) : kTopChunk);
   if (chunk > 0) list.clear();
-  uint64_t kept_count = 0;
+  KeptSet set{kept, nullptr, 0, false};  // (return_kept: its bits, size and packs in this pass)
   // The log-probabilities' score of column j (draw score x).
   const auto logprob_of = [&](int64_t j, float x) { return logprob_score(d, x, d.raw ? row.raw_at(j) : kNegInf); };
   row.each([&](int64_t j, float v) {
@@ -185,7 +190,7 @@ __device__ void draw_shard(const ShardRowView<D>& row, const ShardRow& s, int64_
     const int64_t id = offset + j;
     offer_draw(row.r, d, v, x, l, id, [&] { return noise(row.r, id); }, n >= 0, part);
     if (chunk > 0 && l > kNegInf) list.offer(pack_argmax(score_key(l), id), chunk);
-    if (k > 0) kept_count += in_kept_set(d, v, x, id);
+    if (k > 0 && in_kept_set(d, v, x, id)) set.add(id, score_key(x), sh.sampler);
   });
   const uint64_t best = block_max(part.best, sh.sampler);
   if (threadIdx.x == 0) picks[0] = static_cast<int64_t>(best);
@@ -199,7 +204,7 @@ __device__ void draw_shard(const ShardRowView<D>& row, const ShardRow& s, int64_
       return l > kNegInf ? pack_argmax(score_key(l), offset + j) : kNoToken;
     }, list, true, picks + 2, sh);
   }
-  if (k > 0) draw_kept(row, d, kept_count, sums + kept_sums_word(n), picks + kept_picks_word(n), kept, list, sh);
+  if (k > 0) draw_kept(row, d, set, sums + kept_sums_word(n), picks + kept_picks_word(n), list, sh);
 }
 
 // rank: how many of the shard's scores (raw log-probabilities: raw scores) rank against the
@@ -259,6 +264,14 @@ __global__ void __launch_bounds__(kThreads) finish_shard_kernel(const ShardOutpu
     finish_shard_row(out, state, row);
 }
 
+// The kept ids (sharded.h's place_kept_id): a thread per (row, rank, listed pack).
+__global__ void __launch_bounds__(kThreads) finish_kept_kernel(const ShardOutputs out) {
+  const int64_t per_row = out.ranks * out.kept_k;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; e < out.rows * per_row;
+       e += static_cast<int64_t>(gridDim.x) * kThreads)
+    place_kept_id(out, e / per_row, e % per_row / out.kept_k, e % out.kept_k);
+}
+
 }  // namespace
 
 void sample_shard_cuda(const ShardStep& step, cudaStream_t stream) {
@@ -275,6 +288,9 @@ void finish_shard_cuda(const ShardOutputs& out, const int64_t* state, cudaStream
   if (out.rows == 0) return;
   launch_kernel("sample_sharded (finish)", finish_shard_kernel, grid_size(out.rows, kThreads, 8), kThreads, stream,
                 out, state);
+  if (out.kept_k > 0)
+    launch_kernel("sample_sharded (kept ids)", finish_kept_kernel,
+                  grid_size(out.rows * out.ranks * out.kept_k, kThreads, 8), kThreads, stream, out);
 }
 
 }  // namespace logits_processor

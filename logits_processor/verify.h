@@ -133,13 +133,6 @@ LP_HOST_DEVICE FineMass residual_mass(float w) {
   return fine_mass(w < 0.0f ? w : 0.0f, 0.0f);
 }
 
-constexpr double kEmptyResidual = 1.0;  // a log-normaliser no residual has (Z <= 1: ln Z <= 0)
-
-// ln Z_j from the summed digits, or kEmptyResidual for Z_j = 0.
-LP_HOST_DEVICE double residual_log_normaliser(FineMass sum) {
-  return sum.high == 0 && sum.low == 0 ? kEmptyResidual : log_normaliser(sum);
-}
-
 // The draw at a position whose draft was rejected: the Gumbel-max over the residual
 // max(0, p - q) without the draft, the position's noise, lowest index on ties; if rounding
 // left the residual empty, the same draw over p without the draft. Each device offers it

@@ -31,12 +31,12 @@
 //   verify_draft's rule at position i, and a tree of one chain (node j's child j + 1) is
 //   verify_draft token for token, in both modes; siblings' groups (< 2^30 + 256) are reached
 //   by no token group (< 2^29) and no top cell (top bit set).
-//   Each r_j is kept as log-probabilities lr_j(v) (residual_logprob): lr_0 the sampler's;
-//   Z_j = sum_v e^{w(v)}, w = residual_log_weight(lr_{j-1}(v), q(v)), is a fixed-point integer
-//   sum of FineMass digits (sampling.h), exact and order-free, so the CPU (which keeps lr in an
-//   array) and the CUDA kernel (which recomputes lr_j(v) from lr_0(v) through the j normalisers,
-//   one pass over V per rejection) compute the same floats. An empty residual (Z_j = 0: r_{j-1} = q
-//   up to rounding) keeps r_{j-1} without x_j.
+//   Each r_j is computed from p in one step, r_j(v) = max(0, p(v) - c_j q(v)) / M_j
+//   (TreeResidual: the recursion unrolled), as log-probabilities lr_j(v) (residual_logprob), lr_0
+//   the sampler's; Z_j = sum_v max(0, r_{j-1}(v) - q(v)) is a fixed-point integer sum of
+//   FineMass digits (residual_term; sampling.h), exact and order-free, so the CPU and the CUDA
+//   kernel compute the same floats at the same cost per token, one pass over V per rejection.
+//   An empty residual (Z_j = 0: r_{j-1} = q up to rounding) keeps r_{j-1} without x_j.
 //
 // Why the deterministic walk is exact (the sequential rule of issue 25: try c_1, c_2, ... with
 // tokens x_1, x_2, ...; accept c_j with probability r(x_j) / sum(r), r = p_i without the
@@ -127,15 +127,53 @@ LP_HOST_DEVICE bool child_accepted(const RowParams& r, float logprob, float q, i
   return log_u < lp_add(logprob, -log_q);
 }
 
-// lr_j(v) from lr_{j-1}(v) (a token not yet rejected), q(v) and ln Z_j: the normalised
-// residual, at most 0; -inf where the residual is 0; lr_{j-1}(v) for an empty residual.
-LP_HOST_DEVICE float residual_logprob(float previous, float q, double log_z) {
-  if (log_z == kEmptyResidual) return previous;
-  const float w = residual_log_weight(previous, q);
+// The residual after n rejections at a node, unrolled: the recursion r_{n+1} = max(0, r_n - q)
+// / Z_{n+1} gives r_n(v) = max(0, p(v) - c_n q(v)) / M_n over the tokens not rejected, where
+// c_0 = 0 and M_0 = 1 (p itself), c_{n+1} = c_n + M_n, M_{n+1} = M_n Z_{n+1} = the sum of
+// max(0, p - c_{n+1} q) (exact arithmetic: where r_n(v) > 0, r_n(v) - q(v) = (p(v) - c_{n+1}
+// q(v)) / M_n, and a residual once 0 stays 0). So each token's r_n is one step from p whatever
+// n: a pass costs the same at every rejection, and every device does the same operations.
+struct TreeResidual {
+  double c = 0.0;      // c_n
+  double m = 1.0;      // M_n
+  double log_m = 0.0;  // ln M_n
+};
+
+// ln max(0, p(v) - c q(v)) from lr_0(v) = ln p(v): -inf where it is below the smallest normal
+// float (residual_log_weight; lr_0(v) itself at c = 0).
+LP_HOST_DEVICE float residual_log_weight_at(float lr0, float q, double c) {
+  return residual_log_weight(lr0, lp_double_to_float(lp_dmul(c, static_cast<double>(q))));
+}
+
+// A log-weight w less ln M: at most 0 (-inf stays -inf).
+LP_HOST_DEVICE float relative_log_weight(float w, double log_m) {
   if (!(w > kNegInf)) return kNegInf;
-  const double lr = lp_dadd(static_cast<double>(w), -log_z);
+  const double lr = lp_dadd(static_cast<double>(w), -log_m);
   return lr < 0.0 ? lp_double_to_float(lr > -static_cast<double>(kMaxFinite) ? lr : -static_cast<double>(kMaxFinite))
                   : 0.0f;
+}
+
+// lr_n(v) = ln r_n(v) at a token not rejected: at most 0, -inf where the residual is 0; lr_0(v)
+// itself before any rejection.
+LP_HOST_DEVICE float residual_logprob(float lr0, float q, const TreeResidual& res) {
+  return relative_log_weight(residual_log_weight_at(lr0, q, res.c), res.log_m);
+}
+
+// c_{n+1}, the next residual's multiplier of q.
+LP_HOST_DEVICE double next_multiplier(const TreeResidual& res) { return lp_dadd(res.c, res.m); }
+
+// Token v's term of Z_{n+1} = M_{n+1} / M_n (c_next = next_multiplier): max(0, p - c_next q) / M_n
+// as FineMass digits, so that the sum is exact and order-free.
+LP_HOST_DEVICE FineMass residual_term(float lr0, float q, double c_next, double log_m) {
+  return residual_mass(relative_log_weight(residual_log_weight_at(lr0, q, c_next), log_m));
+}
+
+// The residual after the rejection whose pass summed `terms` (residual_term): an empty one (Z =
+// 0: r_n = q up to rounding) keeps r_n, without the rejected draft.
+LP_HOST_DEVICE TreeResidual after_rejection(const TreeResidual& res, FineMass terms) {
+  if (terms.high == 0 && terms.low == 0) return res;
+  const double z = lp_dmul(normaliser_units(terms), 9.313225746154785e-10);  // 2^-30: Z from its digits
+  return {next_multiplier(res), lp_dmul(res.m, z), lp_dadd(res.log_m, log_normaliser(terms))};
 }
 
 LP_HOST_DEVICE int64_t* tree_tokens(const TreeParams& t, int64_t row) { return t.tokens + row * t.width; }

@@ -8,11 +8,11 @@
 namespace logits_processor {
 namespace {
 
-// A thread's scratch: the node's residual log-probabilities lr_j, by token.
+// A thread's scratch: the node's target log-probabilities lr_0, by token (-inf once rejected).
 struct TreeScratch {
-  explicit TreeScratch(int64_t vocab) : sampler(vocab), residual(vocab) {}
+  explicit TreeScratch(int64_t vocab) : sampler(vocab), target(vocab) {}
   CpuRowSampler sampler;
-  std::vector<float> residual;
+  std::vector<float> target;
 };
 
 // The sampled-draft rule at node `node` (verify_tree.h): the accepted child's token, or the
@@ -23,39 +23,44 @@ int64_t sampled_token(const TreeParams& t, int64_t row, int64_t node, const Samp
   const int64_t vocab = v.target.vocab;
   ProcessedDistribution d;
   if (!scratch.sampler.distribution(target, row, r, d, path)) return -1;
-  float* lr = scratch.residual.data();
+  float* lr0 = scratch.target.data();
   for (int64_t i = 0; i < vocab; ++i) {
     const float s = d.scores[i];
-    lr[i] = s > kNegInf && s >= d.floor ? token_logprob(s, d.s_max, d.log_z) : kNegInf;
+    lr0[i] = s > kNegInf && s >= d.floor ? token_logprob(s, d.s_max, d.log_z) : kNegInf;
   }
+  TreeResidual res;
   int64_t c = first_child(t, row, node);
   int64_t last = -1;  // the last rejected draft
   for (int64_t rank = 0;; ++rank) {
     const int64_t draft = last = draft_token(v, row, c);
-    const bool in_support = draft >= 0 && draft < vocab && lr[draft] > kNegInf;
-    const float logprob = in_support ? lr[draft] : kNegInf;
-    if (child_accepted(r, logprob, in_support ? draft_prob(v, row, node, draft) : 0.0f, rank)) return draft;
+    const bool in_support = draft >= 0 && draft < vocab && lr0[draft] > kNegInf;
+    const float q = in_support ? draft_prob(v, row, node, draft) : 0.0f;
+    const float logprob = in_support ? residual_logprob(lr0[draft], q, res) : kNegInf;
+    if (child_accepted(r, logprob, q, rank)) return draft;
     c = walk_sibling(t, row, c, rank);
     if (c < 0) break;
     // Rejected, and a sibling follows: r <- max(0, r - q) / Z over the tokens not rejected.
-    if (in_support) lr[draft] = kNegInf;
+    if (in_support) lr0[draft] = kNegInf;
+    const double c_next = next_multiplier(res);
     FineMass z{0, 0};
     for (int64_t i = 0; i < vocab; ++i) {
-      const FineMass m = residual_mass(lr[i] > kNegInf ? residual_log_weight(lr[i], draft_prob(v, row, node, i)) : kNegInf);
+      if (!(lr0[i] > kNegInf)) continue;
+      const FineMass m = residual_term(lr0[i], draft_prob(v, row, node, i), c_next, res.log_m);
       z.high += m.high, z.low += m.low;
     }
-    const double log_z = residual_log_normaliser(z);
-    for (int64_t i = 0; i < vocab; ++i)
-      if (lr[i] > kNegInf) lr[i] = residual_logprob(lr[i], draft_prob(v, row, node, i), log_z);
+    res = after_rejection(res, z);
   }
   // All rejected: ResidualDraw over the last residual, the rejected drafts excluded.
   ResidualDraw draw;
   Philox4 bits{};
   int64_t group = -1;  // the group `bits` holds: drawn only for groups with a candidate
   for (int64_t i = 0; i < vocab; ++i) {
-    if (!(lr[i] > kNegInf) || i == last) continue;
+    if (!(lr0[i] > kNegInf) || i == last) continue;
+    const float qi = draft_prob(v, row, node, i);
+    const float lri = residual_logprob(lr0[i], qi, res);
+    if (!(lri > kNegInf)) continue;
     if (i >> 2 != group) group = i >> 2, bits = noise_bits(r, group);
-    draw.offer(i, lr[i], token_gumbel(r, i, bits.v[i & 3]), draft_prob(v, row, node, i));
+    draw.offer(i, lri, token_gumbel(r, i, bits.v[i & 3]), qi);
   }
   return draw.token();
 }

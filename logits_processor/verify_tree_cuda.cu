@@ -12,11 +12,10 @@
 namespace logits_processor {
 namespace {
 
-// The sampled-draft rule's state for the node being verified: the rejected drafts and the
-// residuals' log-normalisers so far (verify_tree.h), written by thread 0 between barriers.
+// The drafts the node being verified has rejected so far (verify_tree.h), written by thread 0
+// between barriers; the residual's state (TreeResidual) is every thread's own, from block sums.
 struct TreeShared {
   int64_t rejected[kMaxVerifyPositions];
-  double log_z[kMaxVerifyPositions];
 };
 
 // read(), a device tree's link, draft token or a decision on them, as thread 0 reads it, for
@@ -27,10 +26,11 @@ __device__ int64_t read_by_thread0(Read read, SharedState& sh) {
   return static_cast<int64_t>(from_thread0(threadIdx.x == 0 ? static_cast<uint64_t>(read()) : 0, sh));
 }
 
-// lr_n(i) from lr_0(i) (verify_tree.h): the CPU's in-place updates, recomputed per token.
-__device__ float residual_after(const TreeShared& ts, int64_t n, int64_t i, float lr, float q) {
-  for (int64_t j = 0; j < n && lr > kNegInf; ++j) lr = ts.rejected[j] == i ? kNegInf : residual_logprob(lr, q, ts.log_z[j]);
-  return lr;
+// Whether token i is among the node's first n rejected drafts.
+__device__ bool rejected_before(const TreeShared& ts, int64_t n, int64_t i) {
+  for (int64_t j = 0; j < n; ++j)
+    if (ts.rejected[j] == i) return true;
+  return false;
 }
 
 // The sampled-draft rule at node `node` (verify_tree.h): the accepted child's token, or the
@@ -44,36 +44,35 @@ __device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, R
   const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
   int64_t last = -1;  // the last rejected draft
   int64_t rank = 0;
+  TreeResidual res;  // (the same in every thread: from block sums)
   for (;; ++rank) {
     const int64_t draft = last = read_by_thread0([&] { return draft_token(v, b, c); }, sh);
-    const float s = row.kept_score(draft);
+    const float s = rejected_before(ts, rank, draft) ? kNegInf : row.kept_score(draft);
     const float q = s > kNegInf ? draft_prob(v, b, node, draft) : 0.0f;
-    const float lr = s > kNegInf ? residual_after(ts, rank, draft, token_logprob(s, row.s_max, log_z), q) : kNegInf;
+    const float lr = s > kNegInf ? residual_logprob(token_logprob(s, row.s_max, log_z), q, res) : kNegInf;
     if (read_by_thread0([&] { return child_accepted(row.r, lr, lr > kNegInf ? q : 0.0f, rank); }, sh)) return draft;
     c = read_by_thread0([&] { return walk_sibling(t, b, c, rank); }, sh);
     if (c < 0) break;
     // Rejected, and a sibling follows: Z of max(0, r - q) over the tokens not rejected.
     if (threadIdx.x == 0) ts.rejected[rank] = draft;
     __syncthreads();
+    const double c_next = next_multiplier(res);
     uint64_t high = 0, low = 0;
     row.for_each_candidate([&](int64_t i, float si) {
-      if (score_key(si) < row.threshold || i == draft) return;
-      const float qi = draft_prob(v, b, node, i);
-      const float lri = residual_after(ts, rank, i, token_logprob(si, row.s_max, log_z), qi);
-      const FineMass m = residual_mass(lri > kNegInf ? residual_log_weight(lri, qi) : kNegInf);
+      if (score_key(si) < row.threshold || rejected_before(ts, rank + 1, i)) return;
+      const FineMass m = residual_term(token_logprob(si, row.s_max, log_z), draft_prob(v, b, node, i), c_next,
+                                       res.log_m);
       high += m.high, low += m.low;
     });
-    const double log_zr = residual_log_normaliser({block_sum(high, sh), block_sum(low, sh)});
-    if (threadIdx.x == 0) ts.log_z[rank] = log_zr;
-    __syncthreads();
+    res = after_rejection(res, {block_sum(high, sh), block_sum(low, sh)});
   }
   // All rejected: ResidualDraw over the last residual, the rejected drafts excluded.
   ResidualDraw draw;
   NoiseWords noise;
   row.for_each_candidate([&](int64_t i, float si) {
-    if (score_key(si) < row.threshold || i == last) return;
+    if (score_key(si) < row.threshold || i == last || rejected_before(ts, rank, i)) return;
     const float qi = draft_prob(v, b, node, i);
-    const float lri = residual_after(ts, rank, i, token_logprob(si, row.s_max, log_z), qi);
+    const float lri = residual_logprob(token_logprob(si, row.s_max, log_z), qi, res);
     if (lri > kNegInf) draw.offer(i, lri, token_gumbel(row.r, i, noise(row.r, i)), qi);
   });
   draw.residual = block_max(draw.residual, sh);

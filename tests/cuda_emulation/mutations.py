@@ -211,9 +211,13 @@ MUTANTS = [
     # verify_tree's sampled drafts: the normaliser of a rejection's residual summed with half
     # the draft probabilities, and the draw after all siblings' rejection reading the next
     # token's noise.
-    Mutant("tree-residual-normaliser", TREE, "residual_mass(lri > kNegInf ? residual_log_weight(lri, qi) : kNegInf)",
-           "residual_mass(lri > kNegInf ? residual_log_weight(lri, 0.5f * qi) : kNegInf)", "fibers", AGREEMENT,
-           "sampled_siblings", "tests/cuda_emulation/test_verify_tree_cuda.py"),
+    Mutant("tree-residual-normaliser", TREE, "draft_prob(v, b, node, i)", "0.5f * draft_prob(v, b, node, i)",
+           "fibers", AGREEMENT, "sampled_siblings", "tests/cuda_emulation/test_verify_tree_cuda.py",
+           within="draft_prob(v, b, node, i), c_next,"),
+    # ... the residual's multiplier of q grown by 1 a rejection (c_n + 1, not c_n + M_n).
+    Mutant("tree-residual-multiplier", TREE, "next_multiplier(res)", "res.c + 1.0", "fibers", AGREEMENT,
+           "sampled_siblings", "tests/cuda_emulation/test_verify_tree_cuda.py",
+           within="const double c_next = next_multiplier(res);"),
     Mutant("tree-residual-noise", TREE, "token_gumbel(row.r, i, noise(row.r, i))",
            "token_gumbel(row.r, i, noise(row.r, i + 1))", "fibers", AGREEMENT, "sampled_siblings",
            "tests/cuda_emulation/test_verify_tree_cuda.py"),
@@ -236,8 +240,17 @@ MUTANTS = [
     Mutant("shard-raw-rank", SHARDED, "rank_counts(raw ? row.raw_at(j) : row.score_of(v, sc), token_score, ties_max)",
            "rank_counts(row.score_of(v, sc), token_score, ties_max)", "fibers", AGREEMENT, "shard_kernels",
            "tests/cuda_emulation/test_sharded_cuda.py"),
-    Mutant("shard-kept-count", SHARDED, "kept_count += in_kept_set(d, v, x, id)", "kept_count += draw_keeps(d, x)",
+    Mutant("shard-kept-count", SHARDED, "k > 0 && in_kept_set(d, v, x, id)", "k > 0 && draw_keeps(d, x)",
            "fibers", AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py"),
+    # The kept set's shared slots not handed out from 0 again for each row; a shard's part past
+    # kBinCapacity listed one kTopChunk pass short; the ids placed by the wrong rank's list.
+    Mutant("shard-kept-slots", SHARDED, "  if (threadIdx.x == 0) sh.sampler.entry_count = 0;\n", "", "fibers",
+           AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py"),
+    Mutant("shard-kept-past-capacity", SHARDED, "a.plan.kept_k", "static_cast<int64_t>(kTopChunk)", "fibers",
+           AGREEMENT, "kept_set_past_shared_memory", "tests/cuda_emulation/test_sharded_cuda.py",
+           within="top_packs(row, a.plan.kept_k,"),
+    Mutant("shard-kept-ids-rank", SHARDED, "e % per_row / out.kept_k", "e % out.ranks", "fibers", AGREEMENT,
+           "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py"),
     # The ids past a support: each thread's ids placed after its own slice instead of before it.
     Mutant("ids-fill-offset", LOGPROB_IDS, "next + static_cast<int64_t>(inclusive - mine)",
            "next + static_cast<int64_t>(inclusive)", "fibers", AGREEMENT, "ids_past_the_support",

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from cuda_emulation.cases import SANITIZED, shard_row_params, to_device
+from cuda_emulation.emulation import COUNTS_TRAFFIC
+from reference import unpack_bitmask
 from sharded_cases import case_inputs, case_logits, shard_bounds
 
 
@@ -133,8 +135,9 @@ def test_cuda_shard_kernels_agree_with_cpu(emulation, lp_cpu, sms, name, case, w
     before = emulation.launches()
     with emulation.gpu(sms):
         got, kept, plan = run_stages(emulation.lp, shards, cuts, vocab, emulated_kwargs, num_logprobs, check=check)
-    # a launch per stage and shard, one to finish, one to fill the top-N ids past the supports
-    assert emulation.launches() == before + plan.stages * world + 1 + (num_logprobs > 0)
+    # a launch per stage and shard, one to finish, one to place the kept ids, one to fill the
+    # top-N ids past the supports
+    assert emulation.launches() == before + plan.stages * world + 1 + ("return_kept" in kwargs) + (num_logprobs > 0)
     assert not mismatches, mismatches
     reference = lp_cpu.sample_with_logprobs(logits, num_logprobs=max(num_logprobs, 0), **kwargs)
     if "return_kept" in kwargs:
@@ -173,3 +176,78 @@ def test_shard_kernels_agree_with_cpu_on_the_target(cuda_target, lp_cpu, name, c
     for what, a, b in zip(reference._fields, got, reference):
         assert torch.equal(a.cpu().view(torch.int32) if a.dtype == torch.float32 else a.cpu(),
                            b.view(torch.int32) if b.dtype == torch.float32 else b), what
+
+
+@pytest.mark.emulation
+def test_cuda_kept_set_past_shared_memory(emulation, lp_cpu):
+    """return_kept where one shard's part of the set (4200 tokens) is past the 4096 packs shared
+    memory sorts, so its K largest are found kTopChunk a pass, and the other's (50) is sorted
+    in shared memory: the merged ids, size and bitmask equal `sample_with_logprobs`' and the
+    CPU's shard kernels'."""
+    vocab, cuts = 5000, [0, 4200, 5000]
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(34))
+    logits[:, : cuts[1]] += 8.0  # the first shard's tokens all above the second's
+    kwargs = dict(top_k=4250, return_kept=4250, seed=5)
+    shards = [logits[:, cuts[q] : cuts[q + 1]] for q in range(2)]
+    expected = run_stages(lp_cpu, shards, cuts, vocab, kwargs, 1)
+    with emulation.gpu(8):
+        got = run_stages(emulation.lp, shards, cuts, vocab, kwargs, 1)
+    reference, reference_kept = lp_cpu.sample_with_logprobs(logits, num_logprobs=1, **kwargs)
+    assert reference_kept.size.tolist() == [4250]
+    for kept in (got[1], expected[1]):
+        for what, a, b in zip(("bitmask", "ids", "size"), kept, reference_kept):
+            assert torch.equal(a, b), what
+    assert torch.equal(got[0].tokens, reference.tokens)
+
+
+# return_kept's filters for the traffic test (fp32, random normal logits, two shards), with the
+# kept set's size: within K (sorted in shared memory) or larger on each shard (min-p 0.01: over
+# 10,000 tokens a shard, no ids).
+SHARD_KEPT_TRAFFIC = {"top_k_50_top_p": dict(top_k=50, top_p=0.9), "top_k_2000": dict(top_k=2000),
+                      "min_p_past_k": dict(min_p=0.01)}
+
+
+@pytest.mark.emulation
+@pytest.mark.traffic
+@pytest.mark.skipif(not COUNTS_TRAFFIC, reason="the traffic build counts global-memory bytes")
+@pytest.mark.parametrize("filters", SHARD_KEPT_TRAFFIC)
+def test_shard_kept_set_traffic(emulation, filters):
+    """What return_kept=K adds to the shard kernels' draw, K in {1, 20, 256, 4096}: no pass over
+    the shard (read: only each kept token's bitmask word, by its atomicOr), whatever K and the
+    set's size; written: the bitmask's words (zeroed, then the atomics), the K packs' defaults,
+    the size and, for a set of at most K, its packs. Then the kept ids' kernel: per listed pack
+    its own, the size and a binary search in the other rank's list."""
+    rows, vocab, cuts = 2, 32768, [0, 15000, 32768]
+    words = (vocab + 31) // 32
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(3))
+    shards = [logits[:, cuts[q] : cuts[q + 1]] for q in range(2)]
+    kwargs = dict(SHARD_KEPT_TRAFFIC[filters], seed=1)
+
+    def draw_traffic(k):
+        """The draw stage's (read, written) bytes over both shards, and the sizes."""
+        plan = stage_arguments(emulation.lp, {**kwargs, "return_kept": k}, -1)[-1]
+        counted = []
+
+        def check(stage, q, outputs):
+            if stage == plan.draw:
+                counted.append(emulation.traffic())
+            emulation.reset_traffic()
+
+        with emulation.gpu(8):
+            emulation.reset_traffic()
+            _, kept, _ = run_stages(emulation.lp, shards, cuts, vocab, {**kwargs, "return_kept": k}, -1, check=check)
+        traffic = [sum(c[i] for c in counted) for i in (0, 1)]
+        if k == 0:
+            return traffic, []
+        members = unpack_bitmask(kept.bitmask, vocab)
+        return traffic, [int(members[row, cuts[q] : cuts[q + 1]].sum()) for row in range(rows) for q in range(2)]
+
+    plain, _ = draw_traffic(0)
+    for k in [1, 20, 256, 4096]:
+        (read, written), counts = draw_traffic(k)  # (each row's set, per shard)
+        atomics = 4 * sum(counts)  # each kept token's word, read and written by its atomicOr
+        passes = (read - plain[0] - atomics) / (rows * vocab * 4)
+        assert -0.001 <= passes <= 0.001, (k, passes)
+        listed = sum(count for count in counts if count <= k)  # (a shard's packs: where it has at most K)
+        assert written - plain[1] == 2 * rows * (4 * words + 8 * k + 16) + atomics + 8 * listed, (k, written)
+    assert (min(counts) > 4096) == (filters == "min_p_past_k"), counts

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from cuda_emulation.cases import SANITIZED, to_device, verify_row_params
+from cuda_emulation.emulation import COUNTS_TRAFFIC
 from op_cases import tree_penalty_case
 from reference import random_bitmask, unpack_bitmask
 
@@ -206,3 +207,35 @@ def test_agrees_with_cpu_on_the_target(cuda_target, lp_cpu, dtype):
                                      penalties=to_device(cuda_target.lp.Penalties(*penalties), device))
     for a, b in zip(got, expected):
         assert torch.equal(a.cpu(), b)
+
+
+@pytest.mark.emulation
+@pytest.mark.traffic
+@pytest.mark.skipif(not COUNTS_TRAFFIC, reason="the traffic build counts global-memory bytes")
+def test_sibling_rejections_traffic(emulation):
+    """What each rejected sibling costs the sampled-draft rule: one pass over the node's logits
+    (the next residual's Z) and a few hundred bytes (its candidates' draft probabilities, the
+    next draft and link, a per-row value per thread), the same bytes whatever how many were
+    rejected before it (each token's residual is one step from p: TreeResidual). A root with m
+    = 1 .. 8 children whose drafts are outside top-k, all rejected."""
+    rows, vocab, top_k, nodes = 2, 32768, 50, 9
+    g = torch.Generator().manual_seed(5)
+    target = torch.randn(rows, nodes, vocab, generator=g)  # (the same root for every m: the same cut)
+    q = torch.softmax(torch.randn(rows, nodes, vocab, generator=g), -1)
+    read = []
+    for m in range(1, nodes):
+        drafts = target[:, 0].argsort(-1)[:, :m + 1]  # (the root's lowest scores: never in its top-k)
+        next_token = torch.full((rows, m + 1), -1)
+        next_token[:, 0] = 1
+        next_sibling = torch.full((rows, m + 1), -1)
+        next_sibling[:, 1:m] = torch.arange(2, m + 1)
+        with emulation.gpu(8) as lp:
+            emulation.reset_traffic()
+            out = lp.verify_tree(target[:, :m + 1], drafts, next_token, next_sibling, draft_probs=q[:, :m + 1],
+                                 top_k=top_k, seed=3)
+            read.append(emulation.traffic()[0])
+        assert out.num_accepted.tolist() == [0] * rows  # (all rejected: the root's correction emitted)
+    per_rejection = {(b - a) / rows for a, b in zip(read, read[1:])}
+    assert len(per_rejection) == 1, per_rejection
+    passes = per_rejection.pop() / (vocab * 4)
+    assert 1 <= passes <= 1.01, passes
