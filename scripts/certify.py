@@ -12,9 +12,12 @@ so a run stopped anywhere still leaves what it found:
      build (`bench.py --prewarm`) starts now, in the background.
   1. tests: the loader loads the subject; the whole test suite (CUDA tests, CUDA/CPU agreement)
      runs against it, in certification mode (LP_OFFLINE=1: tests needing a package index skip).
-  2. sanitizers: compute-sanitizer memcheck and racecheck over scripts/sanitizer_cases.py (a
-     reduced case set, each call also checked against the CPU), in parallel, timed.
+  2. sanitizers: compute-sanitizer memcheck, racecheck, initcheck and synccheck over
+     scripts/sanitizer_cases.py (a reduced case set, each call also checked against the CPU; every
+     public op that launches a kernel, every kernel), in parallel, timed.
   3. graph: CUDA-graph capture and replay of a decoding step (scripts/graph_check.py).
+  Stages 2 and 3 record the ops they ran on the GPU and the kernels those launch; without a GPU,
+  what they would cover, from the scripts' CPU runs.
   4. bench: the GPU benchmarks against the copy-bandwidth floor and XGrammar (FlashInfer left
      out); without a GPU, `bench.py --device cpu --quick`.
   5. flashinfer: the quick GPU benchmark with FlashInfer, only if its JIT build has finished.
@@ -31,7 +34,7 @@ library is imported at the top: torch and everything optional are imported insid
 so a failure there is recorded too.
 
   python scripts/certify.py OUT_DIR
-Environment: CERTIFY_BUDGET_S, CERTIFY_SANITIZERS (default "memcheck racecheck"),
+Environment: CERTIFY_BUDGET_S, CERTIFY_SANITIZERS (default "memcheck racecheck initcheck synccheck"),
 CERTIFY_COMMIT (recorded when git is not available, e.g. on the device machine), CERTIFY_WHEELS
 (how certify.sh installed the carried wheels, recorded).
 """
@@ -310,6 +313,14 @@ class Certification:
             out["tail"] = step.tail()
         return out
 
+    def coverage(self, script: str, subject: Path) -> dict:
+        """What a GPU stage's script would run, from its CPU run (no GPU: the dry run's list)."""
+        path = self.work / f"{script}.json"
+        step = Step(script, [PY, f"scripts/{script}", "--device", "cpu", "--json", str(path)],
+                    self.work / f"{script}.log", {"LP_BUILD_DIR": str(subject)}).start()
+        result = step.wait(300)
+        return json.loads(path.read_text())["covers"] if path.exists() else {"error": result["status"] + ": " + step.tail()}
+
     def build(self, timeout: float, env: dict) -> dict:
         step = Step("build", [PY, "tools/build.py"], self.work / "build.log", env).start()
         result = step.wait(timeout)
@@ -371,9 +382,9 @@ class Certification:
         self.write()
 
         # 2. compute-sanitizer on the reduced case set, the tools in parallel.
-        tools = os.environ.get("CERTIFY_SANITIZERS", "memcheck racecheck").split()
+        tools = os.environ.get("CERTIFY_SANITIZERS", "memcheck racecheck initcheck synccheck").split()
         if not gpu:
-            self.stages["sanitizers"] = skipped("no GPU")
+            self.stages["sanitizers"] = {**skipped("no GPU"), "covers": self.coverage("sanitizer_cases.py", subject)}
         elif "sanitizers" in off:
             self.stages["sanitizers"] = {"status": "FAIL", "detail": "compute-sanitizer not found"}
         else:
@@ -381,7 +392,8 @@ class Certification:
             # Every tensor its own cudaMalloc: memcheck sees only accesses outside allocations.
             senv = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "LP_BUILD_DIR": str(subject), "OMP_NUM_THREADS": "2"}
             running = {tool: Step(tool, [sanitizer, "--tool", tool, "--error-exitcode", "99", "--print-limit", "20",
-                                         PY, "scripts/sanitizer_cases.py"], self.work / f"{tool}.log", senv).start()
+                                         PY, "scripts/sanitizer_cases.py", "--json", str(self.work / f"{tool}.json")],
+                                  self.work / f"{tool}.log", senv).start()
                        for tool in tools}
             end = time.monotonic() + min(cap["sanitizers"], deadline.left(RESERVE["graph"]))
             results = {}
@@ -396,8 +408,9 @@ class Certification:
                                      "status": "TIMEOUT" if result["rc"] is None else ("PASS" if ok else "FAIL")}
                     if not ok:
                         results[tool]["tail"] = step.tail(40)
+            ran = [json.loads(path.read_text()) for path in (self.work / f"{t}.json" for t in tools) if path.exists()]
             self.stages["sanitizers"] = {"status": "PASS" if all(r["status"] == "PASS" for r in results.values())
-                                         else "FAIL", "tools": results}
+                                         else "FAIL", "tools": results, "covers": ran[0]["covers"] if ran else {}}
         self.write()
 
         # 3. the CUDA-graph check.
@@ -409,7 +422,7 @@ class Certification:
             detail = json.loads(graph_json.read_text()) if graph_json.exists() else {"tail": step.tail()}
             self.stages["graph"] = {**detail, **result}
         else:
-            self.stages["graph"] = skipped("no GPU")
+            self.stages["graph"] = {**skipped("no GPU"), "covers": self.coverage("graph_check.py", subject)}
         self.write()
 
         # 4. benchmarks against the copy-bandwidth floor and XGrammar (FlashInfer in stage 5).
@@ -534,6 +547,12 @@ def render(record: dict) -> tuple[str, str]:
         lines.append(stage_line(name, s))
         if "tests" in s:
             lines.append(stage_line(f"{name}: tests", s["tests"]))
+    covered = [(name, s["covers"]) for name, s in stages.items() if s.get("covers")]
+    if covered:
+        lines += ["", "What the GPU stages run" + ("" if "gpu" in env else " (would run: the scripts' CPU runs)") + ":"]
+        for name, c in covered:
+            lines.append(f"- {name}: " + (f"{len(c['ops'])} ops ({', '.join(c['ops'])}); the {len(c['kernels'])} "
+                                          f"kernels they launch ({', '.join(c['kernels'])})" if "ops" in c else f"not listed: {c.get('error')}"))
     for name, s in stages.items():
         for part in (s, s.get("tests", {}), *s.get("tools", {}).values()):
             if part.get("failures"):

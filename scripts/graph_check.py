@@ -3,7 +3,11 @@
 The step, captured once with every parameter a device tensor and every output preallocated:
 the bitmask in place, `sample`, `sample_with_logprobs` with fused penalties, the top-N and the
 kept set (`return_kept`), `update_output_counts_` from its tokens, `filtered_probs`,
-`verify_draft` (with draft probabilities and block verification) and `verify_tree`. Before each
+`verify_draft` (with draft probabilities and block verification), `verify_tree`, the request
+constraints (`constrain_bitmask_`, `apply_packed_bitmask` with the result, `sequence_bias`,
+`dry_bias`), `apply_penalties_` with DRY's biases, the replay over the kept set
+(`token_logprobs(support=)`) and `filtered_logits`: every public op but `sample_sharded` and
+`penalty_state_from_tokens` (a request's admission, not a decode step). Before each
 replay new logits, drafts' target logits and offsets are copied into the captured buffers and
 the penalty counts reset, as a serving loop does. Checks: capture succeeds (an op that
 synchronised or allocated would break it); every replay equals the same step run eagerly on
@@ -24,7 +28,7 @@ import sys
 from pathlib import Path
 
 import torch
-from device_package import load_package
+from device_package import DeviceOps, load_package
 
 ROWS, VOCAB, STEPS, DRAFTS = 32, 32000, 6, 3
 # A tree of 5 nodes: 0 -> {1, 2}, 1 -> {3, 4} (first child, next sibling).
@@ -64,11 +68,18 @@ class Step:
         self.tree_drafts = torch.randint(0, VOCAB, (ROWS, len(NEXT_TOKEN)), device=device, generator=g)
         self.tree_links = [torch.tensor(links, device=device).expand(ROWS, -1).contiguous()
                            for links in (NEXT_TOKEN, NEXT_SIBLING)]
+        # The request constraints' inputs: each row's tokens over 4 ids (so that n-grams, bad
+        # words and repeats match), words of 1 to 3 ids and their biases.
+        self.history = torch.randint(0, 4, (ROWS, 24), device=device, generator=g)
+        self.words = torch.randint(0, 4, (ROWS, 6, 3), device=device, generator=g)
+        self.words[:, ::2, 2] = -1
+        self.word_biases = randn(ROWS, 6)
         # The captured inputs and the outputs.
         self.logits = torch.empty(ROWS, VOCAB, device=device)
         self.target = torch.empty(ROWS, DRAFTS + 1, VOCAB, device=device)
         self.tree_target = torch.empty(ROWS, len(NEXT_TOKEN), VOCAB, device=device)
         self.offset = torch.empty(ROWS, device=device, dtype=torch.int64)
+        self.constrained = torch.empty_like(self.bitmask)
         self.outputs = {name: lambda_() for name, lambda_ in self._output_makers().items()}
 
     def _output_makers(self) -> dict:
@@ -90,6 +101,12 @@ class Step:
             "verified": lambda: lp.VerifiedDraft(ints(ROWS, DRAFTS + 1)(), ints(ROWS)()),
             "blocks": lambda: lp.VerifiedDraft(ints(ROWS, DRAFTS + 1)(), ints(ROWS)()),
             "tree": lambda: lp.VerifiedTree(ints(ROWS, 3)(), ints(ROWS, 3)(), ints(ROWS)()),
+            "sequence_bias": lambda: (ints(ROWS, 6)(), torch.empty(ROWS, 6, device=d)),
+            "dry": lambda: (ints(ROWS, 24)(), torch.empty(ROWS, 24, device=d)),
+            "penalised": lambda: torch.empty(ROWS, VOCAB, device=d),
+            "support_logprobs": lambda: torch.empty(ROWS, device=d),
+            "filtered_logits": lambda: torch.empty(ROWS, VOCAB, device=d),
+            "masked": lambda: torch.empty(ROWS, VOCAB, device=d),
         }
 
     def load(self, i: int, j: int | None = None) -> None:
@@ -99,10 +116,12 @@ class Step:
         self.tree_target.copy_(self.tree_targets[i])
         self.offset.copy_(self.offsets[i if j is None else j])
         self.penalties.output_counts.copy_(self.initial_counts)
+        self.constrained.copy_(self.bitmask)
 
     def run(self) -> None:
         lp, out, params = self.lp, self.outputs, self.params
         lp.apply_token_bitmask_inplace(self.logits, self.bitmask)
+        lp.apply_token_bitmask(self.logits, self.bitmask)  # (the same kernel, returning the logits)
         lp.sample(self.logits, **params, offset=self.offset, out=out["tokens"])
         lp.sample_with_logprobs(self.logits, **params, offset=self.offset, penalties=self.penalties, num_logprobs=5,
                                 return_kept=20, out=out["with_logprobs"])
@@ -115,6 +134,20 @@ class Step:
                         out=out["blocks"])
         lp.verify_tree(self.tree_target, self.tree_drafts, *self.tree_links, **params, offset=self.offset,
                        out=out["tree"])
+        # The request constraints, the biases they give, the unfused penalties and the replay.
+        lp.constrain_bitmask_(self.constrained, VOCAB, self.history, min_tokens=30, stop_token_ids=self.drafts,
+                              bad_words=self.words, no_repeat_ngram_size=2)
+        lp.apply_packed_bitmask(self.logits, self.constrained, out=out["masked"])
+        lp.sequence_bias(self.history, self.words, self.word_biases, VOCAB, out=out["sequence_bias"])
+        lp.dry_bias(self.history, VOCAB, multiplier=0.8, out=out["dry"])
+        out["penalised"].copy_(self.logits)
+        lp.apply_penalties_(out["penalised"], *self.penalties[:2], repetition_penalty=1.1, frequency_penalty=0.2,
+                            presence_penalty=0.1, logit_bias_ids=out["dry"][0], logit_bias_values=out["dry"][1])
+        # (support= takes no out=: its result comes from the graph's memory pool, copied out.)
+        out["support_logprobs"].copy_(lp.token_logprobs(self.logits, out["with_logprobs"][0].tokens,
+                                                        params["temperature"], support=out["with_logprobs"][1]))
+        lp.filtered_logits(self.logits, params["temperature"], params["top_k"], params["top_p"], params["min_p"],
+                           out=out["filtered_logits"])
 
     def snapshot(self) -> dict[str, list[torch.Tensor]]:
         """Each output's tensors and the penalty counts, copied."""
@@ -134,11 +167,13 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     args = parser.parse_args()
-    lp = load_package(args.device, "graph_check")
-    if lp is None:
+    package = load_package(args.device, "graph_check")
+    if package is None:
         return 2
+    lp = DeviceOps(package, args.device)
     checks: dict[str, bool] = {}
     step = Step(lp, args.device, torch.Generator(device=args.device).manual_seed(0))
+    lp.ran.clear()  # (the ops of the step only, not of its setup)
 
     # Warm up (lazy initialisation must not happen during capture), on a side stream on a GPU.
     if args.device == "cuda":
@@ -191,9 +226,7 @@ def main() -> int:
         checks["every kept set has a token"] = all(bool((outputs["with_logprobs"][-1] > 0).all()) for outputs in first)
     ok = all(checks.values())
     result = {"status": "PASS" if ok else "FAIL", "device": args.device, "checks": checks, "rows": ROWS,
-              "vocab": VOCAB, "steps": STEPS,
-              "ops": ["apply_token_bitmask_inplace", "sample", "sample_with_logprobs(return_kept)",
-                      "update_output_counts_", "filtered_probs", "verify_draft", "verify_draft(block)", "verify_tree"]}
+              "vocab": VOCAB, "steps": STEPS, "covers": lp.coverage()}
     for name, passed in checks.items():
         print(f"graph_check: {'PASS' if passed else 'FAIL'} {name}", flush=True)
     if args.json:

@@ -5,23 +5,26 @@ checked against the CPU implementation on the same inputs (the oracle), so a ker
 writes wrong values fails here even when the sanitizer sees nothing; exit status 1 then. The
 kernels: the bitmask's, the sampler's (one block a row and split rows), the log-probabilities'
 with the kept set and the ids past the support, token_logprobs and its replay over a support
-(forward and backward), the filtered distribution, the penalties', verify_draft's
-(verify_kernel, block_verify_kernel), verify_tree's, and sample_sharded's shard kernels (a
-world of one rank).
+(forward and backward), the filtered distribution, the penalties', the request constraints'
+(constrain_bitmask_, sequence_bias, dry_bias), verify_draft's (verify_kernel,
+block_verify_kernel), verify_tree's, and sample_sharded's shard kernels (a world of one rank):
+every public op that launches a kernel (device_package.KERNELS), which --json records.
 Run it with PYTORCH_NO_CUDA_MEMORY_CACHING=1: torch's caching allocator packs tensors into
 shared segments, and memcheck only sees accesses outside whole allocations.
 
-  python scripts/sanitizer_cases.py [--device cuda|cpu]
+  python scripts/sanitizer_cases.py [--device cuda|cpu] [--json PATH]
 `--device cpu` runs the same script against the CPU path, to try the script itself without a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 import torch
-from device_package import load_package
+from device_package import DeviceOps, load_package
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 FAILURES: list[str] = []
@@ -201,6 +204,30 @@ def both(lp, device: str, op: str, *args, **kwargs):
     return got, getattr(lp, op)(*args, **kwargs)
 
 
+def constraint_cases(lp, device: str, g: torch.Generator) -> None:
+    """The request constraints' kernels, bit for bit against the CPU: sequences over 4 ids (so that
+    n-grams, bad words, biased sequences and DRY's repeats match), -1 padded to several lengths."""
+    rows, vocab, length = 5, 3001, 24
+    tokens = torch.randint(0, 4, (rows, length), generator=g)
+    tokens[torch.arange(length) >= torch.tensor([24, 20, 7, 1, 0])[:, None]] = -1
+    words = torch.randint(0, 4, (rows, 6, 3), generator=g)
+    words[torch.rand(rows, 6, 3, generator=g) < 0.3] = -1
+    words = torch.where(words.eq(-1).cummax(-1).values, -1, words)  # (padding only at the end)
+    constraints = dict(token_ids=tokens, prompt_lengths=torch.tensor([0, 2, 5, 0, 0]),
+                       min_tokens=torch.tensor([0, 30, 3, 1, 0]), stop_token_ids=torch.randint(0, vocab, (rows, 2), generator=g),
+                       allowed_token_ids=torch.randint(-1, vocab, (rows, 40), generator=g),
+                       suppress_tokens=torch.randint(-1, vocab, (rows, 8), generator=g),
+                       bad_words=words, no_repeat_ngram_size=torch.tensor([0, 2, 3, 1, 2]))
+    got, want = both(lp, device, "constrain_bitmask_", random_bitmask(rows, vocab, g), vocab, **constraints)
+    expect(same(got, want), "constrain_bitmask_")
+    got, want = both(lp, device, "sequence_bias", tokens, words, torch.randn(rows, 6, generator=g), vocab)
+    expect(same(tuple(got), tuple(want)), "sequence_bias")
+    got, want = both(lp, device, "dry_bias", tokens, vocab, multiplier=torch.tensor([0.0, 0.8, 1.0, 1.5, 2.0]),
+                     base=1.75, allowed_length=torch.tensor([2, 1, 0, 3, 2]), penalty_last_n=torch.tensor([-1, 10, 0, 5, -1]),
+                     sequence_breakers=words[:, :2])
+    expect(same(tuple(got), tuple(want)), "dry_bias")
+
+
 def other_kernel_cases(lp, device: str, g: torch.Generator) -> None:
     """Each kernel beyond the bitmask and `sample`, bit for bit against the CPU."""
     rows, vocab = 6, 3001
@@ -296,10 +323,12 @@ def other_kernel_cases(lp, device: str, g: torch.Generator) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--json", type=Path, help="write the ops run on the device, their kernels and the failures")
     args = parser.parse_args()
-    lp = load_package(args.device, "sanitizer_cases")
-    if lp is None:
+    package = load_package(args.device, "sanitizer_cases")
+    if package is None:
         return 2
+    lp = DeviceOps(package, args.device)
     g = torch.Generator().manual_seed(0)
     bitmask_cases(lp, args.device, g)
     print("sanitizer_cases: bitmask cases done", flush=True)
@@ -310,12 +339,18 @@ def main() -> int:
               f"{agree}/{total} rows ({100 * rate:.2f}%)", flush=True)
         # Only near-ties may differ (rounding); a broken draw or cutoff disagrees far more.
         expect(rate >= 0.95, f"{args.device}/CPU token agreement {100 * rate:.2f}% < 95%")
+        constraint_cases(lp, args.device, g)
         other_kernel_cases(lp, args.device, g)
         print("sanitizer_cases: the other kernels' cases done", flush=True)
     else:
         print("sanitizer_cases: sample is not in this build: sampler cases skipped", flush=True)
     if args.device == "cuda":
         torch.cuda.synchronize()
+    coverage = lp.coverage()
+    print(f"sanitizer_cases: {len(coverage['ops'])} ops run on {args.device} ({', '.join(coverage['ops'])}), "
+          f"launching {len(coverage['kernels'])} kernels on CUDA ({', '.join(coverage['kernels'])})", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"covers": coverage, "failures": FAILURES}, indent=1) + "\n")
     print(f"sanitizer_cases: {len(FAILURES)} failures", flush=True)
     return 1 if FAILURES else 0
 
