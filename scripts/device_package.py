@@ -45,6 +45,13 @@ KERNELS = {
     "verify_draft": ["verify_kernel", "block_verify_kernel"],
     "verify_tree": ["verify_tree_kernel"],
     "sample_sharded": ["sample_shard_kernel", "finish_shard_kernel", "finish_kept_kernel", "fill_ids_kernel"],
+    # FlashInfer's names: ln p of the probabilities, then the op their semantics are.
+    "top_k_renorm_probs": ["logits_from_probs_kernel", "logprobs_kernel"],
+    "top_p_renorm_probs": ["logits_from_probs_kernel", "logprobs_kernel"],
+    "top_k_mask_logits": ["logprobs_kernel"],
+    "sampling_from_probs": ["logits_from_probs_kernel", "sample_kernel", "split_draw_kernel"],
+    "top_k_top_p_sampling_from_probs": ["logits_from_probs_kernel", "sample_kernel", "split_draw_kernel"],
+    "min_p_sampling_from_probs": ["logits_from_probs_kernel", "sample_kernel", "split_draw_kernel"],
 }
 
 

@@ -6,7 +6,8 @@ kept set (`return_kept`), `update_output_counts_` from its tokens, `filtered_pro
 `verify_draft` (with draft probabilities and block verification), `verify_tree`, the request
 constraints (`constrain_bitmask_`, `apply_packed_bitmask` with the result, `sequence_bias`,
 `dry_bias`), `apply_penalties_` with DRY's biases, the replay over the kept set
-(`token_logprobs(support=)`) and `filtered_logits`: every public op but `sample_sharded` and
+(`token_logprobs(support=)`), `filtered_logits` and FlashInfer's names over the filtered
+probabilities: every public op but `sample_sharded` and
 `penalty_state_from_tokens` (a request's admission, not a decode step). Before each
 replay new logits, drafts' target logits and offsets are copied into the captured buffers and
 the penalty counts reset, as a serving loop does. Checks: capture succeeds (an op that
@@ -107,6 +108,9 @@ class Step:
             "support_logprobs": lambda: torch.empty(ROWS, device=d),
             "filtered_logits": lambda: torch.empty(ROWS, VOCAB, device=d),
             "masked": lambda: torch.empty(ROWS, VOCAB, device=d),
+            "flashinfer_probs": lambda: torch.empty(ROWS, VOCAB, device=d),
+            "flashinfer_masked": lambda: torch.empty(ROWS, VOCAB, device=d),
+            "flashinfer_tokens": lambda: torch.empty(ROWS, 3, device=d, dtype=torch.int32),
         }
 
     def load(self, i: int, j: int | None = None) -> None:
@@ -148,6 +152,14 @@ class Step:
                                                         params["temperature"], support=out["with_logprobs"][1]))
         lp.filtered_logits(self.logits, params["temperature"], params["top_k"], params["top_p"], params["min_p"],
                            out=out["filtered_logits"])
+        # FlashInfer's names (no out=: their results come from the graph's pool, copied out).
+        probs, draw = out["filtered"], dict(seed=params["seed"], offset=self.offset)
+        out["flashinfer_probs"].copy_(lp.top_p_renorm_probs(lp.top_k_renorm_probs(probs, params["top_k"]), params["top_p"]))
+        out["flashinfer_masked"].copy_(lp.top_k_mask_logits(self.logits, params["top_k"]))
+        out["flashinfer_tokens"][:, 0].copy_(lp.sampling_from_probs(probs, **draw))
+        out["flashinfer_tokens"][:, 1].copy_(lp.top_k_top_p_sampling_from_probs(probs, params["top_k"], params["top_p"],
+                                                                                 **draw))
+        out["flashinfer_tokens"][:, 2].copy_(lp.min_p_sampling_from_probs(probs, params["min_p"], **draw))
 
     def snapshot(self) -> dict[str, list[torch.Tensor]]:
         """Each output's tensors and the penalty counts, copied."""

@@ -7,7 +7,8 @@ kernels: the bitmask's, the sampler's (one block a row and split rows), the log-
 with the kept set and the ids past the support, token_logprobs and its replay over a support
 (forward and backward), the filtered distribution, the penalties', the request constraints'
 (constrain_bitmask_, sequence_bias, dry_bias), verify_draft's (verify_kernel,
-block_verify_kernel), verify_tree's, and sample_sharded's shard kernels (a world of one rank):
+block_verify_kernel), verify_tree's, sample_sharded's shard kernels (a world of one rank), and FlashInfer's names
+over probabilities (logits_from_probs_kernel, then the sampler's):
 every public op that launches a kernel (device_package.KERNELS), which --json records.
 Run it with PYTORCH_NO_CUDA_MEMORY_CACHING=1: torch's caching allocator packs tensors into
 shared segments, and memcheck only sees accesses outside whole allocations.
@@ -228,6 +229,31 @@ def constraint_cases(lp, device: str, g: torch.Generator) -> None:
     expect(same(tuple(got), tuple(want)), "dry_bias")
 
 
+def flashinfer_cases(lp, device: str, g: torch.Generator) -> None:
+    """FlashInfer's names, bit for bit against the CPU: probabilities with zeros, subnormals and a
+    NaN, in each dtype; per-row parameters and seeds."""
+    rows, vocab = 5, 3001
+    probs = torch.softmax(torch.randn(rows, vocab, generator=g) * 4, -1)
+    probs[1, ::3] = 0
+    probs[2, 7], probs[3, 11] = 1e-42, float("nan")
+    seeds = dict(seed=torch.arange(rows) * 11, offset=torch.full((rows,), 3))
+    for dtype in DTYPES:
+        got, want = both(lp, device, "top_k_renorm_probs", probs.to(dtype), torch.tensor([1, 5, 0, 40, 3001]))
+        expect(same(got, want), f"top_k_renorm_probs {dtype}")
+    got, want = both(lp, device, "top_p_renorm_probs", probs, torch.tensor([0.1, 0.5, 0.9, 1.0, 0.0]))
+    expect(same(got, want), "top_p_renorm_probs")
+    got, want = both(lp, device, "top_k_mask_logits", torch.randn(rows, vocab, generator=g).to(torch.bfloat16), 17)
+    expect(same(got, want), "top_k_mask_logits")
+    got, want = both(lp, device, "sampling_from_probs", probs, **seeds, return_valid=True)
+    expect(same(tuple(got), tuple(want)), "sampling_from_probs")
+    for order in ("top_k_first", "joint"):
+        got, want = both(lp, device, "top_k_top_p_sampling_from_probs", probs, torch.tensor([0, 5, 50, 1, 3000]),
+                         0.8, filter_apply_order=order, **seeds)
+        expect(same(got, want), f"top_k_top_p_sampling_from_probs {order}")
+    got, want = both(lp, device, "min_p_sampling_from_probs", probs, 0.05, seed=9, offset=1)
+    expect(same(got, want), "min_p_sampling_from_probs")
+
+
 def other_kernel_cases(lp, device: str, g: torch.Generator) -> None:
     """Each kernel beyond the bitmask and `sample`, bit for bit against the CPU."""
     rows, vocab = 6, 3001
@@ -340,6 +366,7 @@ def main() -> int:
         # Only near-ties may differ (rounding); a broken draw or cutoff disagrees far more.
         expect(rate >= 0.95, f"{args.device}/CPU token agreement {100 * rate:.2f}% < 95%")
         constraint_cases(lp, args.device, g)
+        flashinfer_cases(lp, args.device, g)
         other_kernel_cases(lp, args.device, g)
         print("sanitizer_cases: the other kernels' cases done", flush=True)
     else:

@@ -1,5 +1,5 @@
 // sample, sample_with_logprobs, token_logprobs and filtered_distribution; sampling_call, which
-// verify_draft shares.
+// verify_draft shares; logits_from_probs, the logits of the entry points taking probabilities.
 
 #include "sampling_ops.h"
 
@@ -8,6 +8,7 @@
 #include <cmath>
 #include <string>
 
+#include "../logits_processor/logits_from_probs.h"
 #include "checks.h"
 #include "dispatch.h"
 #include "penalty_ops.h"
@@ -237,6 +238,17 @@ void filtered_distribution(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETE
   p.logprobs.filtered = out.mutable_data_ptr<float>();
   p.logprobs.filtered_as_logits = as_logits;
   run_sampling(p, logits);
+}
+
+void logits_from_probs(const Tensor& probs, const Tensor& out) {
+  check_logits_dtype(probs, "probs");
+  check_device_supported(probs, "probs");
+  CHECK_ARG(probs.dim() == 2, "probs must be 2-D [batch, vocab], got ", probs.dim(), "-D");
+  const RowView pv = row_view(probs, "probs");
+  check_output(out, probs, "out", ScalarType::Float, pv.width);
+  CHECK_ARG(!shares_storage(out, probs), "out must not share memory with probs");
+  const lp::LogitsFromProbsParams p{logits_view(probs, pv), out.mutable_data_ptr<float>(), pv.width};
+  RUN_KERNEL(logits_from_probs, probs, p);
 }
 
 // --- the CPU or CUDA kernels -----------------------------------------------------------------

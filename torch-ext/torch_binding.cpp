@@ -38,6 +38,10 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "float fill_value, "
           "Tensor(a!) out"
           ") -> ()");
+  ops.def("logits_from_probs("
+          "Tensor probs, "
+          "Tensor(a!) out"
+          ") -> ()");
   ops.def("sample("
           "Tensor logits, "
           LP_FILTER_ARGUMENTS(LP_SCHEMA_ARGUMENT)
@@ -224,6 +228,7 @@ void impl_ops(Library& ops) {
   ops.impl("sample_with_kept", TORCH_BOX(&sample_with_kept));
   ops.impl("token_logprobs", TORCH_BOX(&token_logprobs));
   ops.impl("filtered_distribution", TORCH_BOX(&filtered_distribution));
+  ops.impl("logits_from_probs", TORCH_BOX(&logits_from_probs));
   ops.impl("sample_shard_step", TORCH_BOX(&sample_shard_step));
   ops.impl("sample_shard_finish", TORCH_BOX(&sample_shard_finish));
   ops.impl("support_logprobs", TORCH_BOX(&support_logprobs));

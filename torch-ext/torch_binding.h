@@ -133,6 +133,7 @@ void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARG
                     const std::string& logprobs_mode, const Tensor& out);
 void filtered_distribution(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
                            LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const std::string& output, const Tensor& out);
+void logits_from_probs(const Tensor& probs, const Tensor& out);
 
 // support_ops.cpp
 void support_logprobs(LP_SUPPORT_ARGUMENTS(LP_PARAMETER) const Tensor& logprobs, const Tensor& entropy,

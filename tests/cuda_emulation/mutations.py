@@ -50,6 +50,7 @@ SHARDED = "logits_processor/sharded_cuda.cu"
 LOGPROB_IDS = "logits_processor/logprob_ids_cuda.cu"
 TREE_LINKS = "logits_processor/verify_tree.h"
 CONSTRAINTS = "logits_processor/constraints_cuda.cu"
+PROBS = "logits_processor/logits_from_probs_cuda.cu"
 AGREEMENT = "AssertionError"
 
 
@@ -251,6 +252,9 @@ MUTANTS = [
            within="top_packs(row, a.plan.kept_k,"),
     Mutant("shard-kept-ids-rank", SHARDED, "e % per_row / out.kept_k", "e % out.ranks", "fibers", AGREEMENT,
            "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py"),
+    # FlashInfer's names: every row's ln p taken from row 0 (the grid-stride item's row dropped).
+    Mutant("probs-row", PROBS, "logits_row(p.probs, row)", "logits_row(p.probs, 0)", "fibers", AGREEMENT,
+           "logits_from_probs_agrees", "tests/cuda_emulation/test_flashinfer_names_cuda.py"),
     # The ids past a support: each thread's ids placed after its own slice instead of before it.
     Mutant("ids-fill-offset", LOGPROB_IDS, "next + static_cast<int64_t>(inclusive - mine)",
            "next + static_cast<int64_t>(inclusive)", "fibers", AGREEMENT, "ids_past_the_support",
