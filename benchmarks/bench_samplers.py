@@ -1,6 +1,7 @@
-"""Truncation samplers beyond top-k, top-p and min-p (epsilon_cutoff, eta_cutoff and top_n_sigma so far) beside
-plain `sample`, and the torch chain a user writes instead: transformers' warpers (for top-n-sigma, which
-transformers lacks, its definition in torch), softmax, torch.multinomial (`make bench`).
+"""Truncation samplers beyond top-k, top-p and min-p (epsilon_cutoff, eta_cutoff, top_n_sigma and mirostat v2's
+mirostat_mu so far) beside plain `sample`, and the torch chain a user writes instead: transformers' warpers (for
+top-n-sigma and mirostat, which transformers lacks, their definitions in torch), softmax, torch.multinomial
+(`make bench`).
 
 V = 128256, B in {1, 32}, bfloat16 logits (randn * 3), temperature 0.8, on the GPU where there
 is one, else the CPU. Each time is the median of interleaved calls (the machine is shared:
@@ -12,6 +13,7 @@ warpers' (their finite scores against `filtered_logits`') on the way.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -38,11 +40,24 @@ class TopNSigma:
         return scores.masked_fill(scores < top - self.n * sigma, float("-inf"))
 
 
+class MirostatV2:
+    """mirostat v2's truncation as a user writes it in torch (llama.cpp's llama_sampler_mirostat_v2):
+    -inf where the surprise -log2 p exceeds mu, the top kept."""
+
+    def __init__(self, mu: float):
+        self.mu = mu
+
+    def __call__(self, input_ids, scores: torch.Tensor) -> torch.Tensor:
+        keep = (scores.log_softmax(-1) * (-1 / math.log(2)) <= self.mu) | (scores == scores.amax(-1, keepdim=True))
+        return scores.masked_fill(~keep, float("-inf"))
+
+
 # Each sampler: its keywords here, and the warpers applied after the temperature.
 SAMPLERS = {
     "epsilon_cutoff": (dict(epsilon_cutoff=3e-4), [EpsilonLogitsWarper(3e-4)]),
     "eta_cutoff": (dict(eta_cutoff=2e-3), [EtaLogitsWarper(2e-3)]),
     "top_n_sigma": (dict(top_n_sigma=1.5), [TopNSigma(1.5)]),
+    "mirostat_mu": (dict(mirostat_mu=10.0), [MirostatV2(10.0)]),
 }
 
 

@@ -11,7 +11,8 @@
 //   t_minp = s_max + ln(min_p)                                      (min_p > 0)
 //   t_p    = the largest score t with M(t) >= ceil(top_p * Z)       (top_p < 1)
 //   t_eps  = the smallest score t with mass(t) >= ceil(eps * Z),
-//            at most s_max, eps = max(epsilon, eta's floor)        (epsilon_cutoff or eta_cutoff > 0)
+//            at most s_max, eps = max(epsilon, eta's floor,
+//            mirostat's 2^-mu)                                    (epsilon_cutoff, eta_cutoff > 0, mu < inf)
 //   t_sig  = s_max - n sigma / T, sigma the candidates' logits'
 //            standard deviation (sigma_key)                        (top_n_sigma = n > 0)
 // where mass_i = floor(2^32 * e^(s_i - s_max)) is an integer, M(t) the mass of the scores
@@ -92,6 +93,8 @@ struct SamplingParams : LogitsView {
   float eta_value;
   const float* top_n_sigma;
   float top_n_sigma_value;
+  const float* mirostat_mu;  // mirostat v2's mu, in bits: a floor 2^-mu on p, joined to epsilon's
+  float mirostat_mu_value;
   FilterOrder filter_order;  // one for the whole call
   // With per-row seeds, row b's stream is keyed by (seed[b], offset[b]) alone; with one
   // seed it is keyed by (seed, b, offset).
@@ -129,6 +132,15 @@ struct RowParams {
   uint32_t offset_lo, offset_hi;
 };
 
+// mirostat v2 (Basu et al. 2021, llama.cpp's llama_sampler_mirostat_v2): keep the tokens whose
+// surprise -log2 p is at most mu, and the top: p >= 2^-mu over the whole row, an epsilon
+// floor. 2^-mu through lp_exp_nonpositive, the same on both devices; mu <= 0 keeps the top
+// alone (a floor of 1), +inf or NaN (and 2^-mu below float's range) keep every token.
+LP_HOST_DEVICE float mirostat_floor(float mu) {
+  if (!(mu > 0.0f)) return mu <= 0.0f ? 1.0f : 0.0f;
+  return mu < 3.402823466e38f ? lp_exp_nonpositive(lp_mul(-mu, 0.693147180559945309f)) : 0.0f;
+}
+
 // Per-row values that no host check has seen (device tensors) are made safe here: NaN or
 // non-positive temperature is greedy, top_p, min_p, epsilon and eta clamp to [0, 1] (NaN
 // disables them), top_n_sigma to [0, FLT_MAX] (0, NaN or less disables it).
@@ -144,6 +156,9 @@ LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   r.min_p = min_p > 0.0f ? (min_p < 1.0f ? (min_p > 1.17549435e-38f ? min_p : 1.17549435e-38f) : 1.0f) : 0.0f;
   const float epsilon = p.epsilon ? p.epsilon[row] : p.epsilon_value;
   r.epsilon = epsilon > 0.0f ? (epsilon < 1.0f ? epsilon : 1.0f) : 0.0f;
+  const float mu = p.mirostat_mu ? p.mirostat_mu[row] : p.mirostat_mu_value;
+  const float mirostat = mirostat_floor(mu);
+  r.epsilon = mirostat > r.epsilon ? mirostat : r.epsilon;
   const float eta = p.eta ? p.eta[row] : p.eta_value;
   r.eta = eta > 0.0f ? (eta < 1.0f ? (eta > 1.17549435e-38f ? eta : 1.17549435e-38f) : 1.0f) : 0.0f;
   const float n_sigma = p.top_n_sigma ? p.top_n_sigma[row] : p.top_n_sigma_value;

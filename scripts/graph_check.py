@@ -2,7 +2,8 @@
 
 The step, captured once with every parameter a device tensor and every output preallocated:
 the bitmask in place, `sample`, `sample_with_logprobs` with fused penalties, the top-N and the
-kept set (`return_kept`), `update_output_counts_` from its tokens, `filtered_probs`,
+kept set (`return_kept`), `update_output_counts_` and `update_mirostat_mu_` from its tokens,
+`filtered_probs` (with mirostat's mu),
 `verify_draft` (with draft probabilities and block verification), `verify_tree`, the request
 constraints (`constrain_bitmask_`, `apply_packed_bitmask` with the result, `sequence_bias`,
 `dry_bias`), `apply_penalties_` with DRY's biases, the replay over the kept set
@@ -62,6 +63,8 @@ class Step:
         state = lp.penalty_state_from_tokens(torch.randint(0, VOCAB, (ROWS, 20), device=device, generator=g),
                                              torch.randint(0, VOCAB, (ROWS, 30), device=device, generator=g), VOCAB)
         self.initial_counts = state.output_counts.clone()
+        self.initial_mu = torch.tensor([10.0, 6.0, 12.0, 20.0] * (ROWS // 4), device=device)  # mirostat's state
+        self.mirostat_mu = self.initial_mu.clone()
         self.penalties = lp.Penalties(*state, repetition_penalty=torch.full((ROWS,), 1.2, device=device),
                                       frequency_penalty=0.3, presence_penalty=0.2)
         self.drafts = torch.randint(0, VOCAB, (ROWS, DRAFTS), device=device, generator=g)
@@ -120,6 +123,7 @@ class Step:
         self.tree_target.copy_(self.tree_targets[i])
         self.offset.copy_(self.offsets[i if j is None else j])
         self.penalties.output_counts.copy_(self.initial_counts)
+        self.mirostat_mu.copy_(self.initial_mu)
         self.constrained.copy_(self.bitmask)
 
     def run(self) -> None:
@@ -130,8 +134,9 @@ class Step:
         lp.sample_with_logprobs(self.logits, **params, offset=self.offset, penalties=self.penalties, num_logprobs=5,
                                 return_kept=20, out=out["with_logprobs"])
         lp.update_output_counts_(self.penalties.output_counts, out["with_logprobs"][0].tokens)
+        lp.update_mirostat_mu_(self.mirostat_mu, out["with_logprobs"][0].logprobs[:, 0], 5.0, 0.1)
         lp.filtered_probs(self.logits, params["temperature"], params["top_k"], params["top_p"], params["min_p"],
-                          penalties=self.penalties, out=out["filtered"])
+                          penalties=self.penalties, mirostat_mu=self.mirostat_mu, out=out["filtered"])
         verify = dict(params, temperature=params["temperature"].clamp(min=0.5), offset=self.offset)
         lp.verify_draft(self.target, self.drafts, draft_probs=self.draft_probs, **verify, out=out["verified"])
         lp.verify_draft(self.target, self.drafts, draft_probs=self.draft_probs, block_verification=True, **verify,
@@ -167,7 +172,7 @@ class Step:
             return [value.clone()] if isinstance(value, torch.Tensor) else [t for v in value for t in tensors(v)]
 
         return {name: tensors(value) for name, value in self.outputs.items()} | {
-            "counts": [self.penalties.output_counts.clone()]}
+            "counts": [self.penalties.output_counts.clone()], "mirostat_mu": [self.mirostat_mu.clone()]}
 
 
 def same(a: dict, b: dict) -> bool:

@@ -307,7 +307,7 @@ def other_kernel_cases(lp, device: str, g: torch.Generator) -> None:
                f"token_logprobs(support={support.dtype}) forward and backward")
     for op in ("filtered_probs", "filtered_logits"):
         got, want = both(lp, device, op, logits, **per_row, bitmask=mask, penalties=penalties,
-                         filter_apply_order="top_k_first")
+                         filter_apply_order="top_k_first", mirostat_mu=torch.tensor([0.0, 3.0, 5.0, float("inf"), 8.0, 2.0]))
         expect(same(got, want), op)
 
     drafts_count = 3

@@ -37,6 +37,7 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   CHECK_ARG(filters.eta_cutoff_value >= 0.0 && filters.eta_cutoff_value <= 1.0,
             "eta_cutoff must be in [0, 1] (0 disables it), got ", filters.eta_cutoff_value);
   CHECK_ARG(!std::isnan(filters.top_n_sigma_value), "top_n_sigma must not be NaN (0 or less disables it)");
+  CHECK_ARG(!std::isnan(filters.mirostat_mu_value), "mirostat_mu must not be NaN (inf disables it)");
   const auto filter_order = static_cast<lp::FilterOrder>(
       choice_index(filters.filter_apply_order, "filter_apply_order", {"joint", "top_k_first"}));
 
@@ -53,6 +54,7 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   call.epsilon = param(filters.epsilon_cutoff, "epsilon_cutoff", ScalarType::Float);
   call.eta = param(filters.eta_cutoff, "eta_cutoff", ScalarType::Float);
   call.top_n_sigma = param(filters.top_n_sigma, "top_n_sigma", ScalarType::Float);
+  call.mirostat_mu = param(filters.mirostat_mu, "mirostat_mu", ScalarType::Float);
   call.seed = param(draws.seed, "seed", ScalarType::Long);
   call.offset = param(draws.offset, "offset", ScalarType::Long);
 
@@ -85,12 +87,19 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   p.eta_value = ieee_float(filters.eta_cutoff_value);
   p.top_n_sigma = optional_data<float>(call.top_n_sigma);
   p.top_n_sigma_value = ieee_float(filters.top_n_sigma_value);
+  p.mirostat_mu = optional_data<float>(call.mirostat_mu);
+  p.mirostat_mu_value = ieee_float(filters.mirostat_mu_value);
   p.filter_order = filter_order;
   p.seed = optional_data<int64_t>(call.seed);
   p.seed_value = draws.seed_value;
   p.offset = optional_data<int64_t>(call.offset);
   p.offset_value = draws.offset_value;
   return call;
+}
+
+void check_mirostat_off(const std::optional<Tensor>& mirostat_mu, double mirostat_mu_value, const char* op) {
+  CHECK_ARG(!mirostat_mu.has_value() && std::isinf(mirostat_mu_value) && mirostat_mu_value > 0.0,
+            "mirostat_mu is not supported by ", op, " (leave it at inf)");
 }
 
 void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& a, int64_t vocab) {

@@ -25,7 +25,7 @@ struct DrawArguments {
 // dtypes (held here for the duration of the call).
 struct SamplingCall {
   logits_processor::SamplingParams params{};
-  std::optional<Tensor> temperature, top_k, top_p, min_p, epsilon, eta, top_n_sigma, seed, offset;
+  std::optional<Tensor> temperature, top_k, top_p, min_p, epsilon, eta, top_n_sigma, mirostat_mu, seed, offset;
   PenaltyCall penalty;
 };
 
@@ -33,6 +33,10 @@ struct SamplingCall {
 // penalties.
 SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
                            const DrawArguments& draws, const std::optional<Tensor>& bitmask);
+
+// Raises unless mirostat_mu is at its default (+inf, off), naming `op`: verify_draft and
+// verify_tree (mu would change between the drafted positions) and sample_sharded do not take it.
+void check_mirostat_off(const std::optional<Tensor>& mirostat_mu, double mirostat_mu_value, const char* op);
 
 // The sampler ops' fused penalties (and verify_draft's), validated against the [B, V] logits:
 // every one of them with the state (prompt_mask and output_counts), none without it. `vocab`:

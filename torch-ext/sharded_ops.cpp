@@ -65,6 +65,7 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
             "eta_cutoff is not supported by sample_sharded (leave it at 0)");
   CHECK_ARG(!top_n_sigma.has_value() && !(top_n_sigma_value > 0.0),
             "top_n_sigma is not supported by sample_sharded (leave it at -1)");
+  check_mirostat_off(mirostat_mu, mirostat_mu_value, "sample_sharded");
   CHECK_ARG(vocab_size >= 1 && vocab_size < (int64_t{1} << 31), "vocab_size must be in [1, 2^31), got ",
             vocab_size);
   const int64_t shard = logits.size(1);

@@ -45,7 +45,8 @@
   X("str", const std::string&, filter_apply_order)    \
   LP_PER_ROW(X, epsilon_cutoff, "float", double)      \
   LP_PER_ROW(X, eta_cutoff, "float", double)          \
-  LP_PER_ROW(X, top_n_sigma, "float", double)
+  LP_PER_ROW(X, top_n_sigma, "float", double)         \
+  LP_PER_ROW(X, mirostat_mu, "float", double)
 
 // The draw's seed and offset (every sampler op but token_logprobs, which draws nothing).
 #define LP_DRAW_ARGUMENTS(X)             \

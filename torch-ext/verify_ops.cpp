@@ -57,6 +57,7 @@ void verify_draft(const Tensor& target_logits, const Tensor& given_draft_token_i
   const Tensor position0 = torch::stable::select(target_logits, 1, 0);
   SamplingCall call = sampling_call(position0, {LP_FILTER_ARGUMENTS(LP_FORWARD)},
                                     {LP_DRAW_ARGUMENTS(LP_FORWARD)}, std::nullopt);
+  check_mirostat_off(mirostat_mu, mirostat_mu_value, "verify_draft");
   // Every position of row b reads the same state row, penalty values and biases; position j
   // also counts the row's drafts before it (verify.h's drafts_before).
   add_penalties(call, position0, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});

@@ -102,6 +102,7 @@ void verify_tree(const Tensor& target_logits, const Tensor& given_draft_token_id
   const Tensor root = torch::stable::select(target_logits, 1, 0);
   SamplingCall call = sampling_call(root, {LP_FILTER_ARGUMENTS(LP_FORWARD)}, {LP_DRAW_ARGUMENTS(LP_FORWARD)},
                                     std::nullopt);
+  check_mirostat_off(mirostat_mu, mirostat_mu_value, "verify_tree");
   // Every node of row b reads the same state row, penalty values and biases; node i also
   // counts its path's draft tokens (verify_tree.h's path_before).
   add_penalties(call, root, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});

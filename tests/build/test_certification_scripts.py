@@ -18,9 +18,11 @@ from conftest import BUILD, ROOT
 sys.path.insert(0, str(ROOT / "scripts"))
 from device_package import KERNELS  # noqa: E402
 
-# The public names that launch no kernel of ours (types, a constant, torch's own fills and shapes).
+# The public names that launch no kernel of ours (types, a constant, torch's own fills and shapes,
+# mirostat's update in torch ops).
 NO_KERNEL = {"KeptSet", "SampleWithLogprobs", "SamplingControls", "VerifiedDraft", "VerifiedTree", "Penalties",
-             "PenaltyState", "bitmask_dtype", "allocate_token_bitmask", "reset_token_bitmask", "get_bitmask_shape"}
+             "PenaltyState", "bitmask_dtype", "allocate_token_bitmask", "reset_token_bitmask", "get_bitmask_shape",
+             "update_mirostat_mu_"}
 # What a captured decode step leaves out: sample_sharded's exchanges go through torch.distributed
 # and the host; penalty_state_from_tokens builds a request's state at its admission.
 NOT_CAPTURED = {"sample_sharded", "penalty_state_from_tokens"}

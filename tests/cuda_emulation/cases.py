@@ -4,6 +4,8 @@ emulation build."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from cuda_emulation.emulation import SANITIZED
@@ -24,6 +26,7 @@ PATHS = {
     "epsilon": dict(epsilon_cutoff=1e-3),
     "eta": dict(eta_cutoff=2e-3),
     "top_n_sigma": dict(top_n_sigma=1.5),
+    "mirostat": dict(mirostat_mu=4.0),
 }
 
 # Where filter_apply_order="top_k_first" decides differently (top-p over what top-k and min-p
@@ -45,17 +48,20 @@ VERIFY_PATHS = [dict(temperature=0.0), dict(), dict(top_k=7), dict(top_p=0.8, mi
                 dict(top_n_sigma=1.0)]
 
 # The filters' per-row values where a path leaves them out (the value that disables each).
-FILTER_DEFAULTS = dict(top_k=0, top_p=1.0, min_p=0.0, epsilon_cutoff=0.0, eta_cutoff=0.0, top_n_sigma=-1.0)
+FILTER_DEFAULTS = dict(top_k=0, top_p=1.0, min_p=0.0, epsilon_cutoff=0.0, eta_cutoff=0.0, top_n_sigma=-1.0,
+                       mirostat_mu=math.inf)
 # Those sample_sharded does not take.
-UNSHARDED = ("epsilon_cutoff", "eta_cutoff", "top_n_sigma")
+UNSHARDED = ("epsilon_cutoff", "eta_cutoff", "top_n_sigma", "mirostat_mu")
 
 
 def path_params(paths: list[dict], temperature: torch.Tensor) -> dict:
-    """Per-row filters, row r on paths[r % len(paths)] (its temperature where the path has one)."""
+    """Per-row filters, row r on paths[r % len(paths)] (its temperature where the path has one);
+    each filter some path uses is a per-row tensor, at FILTER_DEFAULTS' value on the other rows."""
     rows = len(temperature)
+    used = {name for path in paths for name in path} | {"top_k", "top_p", "min_p"}
     params = {"temperature": temperature} | {
         name: torch.full((rows,), value, dtype=torch.int64 if name == "top_k" else torch.float32)
-        for name, value in FILTER_DEFAULTS.items()}
+        for name, value in FILTER_DEFAULTS.items() if name in used}
     for r in range(rows):
         for name, value in paths[r % len(paths)].items():
             params[name][r] = value
@@ -68,7 +74,7 @@ def verify_row_params(rows: int, g: torch.Generator) -> dict:
 
 
 def row_params(rows: int, g: torch.Generator) -> dict:
-    """Per-row parameters, row r on path r % 10 with its own temperature, seed and offset."""
+    """Per-row parameters, row r on path r % 11 with its own temperature, seed and offset."""
     return path_params(list(PATHS.values()), torch.rand(rows, generator=g) + 0.3) | dict(
         seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
 

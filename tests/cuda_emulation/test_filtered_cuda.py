@@ -144,3 +144,15 @@ def test_filtered_traffic(emulation, filters):
             assert abs(read / row_bytes - passes) <= 0.01, (op, read / row_bytes)
             if op != "sample":
                 assert written == row_bytes, (op, written)
+
+
+@pytest.mark.parametrize("output", OUTPUTS)
+def test_mirostat_edge_values(cuda_target, lp_cpu, output):
+    """mirostat_mu per row at its edges (0 and below: the top alone; NaN, +inf, huge: off; tiny:
+    the top alone), with and without other filters, in both orders: the CPU's bits."""
+    g = torch.Generator().manual_seed(77)
+    rows, vocab = 10, 3000
+    logits = special_logits(rows, vocab, torch.float32, g)
+    mu = torch.tensor([0.0, -2.0, float("nan"), float("inf"), 1e-30, 3.0, 9.5, 200.0, 3.4e38, 6.0])
+    for extra in (dict(), dict(top_k=40, top_p=0.9, epsilon_cutoff=1e-3), dict(min_p=0.02, filter_apply_order="top_k_first")):
+        check(cuda_target, lp_cpu, output, logits, temperature=0.9, mirostat_mu=mu, **extra)

@@ -28,7 +28,8 @@ def test_signatures_come_from_the_declaration(lp_cpu, name):
     controls = declared(lp_cpu)
     op = getattr(lp_cpu, name)
     expected = [c for c in controls if not (name in DISTRIBUTION_ONLY and c in ("seed", "offset"))
-                and (name != "sample_sharded" or controls[c].sharded)]
+                and (name != "sample_sharded" or controls[c].sharded)
+                and (name not in ("verify_draft", "verify_tree") or controls[c].speculative)]
     assert list(op.sampling_controls) == expected
     parameters = inspect.signature(op).parameters
     for control in expected:
@@ -66,7 +67,8 @@ def test_controls_object_equals_the_keywords(lp_cpu):
     penalties = lp_cpu.Penalties(*state, repetition_penalty=1.3, frequency_penalty=0.2)
     controls = batch_controls(lp_cpu, rows, vocab, g, penalties=penalties,
                               epsilon_cutoff=torch.rand(rows, generator=g) * 1e-3, eta_cutoff=2e-3,
-                              top_n_sigma=torch.rand(rows, generator=g) + 1.5)
+                              top_n_sigma=torch.rand(rows, generator=g) + 1.5,
+                              mirostat_mu=torch.rand(rows, generator=g) * 8 + 2)
     keywords = controls._asdict()
     drawless = {k: v for k, v in keywords.items() if k not in ("seed", "offset")}
     tokens = lp_cpu.sample(logits, **keywords)
@@ -86,16 +88,19 @@ def test_controls_object_equals_the_keywords(lp_cpu):
             assert same(call(controls=controls._replace(**unsharded)), call(**given)), name
             continue
         assert same(call(controls=controls), call(**given)), name
-    # The verification ops: one control set for every position or node.
+    # The verification ops: one control set for every position or node (mirostat_mu, which
+    # they do not take, at its default).
     positions, drafts = 3, torch.randint(0, vocab, (rows, 2), generator=g)
     target = torch.randn(rows, positions, vocab, generator=g) * 3
-    per_position = controls._replace(bitmask=controls.bitmask[:, None].expand(-1, positions, -1).contiguous())
-    assert same(lp_cpu.verify_draft(target, drafts, controls=per_position),
-                lp_cpu.verify_draft(target, drafts, **per_position._asdict()))
+    unverified = {c: declared(lp_cpu)[c].default for c in keywords if not declared(lp_cpu)[c].speculative}
+    per_position = controls._replace(bitmask=controls.bitmask[:, None].expand(-1, positions, -1).contiguous(),
+                                     **unverified)
+    verified = {k: v for k, v in per_position._asdict().items() if k not in unverified}
+    assert same(lp_cpu.verify_draft(target, drafts, controls=per_position), lp_cpu.verify_draft(target, drafts, **verified))
     chain = torch.tensor([[1, 2, -1]] * rows), torch.full((rows, 3), -1)
     nodes = torch.cat([torch.zeros(rows, 1, dtype=torch.int64), drafts], 1)
     assert same(lp_cpu.verify_tree(target, nodes, *chain, controls=per_position),
-                lp_cpu.verify_tree(target, nodes, *chain, **per_position._asdict()))
+                lp_cpu.verify_tree(target, nodes, *chain, **verified))
     # And positionally, as before the declaration.
     p = dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.01, seed=3, offset=2)
     assert torch.equal(lp_cpu.sample(logits, *p.values()), lp_cpu.sample(logits, **p))

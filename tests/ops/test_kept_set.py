@@ -167,7 +167,7 @@ def test_opcheck_and_compile(lp):
         top_k=None, top_k_value=20, top_p=None, top_p_value=0.9, min_p=None, min_p_value=0.0,
         filter_apply_order="joint", epsilon_cutoff=torch.full((rows,), 1e-4), epsilon_cutoff_value=0.0,
         eta_cutoff=None, eta_cutoff_value=2e-3, top_n_sigma=torch.full((rows,), 2.0), top_n_sigma_value=-1.0,
-        seed=torch.arange(rows), seed_value=0, offset=None, offset_value=3,
+        mirostat_mu=torch.full((rows,), 9.0), mirostat_mu_value=float("inf"), seed=torch.arange(rows), seed_value=0, offset=None, offset_value=3,
         bitmask=bitmask, **no_penalties, num_logprobs=2, logprobs_mode="processed", rank_ties="min", kept_k=8,
         tokens=torch.empty(rows, dtype=torch.int64), logprobs=torch.empty(rows, 3),
         logprob_token_ids=torch.empty(rows, 3, dtype=torch.int64), ranks=torch.empty(rows, dtype=torch.int64),

@@ -28,7 +28,14 @@ from ._flashinfer import (
     top_p_renorm_probs,
 )
 from ._penalties import Penalties, PenaltyState, apply_penalties_, penalty_state_from_tokens, update_output_counts_
-from ._sampling import KeptSet, SampleWithLogprobs, sample, sample_with_logprobs, token_logprobs
+from ._sampling import (
+    KeptSet,
+    SampleWithLogprobs,
+    sample,
+    sample_with_logprobs,
+    token_logprobs,
+    update_mirostat_mu_,
+)
 from ._sharded import sample_sharded
 from ._verify import VerifiedDraft, verify_draft
 from ._verify_tree import VerifiedTree, verify_tree
@@ -67,5 +74,6 @@ __all__ = [
     "top_p_renorm_probs",
     "verify_draft",
     "verify_tree",
+    "update_mirostat_mu_",
     "update_output_counts_",
 ]

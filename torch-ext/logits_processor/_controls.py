@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import math
 import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -43,6 +44,7 @@ class Control:
     positional: bool = True
     draw_only: bool = False  # read by the draw alone: not a control of the ops that draw nothing
     sharded: bool = True  # a keyword of sample_sharded (else its schema argument stays at the default)
+    speculative: bool = True  # a keyword of verify_draft and verify_tree (else as `sharded`)
 
     def entry(self, brief: bool, text: Optional[str] = None) -> str:
         """The docstring's Args entry: `text`, or `sample`'s whole text, or (brief) a pointer to
@@ -110,6 +112,14 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
         "T is +inf); 0 or less (default -1.0, "
         "llama.cpp's) disables it. Decided as epsilon_cutoff is (the highest floor wins); not "
         "taken by `sample_sharded` yet."), sharded=False),
+    Control("mirostat_mu", math.inf, "Param", number=float, positional=False, doc=(
+        "mirostat v2's state mu, in bits (llama.cpp's mirostat = 2, Basu et al. 2021): keep the "
+        "tokens whose surprise -log2 p is at most mu, p over the whole row at the temperature, and "
+        "always the most likely; a number or a float32 ``[B]`` tensor, each request's mu (start at "
+        "2 * mirostat_tau) advanced after each draw by `update_mirostat_mu_`. +inf (default) "
+        "disables it, 0 or less keeps the top alone. Decided as epsilon_cutoff is, with the floor "
+        "2^-mu (the highest floor wins); not taken by `sample_sharded`, `verify_draft` or "
+        "`verify_tree` (mu changes between drafted positions)."), sharded=False, speculative=False),
 )}
 
 
@@ -117,6 +127,7 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
 DRAW_CONTROLS = tuple(CONTROLS)
 DISTRIBUTION_CONTROLS = tuple(name for name, control in CONTROLS.items() if not control.draw_only)
 SHARDED_CONTROLS = tuple(name for name, control in CONTROLS.items() if control.sharded)
+VERIFY_CONTROLS = tuple(name for name, control in CONTROLS.items() if control.speculative)
 
 
 class SamplingControls(collections.namedtuple("_Controls", CONTROLS, defaults=[c.default for c in CONTROLS.values()])):

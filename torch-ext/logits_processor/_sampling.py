@@ -3,6 +3,7 @@ draw, in one op; and the log-probabilities of the same distributions."""
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import torch
@@ -237,6 +238,46 @@ def token_logprobs(
     call(ops, "token_logprobs", logits=logits, token_ids=token_ids, **arguments, logprobs_mode=logprobs_mode,
          out=out)
     return out
+
+
+def update_mirostat_mu_(mirostat_mu: torch.Tensor, token_logprobs: torch.Tensor, mirostat_tau, mirostat_eta) -> torch.Tensor:
+    """mirostat v2's step after a draw, in place (llama.cpp's llama_sampler_mirostat_v2):
+    ``mu -= eta * (-token_logprobs / ln 2 - tau)``, the drawn token's surprise in bits against
+    the target tau, where token_logprobs is its log-probability in the distribution drawn from
+    (`sample_with_logprobs(..., mirostat_mu=mu)`'s column 0, the default "processed" mode). A
+    row whose log-probability is not finite (no token drawn) keeps its mu. Three float32
+    elementwise torch ops, each rounded once: the same bits on CPU and CUDA, no synchronisation.
+
+    Args:
+        mirostat_mu (torch.Tensor): float32 ``[B]``, each request's mu, updated in place (start at
+            2 * mirostat_tau, as llama.cpp does).
+        token_logprobs (torch.Tensor): float32 ``[B]``, on mu's device.
+        mirostat_tau (float or torch.Tensor): the target surprise in bits (llama.cpp's default 5.0):
+            a finite number or a float32 ``[B]`` tensor.
+        mirostat_eta (float or torch.Tensor): the learning rate (llama.cpp's default 0.1): a finite
+            number >= 0 or a float32 ``[B]`` tensor.
+
+    Returns:
+        torch.Tensor: `mirostat_mu`.
+    """
+    for name, t in (("mirostat_mu", mirostat_mu), ("token_logprobs", token_logprobs)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.dim() != 1:
+            raise TypeError(f"{name} must be a float32 1-D tensor, got "
+                            f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if token_logprobs.shape != mirostat_mu.shape or token_logprobs.device != mirostat_mu.device:
+        raise ValueError(f"token_logprobs must have mirostat_mu's shape and device ({tuple(mirostat_mu.shape)}, "
+                         f"{mirostat_mu.device}), got {tuple(token_logprobs.shape)}, {token_logprobs.device}")
+    for name, value in (("mirostat_tau", mirostat_tau), ("mirostat_eta", mirostat_eta)):
+        if isinstance(value, torch.Tensor):
+            if value.dtype != torch.float32 or value.shape != mirostat_mu.shape or value.device != mirostat_mu.device:
+                raise ValueError(f"{name} must be a number or a float32 tensor of mirostat_mu's shape and device")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise TypeError(f"{name} must be a finite number or a float32 tensor, got {value!r}")
+        elif name == "mirostat_eta" and value < 0:
+            raise ValueError(f"mirostat_eta must be at least 0, got {value}")
+    surprise = token_logprobs * (-1.0 / math.log(2.0))
+    step = (surprise - mirostat_tau) * mirostat_eta
+    return mirostat_mu.sub_(torch.where(torch.isfinite(token_logprobs), step, 0.0))
 
 
 register_fakes("sample", "sample_with_logprobs", "sample_with_kept", "token_logprobs",

@@ -7,7 +7,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ._args import call
-from ._controls import DRAW_CONTROLS, SamplingControls, sampling_op
+from ._controls import DRAW_CONTROLS, VERIFY_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
 from ._penalties import FUSED_PENALTY_ARGUMENTS
@@ -34,7 +34,7 @@ class VerifiedDraft(NamedTuple):
     num_accepted: torch.Tensor
 
 
-@sampling_op(*DRAW_CONTROLS, docs=_DOCS)
+@sampling_op(*VERIFY_CONTROLS, docs=_DOCS)
 def verify_draft(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,

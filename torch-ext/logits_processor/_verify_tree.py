@@ -7,7 +7,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ._args import call
-from ._controls import DRAW_CONTROLS, SamplingControls, sampling_op
+from ._controls import DRAW_CONTROLS, VERIFY_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
 from ._penalties import FUSED_PENALTY_ARGUMENTS
@@ -59,7 +59,7 @@ def tree_depth(next_token: torch.Tensor, next_sibling: torch.Tensor) -> int:
     return int(depth[:, :nodes].max()) if rows else 0
 
 
-@sampling_op(*DRAW_CONTROLS, docs=_DOCS)
+@sampling_op(*VERIFY_CONTROLS, docs=_DOCS)
 def verify_tree(
     target_logits: torch.Tensor,
     draft_token_ids: torch.Tensor,
