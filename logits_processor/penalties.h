@@ -67,6 +67,10 @@ struct Penalties {
   const float* bias_values;
   int64_t bias_values_row_stride;
   int64_t bias_width;
+  // Bias lists per logits row: 0 or 1, one list a row; a verify op's positions (or nodes),
+  // list bias_list of row b at b * bias_lists + bias_list (sequence biases that a draft
+  // completes apply at the positions after it).
+  int64_t bias_lists;
 };
 
 // One row's repetition, frequency and presence penalties (the formula's r, f and p).
@@ -106,6 +110,9 @@ struct PenaltyPath {
   const int64_t* tokens;  // or nullptr when length is 0
   int64_t stride;         // between consecutive tokens, in elements
   int64_t length;
+  // Which of the row's bias lists applies where a verify op has one per position or node
+  // (Penalties::bias_lists > 1): that position or node.
+  int64_t bias_list;
 };
 
 // What penalising one logits row reads: its state row, penalty values, biases and path.
@@ -125,16 +132,17 @@ struct RowPenaltyView {
   PenaltyPath path;
 };
 
-LP_HOST_DEVICE RowPenaltyView row_penalty_view(const Penalties& p, int64_t row) {
+LP_HOST_DEVICE RowPenaltyView row_penalty_view(const Penalties& p, int64_t row, int64_t bias_list = 0) {
   const int64_t s = p.state_row ? p.state_row[row] : row;
   if (!p.enabled || s < 0 || s >= p.state_rows) return RowPenaltyView{};
   const bool biased = p.bias_width > 0;
+  const int64_t list = p.bias_lists > 1 ? row * p.bias_lists + bias_list : row;
   return {true,
           p.prompt_mask + s * p.prompt_mask_row_stride,
           p.output_counts + s * p.output_counts_row_stride,
           penalty_values(p, row),
-          biased ? p.bias_ids + row * p.bias_ids_row_stride : nullptr,
-          biased ? p.bias_values + row * p.bias_values_row_stride : nullptr,
+          biased ? p.bias_ids + list * p.bias_ids_row_stride : nullptr,
+          biased ? p.bias_values + list * p.bias_values_row_stride : nullptr,
           p.bias_width,
           nullptr,
           p.order == PenaltyOrder::kVllm,
@@ -148,6 +156,11 @@ LP_HOST_DEVICE RowPenaltyView with_path(RowPenaltyView q, const PenaltyPath& pat
   q.path = path;
   q.listed = true;
   return q;
+}
+
+// Row `row`'s view for a position or node: its bias list and `path`'s tokens counted.
+LP_HOST_DEVICE RowPenaltyView row_penalty_view(const Penalties& p, int64_t row, const PenaltyPath& path) {
+  return with_path(row_penalty_view(p, row, path.bias_list), path);
 }
 
 // The row's listed ids: its biases' (k < bias_width), then its path tokens.

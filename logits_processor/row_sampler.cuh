@@ -90,7 +90,7 @@ struct Draw {
 // filter of its bias ids and path tokens built in shared memory. Called by the whole block.
 __device__ RowPenaltyView block_row_penalty_view(const SamplingParams& p, int64_t row, SharedState& sh,
                                                  const PenaltyPath& path = {}) {
-  RowPenaltyView q = with_path(row_penalty_view(p.penalties, row), path);
+  RowPenaltyView q = row_penalty_view(p.penalties, row, path);
   if (!q.enabled || !q.listed) return q;  // (the same for the whole block)
   __syncthreads();  // every thread is done with the previous row's filter
   for (int w = threadIdx.x; w < kBiasFilterWords; w += kThreads) sh.bias_filter[w] = 0;

@@ -86,7 +86,7 @@ LP_HOST_DEVICE int64_t draft_token(const VerifyParams& v, int64_t row, int64_t p
 static_assert(kMaxVerifyPositions - 1 <= kMaxPathTokens, "a position's drafts fit a penalty path");
 
 LP_HOST_DEVICE PenaltyPath drafts_before(const VerifyParams& v, int64_t row, int64_t position) {
-  return {v.draft_tokens + row * v.draft_row_stride, v.draft_position_stride, position};
+  return {v.draft_tokens + row * v.draft_row_stride, v.draft_position_stride, position, position};
 }
 
 // q_j(token) for a token in [0, V).

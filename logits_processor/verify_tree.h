@@ -178,9 +178,10 @@ LP_HOST_DEVICE TreeResidual after_rejection(const TreeResidual& res, FineMass te
 
 LP_HOST_DEVICE int64_t* tree_tokens(const TreeParams& t, int64_t row) { return t.tokens + row * t.width; }
 
-// The penalty path of the node at `column`: the row's tokens before it, its accepted path.
-LP_HOST_DEVICE PenaltyPath path_before(const TreeParams& t, int64_t row, int64_t column) {
-  return {tree_tokens(t, row), 1, column};
+// The penalty path of node `node` at `column`: the row's tokens before it, its accepted path
+// (and the node's bias list, where there is one per node).
+LP_HOST_DEVICE PenaltyPath path_before(const TreeParams& t, int64_t row, int64_t column, int64_t node) {
+  return {tree_tokens(t, row), 1, column, node};
 }
 LP_HOST_DEVICE int64_t* tree_node_ids(const TreeParams& t, int64_t row) { return t.node_ids + row * t.width; }
 

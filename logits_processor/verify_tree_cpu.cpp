@@ -69,7 +69,7 @@ int64_t sampled_token(const TreeParams& t, int64_t row, int64_t node, const Samp
 int64_t node_token(const TreeParams& t, int64_t row, int64_t node, int64_t column, TreeScratch& scratch) {
   const SamplingParams target = position_target(t.chain, node);
   const RowParams r = position_params(t.chain, row, node);
-  const PenaltyPath path = path_before(t, row, column);
+  const PenaltyPath path = path_before(t, row, column, node);
   if (sampled_node(t, row, node, column)) return sampled_token(t, row, node, target, r, path, scratch);
   return scratch.sampler.sample(target, row, r, path);
 }

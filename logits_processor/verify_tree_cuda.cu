@@ -88,7 +88,7 @@ __device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int6
   const SamplingParams target = position_target(t.chain, node);
   // (block_row_penalty_view's barrier orders thread 0's tokens before their reads as the path.)
   RowSampler row{target, position_params(t.chain, b, node), logits_row(target, b), row_bitmask(target, b),
-                 block_row_penalty_view(target, b, sh, path_before(t, b, column)), 0.0f, kNoKey,
+                 block_row_penalty_view(target, b, sh, path_before(t, b, column, node)), 0.0f, kNoKey,
                  sh.staged_words};
   if (read_by_thread0([&] { return sampled_node(t, b, node, column); }, sh))
     return sampled_token(t, b, node, row, ts, sh);

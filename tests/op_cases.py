@@ -329,16 +329,24 @@ def path_counts(counts: torch.Tensor, rows, drafts: torch.Tensor, position: int)
     return state
 
 
+def at_position(penalty_kwargs: dict, j: int) -> dict:
+    """The penalty kwargs of position (or node) j: its bias list where there is one per position
+    ([B, positions, L]), the row's otherwise; without the state row map."""
+    return {k: v[:, j] if k.startswith("logit_bias_") and v.dim() == 3 else v
+            for k, v in penalty_kwargs.items() if k != "rows"}
+
+
 def unfused_verify(lp, target, drafts, num_draft_tokens, prompt_mask, counts, penalty_kwargs, **kwargs):
     """verify_draft without penalties on target logits each position of which apply_penalties_
-    penalised with the counts it would see (path_counts): what ``penalties=`` must equal."""
+    penalised with the counts it would see (path_counts) and its bias list: what ``penalties=``
+    must equal."""
     rows = penalty_kwargs.get("rows")
     state = torch.arange(target.shape[0]) if rows is None else torch.as_tensor(rows)
-    unmapped = {k: v for k, v in penalty_kwargs.items() if k != "rows"}
     penalised = target.clone()
     for j in range(target.shape[1]):
         position = penalised[:, j].contiguous()
-        lp.apply_penalties_(position, prompt_mask[state], path_counts(counts, rows, drafts, j), **unmapped)
+        lp.apply_penalties_(position, prompt_mask[state], path_counts(counts, rows, drafts, j),
+                            **at_position(penalty_kwargs, j))
         penalised[:, j] = position
     return lp.verify_draft(penalised, drafts, num_draft_tokens, **kwargs)
 
@@ -498,3 +506,35 @@ def dry_bias_case(rows: int, vocab: int, g: torch.Generator, dtype: torch.dtype 
         kwargs.update(sequence_breakers=kwargs["sequence_breakers"][1], multiplier=1.25, base=1.75,
                       allowed_length=2, penalty_last_n=-1)
     return kwargs
+
+
+def per_position_case(g: torch.Generator, rows: int, drafts_count: int, vocab: int, length: int, lift: float):
+    """verify_draft with per-position constraints or biases (docs/semantics-constraints.md):
+    (history, drafts, target, sequences). History and drafts over 3 ids (so that n-grams, words
+    and sequences match), the target raised by `lift` at each draft, and row (b, j) of
+    sequences [B, S + 1, L + S] the history then drafts 0 .. j - 1, -1 padded."""
+    history = torch.randint(0, 3, (rows, length), generator=g)
+    drafts = torch.randint(0, 3, (rows, drafts_count), generator=g)
+    target = torch.randn(rows, drafts_count + 1, vocab, generator=g)
+    target[:, :drafts_count].scatter_add_(2, drafts[:, :, None], torch.full((rows, drafts_count, 1), lift))
+    sequences = torch.full((rows, drafts_count + 1, length + drafts_count), -1)
+    for j in range(drafts_count + 1):
+        sequences[:, j, :length] = history
+        sequences[:, j, length:length + j] = drafts[:, :j]
+    return history, drafts, target, sequences
+
+
+def assert_greedy_walk(got, drafts: torch.Tensor, choose) -> None:
+    """verify_draft's greedy result `got` is the walk position by position: row b accepts draft j
+    while choose(b, j), the reference's token at (b, j), equals it, then emits that token; some
+    drafts are accepted and some rejected (else the case shows nothing)."""
+    rows, drafts_count = drafts.shape
+    for b in range(rows):
+        emitted = []
+        for j in range(drafts_count + 1):
+            emitted.append(choose(b, j))
+            if j == drafts_count or emitted[-1] != int(drafts[b, j]):
+                break
+        assert got.tokens[b, :len(emitted)].tolist() == emitted, b
+        assert int(got.num_accepted[b]) == len(emitted) - 1
+    assert 0 < int(got.num_accepted.sum()) < rows * drafts_count, "every draft accepted, or none"

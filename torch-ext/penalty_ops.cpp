@@ -134,7 +134,15 @@ RowView output_counts_view(const Tensor& output_counts) {
 
 }  // namespace
 
-PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args, int64_t vocab) {
+// A contiguous int64 tensor's smallest and largest value (host memory, non-empty).
+static std::pair<int64_t, int64_t> contiguous_int64_range(const Tensor& t) {
+  const int64_t* v = t.const_data_ptr<int64_t>();
+  int64_t lo = v[0], hi = v[0];
+  for (int64_t i = 1; i < t.numel(); ++i) lo = std::min(lo, v[i]), hi = std::max(hi, v[i]);
+  return {lo, hi};
+}
+
+PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args, int64_t vocab, int64_t bias_lists) {
   const Tensor& prompt_mask = *args.prompt_mask;
   const Tensor& output_counts = *args.output_counts;
   const RowView lv = row_view(logits, "logits");
@@ -167,14 +175,25 @@ PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args, int
     CHECK_ARG(args.logit_bias_ids.has_value(), "logit_bias_ids must be given with logit_bias_values");
     CHECK_ARG(args.logit_bias_values.has_value(), "logit_bias_values must be given with logit_bias_ids");
     call.bias_ids = token_ids_input(*args.logit_bias_ids, "logit_bias_ids");
+    CHECK_ARG(call.bias_ids->device() == logits.device(), "logit_bias_ids must be on the logits' device (",
+              device_name(logits.device()), "), got ", device_name(call.bias_ids->device()));
+    // A verify op's list per position or node: [rows, bias_lists, L], read as rows * bias_lists
+    // contiguous lists.
+    const bool per_list = bias_lists >= 1 && call.bias_ids->dim() == 3;
+    if (per_list) {
+      CHECK_ARG(call.bias_ids->size(0) == lv.rows && call.bias_ids->size(1) == bias_lists, "logit_bias_ids must be [",
+                lv.rows, ", L] or [", lv.rows, ", ", bias_lists, ", L] (a list per position or node), got shape ",
+                shape_name(call.bias_ids->sizes()));
+      call.bias_ids = torch::stable::contiguous(*call.bias_ids);
+    } else {
+      CHECK_ARG(call.bias_ids->dim() == 2 && call.bias_ids->size(0) == lv.rows, "logit_bias_ids must be 2-D [",
+                lv.rows, ", L] (one row per logits row", bias_lists >= 1 ? "; or a list per position or node" : "",
+                "), got shape ", shape_name(call.bias_ids->sizes()));
+    }
     const Tensor& ids = *call.bias_ids;
-    CHECK_ARG(ids.device() == logits.device(), "logit_bias_ids must be on the logits' device (",
-              device_name(logits.device()), "), got ", device_name(ids.device()));
-    CHECK_ARG(ids.dim() == 2 && ids.size(0) == lv.rows, "logit_bias_ids must be 2-D [", lv.rows,
-              ", L] (one row per logits row), got shape ", shape_name(ids.sizes()));
-    const RowView iv = row_view(ids, "logit_bias_ids");
+    const RowView iv = per_list ? RowView{lv.rows * bias_lists, ids.size(2), ids.size(2)} : row_view(ids, "logit_bias_ids");
     if (ids.is_cpu() && ids.numel() > 0) {
-      const auto [lo, hi] = host_int64_range(ids);
+      const auto [lo, hi] = per_list ? contiguous_int64_range(ids) : host_int64_range(ids);
       CHECK_ARG(lo >= -1 && hi < vocab, "logit_bias_ids must lie in [0, ", vocab,
                 ") or be -1 (padding), got values in [", lo, ", ", hi, "]");
     }
@@ -195,6 +214,7 @@ PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args, int
     p.bias_values = call.bias_values->const_data_ptr<float>();
     p.bias_values_row_stride = iv.width;
     p.bias_width = iv.width;
+    p.bias_lists = per_list ? bias_lists : 1;
   }
   p.enabled = true;
   p.prompt_mask = prompt_mask.const_data_ptr<int32_t>();

@@ -23,8 +23,11 @@ struct PenaltyCall {
 };
 
 // Validates `args`, whose prompt_mask and output_counts are given, for a vocabulary of `vocab`
-// tokens (-1: the logits' width; sample_sharded's shards: the whole vocabulary's).
-PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args, int64_t vocab = -1);
+// tokens (-1: the logits' width; sample_sharded's shards: the whole vocabulary's). With
+// `bias_lists` >= 1 (a verify op's positions or nodes) the logit biases may also be one list
+// per position, [rows, bias_lists, L]; 0: one list per row only.
+PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args, int64_t vocab = -1,
+                         int64_t bias_lists = 0);
 
 // Runs count_tokens' CPU or CUDA kernel on `params` (the penalty state's, or token_logprobs'
 // support bitmask from ids), on the device of `state`.

@@ -102,7 +102,8 @@ void check_mirostat_off(const std::optional<Tensor>& mirostat_mu, double mirosta
             "mirostat_mu is not supported by ", op, " (leave it at inf)");
 }
 
-void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& a, int64_t vocab) {
+void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& a, int64_t vocab,
+                   int64_t bias_lists) {
   if (!a.prompt_mask.has_value() && !a.output_counts.has_value()) {
     CHECK_ARG(!a.repetition_penalty.has_value() && a.repetition_penalty_value == 1.0 &&
                   !a.frequency_penalty.has_value() && a.frequency_penalty_value == 0.0 &&
@@ -114,7 +115,7 @@ void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArgume
   }
   CHECK_ARG(a.prompt_mask.has_value(), "prompt_mask must be given with output_counts");
   CHECK_ARG(a.output_counts.has_value(), "output_counts must be given with prompt_mask");
-  call.penalty = penalty_call(logits, a, vocab);
+  call.penalty = penalty_call(logits, a, vocab, bias_lists);
   call.params.penalties = call.penalty.penalties;
 }
 

@@ -41,7 +41,8 @@ void check_mirostat_off(const std::optional<Tensor>& mirostat_mu, double mirosta
 // The sampler ops' fused penalties (and verify_draft's), validated against the [B, V] logits:
 // every one of them with the state (prompt_mask and output_counts), none without it. `vocab`:
 // the state's width (-1: the logits').
-void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& args, int64_t vocab = -1);
+void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& args, int64_t vocab = -1,
+                   int64_t bias_lists = 0);
 
 // A logprobs_mode argument, checked: true for "raw", false for "processed" (the sampler ops'
 // and sample_shard_step's).

@@ -60,7 +60,7 @@ void verify_draft(const Tensor& target_logits, const Tensor& given_draft_token_i
   check_mirostat_off(mirostat_mu, mirostat_mu_value, "verify_draft");
   // Every position of row b reads the same state row, penalty values and biases; position j
   // also counts the row's drafts before it (verify.h's drafts_before).
-  add_penalties(call, position0, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
+  add_penalties(call, position0, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)}, -1, positions);
   const int64_t vocab = call.params.vocab;
 
   const Tensor draft_token_ids = token_ids_input(given_draft_token_ids, "draft_token_ids");

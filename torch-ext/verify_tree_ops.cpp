@@ -105,7 +105,7 @@ void verify_tree(const Tensor& target_logits, const Tensor& given_draft_token_id
   check_mirostat_off(mirostat_mu, mirostat_mu_value, "verify_tree");
   // Every node of row b reads the same state row, penalty values and biases; node i also
   // counts its path's draft tokens (verify_tree.h's path_before).
-  add_penalties(call, root, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
+  add_penalties(call, root, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)}, -1, nodes);
   const int64_t vocab = call.params.vocab;
 
   const Tensor draft_token_ids = token_ids_input(given_draft_token_ids, "draft_token_ids");

@@ -228,8 +228,12 @@ MUTANTS = [
            "if (block_extends(position_params(v, b, j - 1), log_w, z)) tau = j, tau_log_w = 0.0f;", "fibers",
            AGREEMENT, "block_verification_agrees", "tests/cuda_emulation/test_verify_cuda.py"),
     # A node's penalties count its path without its own token (the path one node short).
-    Mutant("tree-path-short", TREE, "block_row_penalty_view(target, b, sh, path_before(t, b, column))",
-           "block_row_penalty_view(target, b, sh, path_before(t, b, column > 0 ? column - 1 : 0))", "fibers",
+    Mutant("tree-path-short", TREE, "block_row_penalty_view(target, b, sh, path_before(t, b, column, node))",
+           "block_row_penalty_view(target, b, sh, path_before(t, b, column > 0 ? column - 1 : 0, node))", "fibers",
+           AGREEMENT, "with_penalties", "tests/cuda_emulation/test_verify_tree_cuda.py"),
+    # A node's logit biases from the list of its depth, not of the node (one list per node).
+    Mutant("tree-bias-list", TREE, "block_row_penalty_view(target, b, sh, path_before(t, b, column, node))",
+           "block_row_penalty_view(target, b, sh, path_before(t, b, column, column))", "fibers",
            AGREEMENT, "with_penalties", "tests/cuda_emulation/test_verify_tree_cuda.py"),
     # sample_sharded's shard kernels: a select stage's bins added to before every thread has
     # zeroed its words; a top-N pass after the first offering its bound again; the noise keyed

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cuda_emulation.cases import SANITIZED, to_device, verify_row_params
-from op_cases import verify_penalty_case
+from op_cases import random_bias, verify_penalty_case
 from reference import random_bitmask, unpack_bitmask
 
 
@@ -81,17 +81,21 @@ def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, drafts
                          else [(12, 4, 45), (24, 6, 5000), (3, 8, 32000)])
 def test_cuda_kernel_agrees_with_cpu_with_penalties(emulation, lp_cpu, sms, dtype, rows, drafts_count, vocab):
     """penalties= (position j counts the drafts before it): every penalty kind, biases (whose ids
-    and the drafts share the kernel's bias filter), a state row map, repeated drafts, both draft
-    modes and penalty orders, greedy, unfiltered and filtered rows."""
+    and the drafts share the kernel's bias filter), one list a row or one per position, a state
+    row map, repeated drafts, both draft modes and penalty orders, greedy, unfiltered and
+    filtered rows."""
     g = torch.Generator().manual_seed(1600 + rows * vocab + sms)
     target, drafts, counts, prompt_mask, output_counts, kwargs = verify_penalty_case(
         g, rows, drafts_count, vocab, dtype, (True, True, True, True), True, True)
     q = torch.softmax(target[:, :-1].float() + torch.randn(rows, drafts_count, vocab, generator=g), -1)
     params = verify_row_params(rows, g)
+    lists = random_bias(rows * (drafts_count + 1), vocab, g)
+    per_position = {k: v.view(rows, drafts_count + 1, -1) for k, v in lists.items()}
     deepest = 0
-    for draft_probs, order, block in [(q, "vllm", False), (None, "bias_last", False), (None, "vllm", False),
-                                      (q, "bias_last", True)]:
-        penalties = lp_cpu.Penalties(prompt_mask, output_counts, **kwargs | dict(penalty_order=order))
+    for draft_probs, order, block, biases in [(q, "vllm", False, {}), (None, "bias_last", False, {}),
+                                              (None, "vllm", False, per_position), (q, "bias_last", True, {}),
+                                              (q, "vllm", True, per_position), (q, "bias_last", False, per_position)]:
+        penalties = lp_cpu.Penalties(prompt_mask, output_counts, **kwargs | biases | dict(penalty_order=order))
         call = dict(draft_probs=draft_probs, seed=5, offset=9, **params, block_verification=block)
         expected = lp_cpu.verify_draft(target, drafts, counts, penalties=penalties, **call)
         before = emulation.launches()

@@ -9,7 +9,7 @@ import torch
 
 from cuda_emulation.cases import SANITIZED, to_device, verify_row_params
 from cuda_emulation.emulation import COUNTS_TRAFFIC
-from op_cases import tree_penalty_case
+from op_cases import random_bias, tree_penalty_case
 from reference import random_bitmask, unpack_bitmask
 
 
@@ -156,15 +156,19 @@ def tree_links(parent_list: list[int], rows: int) -> tuple[torch.Tensor, torch.T
 def test_cuda_kernel_agrees_with_cpu_with_penalties(emulation, lp_cpu, sms, dtype, rows, vocab):
     """penalties= (node i counts its path's draft tokens, read from the row's own output as the
     walk writes it): every penalty kind, biases (which share the kernel's filter with the path),
-    a state row map, both draft modes and penalty orders, greedy, unfiltered and filtered rows."""
+    one list a row or one per node, a state row map, both draft modes and penalty orders, greedy,
+    unfiltered and filtered rows."""
     g = torch.Generator().manual_seed(2800 + rows * vocab + sms)
     target, drafts, q, prompt_mask, counts, kwargs = tree_penalty_case(
         g, rows, PENALTY_PARENTS, vocab, (True, True, True, True), True, True, dtype, sampled=True)
     links = tree_links(PENALTY_PARENTS, rows)
     params = verify_row_params(rows, g)
+    lists = random_bias(rows * len(PENALTY_PARENTS), vocab, g)
+    per_node = {k: v.view(rows, len(PENALTY_PARENTS), -1) for k, v in lists.items()}
     deepest = 0
-    for draft_probs, order in [(q, "vllm"), (None, "bias_last"), (None, "vllm")]:
-        penalties = lp_cpu.Penalties(prompt_mask, counts, **kwargs | dict(penalty_order=order))
+    for draft_probs, order, biases in [(q, "vllm", {}), (None, "bias_last", {}), (None, "vllm", {}),
+                                       (q, "bias_last", per_node), (None, "vllm", per_node)]:
+        penalties = lp_cpu.Penalties(prompt_mask, counts, **kwargs | biases | dict(penalty_order=order))
         call = dict(draft_probs=draft_probs, seed=5, offset=9, **params)
         expected = lp_cpu.verify_tree(target, drafts, *links, penalties=penalties, **call)
         before = emulation.launches()

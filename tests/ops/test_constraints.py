@@ -10,7 +10,7 @@ import torch
 from transformers.generation.logits_process import (MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor,
                                                     NoRepeatNGramLogitsProcessor, SuppressTokensLogitsProcessor)
 
-from op_cases import constraint_case
+from op_cases import assert_greedy_walk, constraint_case, per_position_case
 from reference import constraints_reference, random_bitmask, unpack_bitmask
 
 
@@ -106,31 +106,17 @@ def test_per_position_constraints_in_verify_draft(lp):
     argmax of the constrained row: the reference walks the positions one by one."""
     g = torch.Generator().manual_seed(8)
     rows, drafts_count, vocab, length = 6, 4, 40, 7
-    history = torch.randint(0, 3, (rows, length), generator=g)
-    drafts = torch.randint(0, 3, (rows, drafts_count), generator=g)
-    target = torch.randn(rows, drafts_count + 1, vocab, generator=g)
-    target[:, :drafts_count].scatter_add_(2, drafts[:, :, None], torch.full((rows, drafts_count, 1), 8.0))
-    # Row (b, j): the history, then drafts 0 .. j - 1, -1 padded.
-    sequences = torch.full((rows, drafts_count + 1, length + drafts_count), -1)
-    for j in range(drafts_count + 1):
-        sequences[:, j, :length] = history
-        sequences[:, j, length:length + j] = drafts[:, :j]
+    _, drafts, target, sequences = per_position_case(g, rows, drafts_count, vocab, length, 8.0)
     kwargs = dict(no_repeat_ngram_size=2, bad_words=torch.tensor([[1, 1], [2, 0]]))
     bitmask = lp.allocate_token_bitmask(rows * (drafts_count + 1), vocab)
     lp.constrain_bitmask_(bitmask, vocab, sequences.view(rows * (drafts_count + 1), -1), **kwargs)
     got = lp.verify_draft(target, drafts, temperature=0.0, bitmask=bitmask.view(rows, drafts_count + 1, -1))
-    for b in range(rows):
-        emitted = []
-        for j in range(drafts_count + 1):
-            allowed = constraints_reference(lp.allocate_token_bitmask(1, vocab), vocab, sequences[b, j][None],
-                                            **kwargs)[0]
-            choice = int(target[b, j].masked_fill(~allowed, float("-inf")).argmax())
-            emitted.append(choice)
-            if j == drafts_count or choice != int(drafts[b, j]):
-                break
-        assert got.tokens[b, :len(emitted)].tolist() == emitted, b
-        assert int(got.num_accepted[b]) == len(emitted) - 1
-    assert 0 < int(got.num_accepted.sum()) < rows * drafts_count, "every draft accepted, or none"
+
+    def choose(b, j):
+        allowed = constraints_reference(lp.allocate_token_bitmask(1, vocab), vocab, sequences[b, j][None], **kwargs)[0]
+        return int(target[b, j].masked_fill(~allowed, float("-inf")).argmax())
+
+    assert_greedy_walk(got, drafts, choose)
 
 
 def test_device_semantics_of_host_lists_out_of_range(lp):

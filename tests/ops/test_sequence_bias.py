@@ -13,7 +13,7 @@ import torch
 from transformers.generation.logits_process import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
                                                     SequenceBiasLogitsProcessor)
 
-from op_cases import sequence_bias_case
+from op_cases import assert_greedy_walk, per_position_case, sequence_bias_case
 from reference import sequence_bias_reference
 
 
@@ -76,6 +76,30 @@ def test_matches_transformers_with_repetition_penalty(lp, length):
         seed = torch.randint(0, 2**62, (rows,), generator=g)
         assert torch.equal(lp.sample(scores, temperature=0.8, top_k=10, seed=seed, penalties=penalties),
                            lp.sample(expected, temperature=0.8, top_k=10, seed=seed))
+
+
+def test_per_position_biases_in_verify_draft(lp):
+    """The recipe of docs/semantics-constraints.md: sequence_bias on rows (b, j) holding the
+    request's tokens then drafts 0 .. j - 1, viewed as verify_draft's per-position bias lists
+    [B, S + 1, N]. Greedy rows accept while the biased target prefers each draft, then emit the
+    argmax of the biased row: the reference walks the positions one by one with transformers'
+    SequenceBiasLogitsProcessor on each position's tokens."""
+    g = torch.Generator().manual_seed(12)
+    rows, drafts_count, vocab, length = 16, 4, 30, 6
+    sequence_bias = transformers_order([[[0, 1], 6.0], [[1, 2, 0], -9.0], [[2], 1.5], [[0, 0], -7.0]])
+    history, drafts, target, sequences = per_position_case(g, rows, drafts_count, vocab, length, 4.0)
+    words = torch.tensor([w + [-1] * (3 - len(w)) for w, _ in sequence_bias])
+    ids, values = lp.sequence_bias(sequences.view(rows * (drafts_count + 1), -1), words,
+                                   torch.tensor([b for _, b in sequence_bias]), vocab)
+    penalties = lp.Penalties(*no_state(rows, vocab), logit_bias_ids=ids.view(rows, drafts_count + 1, -1),
+                             logit_bias_values=values.view(rows, drafts_count + 1, -1))
+    got = lp.verify_draft(target, drafts, temperature=0.0, penalties=penalties)
+    processor = SequenceBiasLogitsProcessor(sequence_bias)
+    assert_greedy_walk(got, drafts, lambda b, j: int(processor(torch.cat([history[b], drafts[b, :j]])[None],
+                                                               target[b, j][None].clone())[0].argmax()))
+    row_only = lp.Penalties(*no_state(rows, vocab), logit_bias_ids=ids.view(rows, drafts_count + 1, -1)[:, 0],
+                            logit_bias_values=values.view(rows, drafts_count + 1, -1)[:, 0])
+    assert not torch.equal(got.tokens, lp.verify_draft(target, drafts, temperature=0.0, penalties=row_only).tokens)
 
 
 def test_sums_in_list_order(lp):

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from op_cases import path_counts, random_state, unfused_verify, verify_penalty_case
+from op_cases import path_counts, random_bias, random_state, unfused_verify, verify_penalty_case
 from reference import random_bitmask
 from reference import chi_square_p_value
 
@@ -55,6 +55,50 @@ def test_equals_unfused_reference(lp_cpu, kind, order, with_draft_probs, dtype):
         assert torch.equal(got.num_accepted, expected.num_accepted)
     # The case reached deep positions, where the path decides.
     assert got.num_accepted.max() >= 2
+
+
+@pytest.mark.parametrize("with_draft_probs", [True, False], ids=["draft_probs", "point_mass"])
+def test_a_bias_list_per_position_equals_unfused_reference(lp_cpu, with_draft_probs):
+    """Logit biases [B, S + 1, L], position j's list applied at position j (what sequence_bias
+    gives for the row's tokens followed by the drafts before j): token for token the unfused
+    definition, in both filter orders and with block verification, and not one list per row's."""
+    g = torch.Generator().manual_seed(1590 + with_draft_probs)
+    rows, drafts_count = 48, 4
+    target, drafts, counts, prompt_mask, output_counts, kwargs = verify_penalty_case(
+        g, rows, drafts_count, V, torch.float32, KINDS[4], True, True)
+    lists = random_bias(rows * (drafts_count + 1), V, g)
+    kwargs.update({k: v.view(rows, drafts_count + 1, -1) for k, v in lists.items()})
+    q = torch.softmax(torch.randn(rows, drafts_count, V, generator=g), -1) if with_draft_probs else None
+    penalties = lp_cpu.Penalties(prompt_mask, output_counts, **kwargs)
+    for filter_order, block in (("joint", False), ("top_k_first", False), ("joint", True)):
+        if block and not with_draft_probs:
+            continue
+        call = dict(draft_probs=q, seed=torch.randint(0, 2**40, (rows,), generator=g), offset=5,
+                    filter_apply_order=filter_order, block_verification=block, **row_parameters(rows))
+        got = lp_cpu.verify_draft(target, drafts, counts, penalties=penalties, **call)
+        expected = unfused_verify(lp_cpu, target, drafts, counts, prompt_mask, output_counts, kwargs, **call)
+        assert torch.equal(got.tokens, expected.tokens), (got.tokens != expected.tokens).nonzero().tolist()
+        assert torch.equal(got.num_accepted, expected.num_accepted)
+    assert got.num_accepted.max() >= 2
+    row_lists = dict(kwargs, logit_bias_ids=kwargs["logit_bias_ids"][:, 0], logit_bias_values=kwargs["logit_bias_values"][:, 0])
+    assert not torch.equal(got.tokens, lp_cpu.verify_draft(target, drafts, counts, **call,
+                                                           penalties=lp_cpu.Penalties(prompt_mask, output_counts, **row_lists)).tokens)
+
+
+def test_bias_lists_are_checked(lp_cpu):
+    target, drafts = torch.randn(2, 3, V), torch.randint(0, V, (2, 2))
+    state = (torch.zeros(2, 2, dtype=torch.int32), torch.zeros(2, V, dtype=torch.int32))
+    for ids in (torch.zeros(2, 2, 4, dtype=torch.int64), torch.zeros(3, 3, 4, dtype=torch.int64)):
+        with pytest.raises(RuntimeError, match=r"logit_bias_ids must be \[2, L\] or \[2, 3, L\]"):
+            lp_cpu.verify_draft(target, drafts, penalties=lp_cpu.Penalties(*state, logit_bias_ids=ids,
+                                                                           logit_bias_values=torch.zeros(ids.shape)))
+    with pytest.raises(RuntimeError, match="logit_bias_ids must be 2-D"):  # one list a row elsewhere
+        lp_cpu.sample(target[:, 0], penalties=lp_cpu.Penalties(*state, logit_bias_ids=torch.zeros(2, 3, 4, dtype=torch.int64),
+                                                               logit_bias_values=torch.zeros(2, 3, 4)))
+    with pytest.raises(RuntimeError, match="logit_bias_ids must lie in"):
+        bad = torch.full((2, 3, 4), V, dtype=torch.int64)
+        lp_cpu.verify_draft(target, drafts, penalties=lp_cpu.Penalties(*state, logit_bias_ids=bad,
+                                                                       logit_bias_values=torch.zeros(2, 3, 4)))
 
 
 def test_the_path_is_counted(lp_cpu):

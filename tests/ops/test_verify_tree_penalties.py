@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from op_cases import random_penalties, random_state, tree_penalty_case
+from op_cases import at_position, random_bias, random_penalties, random_state, tree_penalty_case
 from reference import random_bitmask
 from test_verify_tree import PARENTS, chain_links, tree_links
 
@@ -31,7 +31,6 @@ def unfused_tree(lp, target, drafts, next_token, next_sibling, prompt_mask, coun
     with the state's counts plus its path's draft tokens."""
     rows = penalty_kwargs.get("rows")
     state = torch.arange(target.shape[0]) if rows is None else torch.as_tensor(rows)
-    unmapped = {k: v for k, v in penalty_kwargs.items() if k != "rows"}
     penalised = target.clone()
     for i in range(target.shape[1]):
         seen = counts[state].clone()
@@ -39,7 +38,7 @@ def unfused_tree(lp, target, drafts, next_token, next_sibling, prompt_mask, coun
             for n in node_path(PARENTS, i):
                 seen[b, drafts[b, n]] += 1
         node = penalised[:, i].contiguous()
-        lp.apply_penalties_(node, prompt_mask[state], seen, **unmapped)
+        lp.apply_penalties_(node, prompt_mask[state], seen, **at_position(penalty_kwargs, i))
         penalised[:, i] = node
     return lp.verify_tree(penalised, drafts, next_token, next_sibling, **kwargs)
 
@@ -67,6 +66,29 @@ def test_equals_unfused_reference(lp_cpu, kind, order, sampled):
     if kind == 4:  # the check can fail: without the penalties the tokens differ
         plain = lp_cpu.verify_tree(target, drafts, *links, **call)
         assert not torch.equal(got.tokens, plain.tokens)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["deterministic", "sampled"])
+def test_a_bias_list_per_node_equals_unfused_reference(lp_cpu, sampled):
+    """Logit biases [B, N, L], node i's list applied at node i (the sequence biases its path
+    completes): token for token the unfused definition, which differs from one list per row."""
+    g = torch.Generator().manual_seed(2790 + sampled)
+    rows, nodes = 48, len(PARENTS)
+    target, drafts, q, prompt_mask, counts, kwargs = tree_penalty_case(g, rows, PARENTS, V, KINDS[4], True, True,
+                                                                       sampled=sampled)
+    lists = random_bias(rows * nodes, V, g)
+    kwargs.update({k: v.view(rows, nodes, -1) for k, v in lists.items()})
+    links = tree_links(PARENTS, rows)
+    call = dict(draft_probs=q, temperature=torch.tensor([0.0, 0.7, 0.9])[torch.arange(rows) % 3], top_p=0.95,
+                seed=torch.randint(0, 2**40, (rows,), generator=g), offset=3)
+    got = lp_cpu.verify_tree(target, drafts, *links, penalties=lp_cpu.Penalties(prompt_mask, counts, **kwargs), **call)
+    expected = unfused_tree(lp_cpu, target, drafts, *links, prompt_mask, counts, kwargs, **call)
+    assert torch.equal(got.tokens, expected.tokens), (got.tokens != expected.tokens).nonzero().tolist()
+    assert torch.equal(got.node_ids, expected.node_ids) and torch.equal(got.num_accepted, expected.num_accepted)
+    assert got.num_accepted.max() >= 2
+    row_lists = dict(kwargs, logit_bias_ids=kwargs["logit_bias_ids"][:, 0], logit_bias_values=kwargs["logit_bias_values"][:, 0])
+    assert not torch.equal(got.tokens, lp_cpu.verify_tree(target, drafts, *links, **call,
+                                                          penalties=lp_cpu.Penalties(prompt_mask, counts, **row_lists)).tokens)
 
 
 def test_chain_is_verify_draft_with_penalties(lp_cpu):

@@ -17,7 +17,9 @@ _DOCS = {
     "bitmask": "int32 ``[B, S + 1, ceil(V / 32)]``, position j's grammar mask (XGrammar's layout; the "
                "matcher advanced over the drafts, then rolled back); default every token allowed.",
     "penalties": "as in `sample` (state rows, penalty values and logit biases per row b, the same at every "
-                 "position), with each position's drafts before it counted as above; default none.",
+                 "position), with each position's drafts before it counted as above; its logit biases may "
+                 "also be one list per position, ``[B, S + 1, L]`` (a sequence bias a draft completes: "
+                 "docs/semantics-constraints.md); default none.",
 }
 
 

@@ -17,7 +17,8 @@ _DOCS = {
     "bitmask": "int32 ``[B, N, ceil(V / 32)]``, node i's grammar mask (what XGrammar's "
                "``GrammarMatcher.traverse_draft_tree`` fills); default all allowed.",
     "penalties": "as in `sample` (state rows, penalty values and logit biases per row b, the same at every "
-                 "node), with each node's path counted as above; default none.",
+                 "node), with each node's path counted as above; its logit biases may also be one list per "
+                 "node, ``[B, N, L]``; default none.",
 }
 
 
