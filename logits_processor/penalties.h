@@ -158,11 +158,6 @@ LP_HOST_DEVICE RowPenaltyView with_path(RowPenaltyView q, const PenaltyPath& pat
   return q;
 }
 
-// Row `row`'s view for a position or node: its bias list and `path`'s tokens counted.
-LP_HOST_DEVICE RowPenaltyView row_penalty_view(const Penalties& p, int64_t row, const PenaltyPath& path) {
-  return with_path(row_penalty_view(p, row, path.bias_list), path);
-}
-
 // The row's listed ids: its biases' (k < bias_width), then its path tokens.
 LP_HOST_DEVICE int64_t listed_tokens(const RowPenaltyView& q) { return q.bias_width + q.path.length; }
 

@@ -86,11 +86,11 @@ struct Draw {
   uint64_t winner;  // packed, kNoToken if no candidate
 };
 
-// Row `row`'s penalties with `path`'s tokens counted (penalties.h's with_path), with the
+// Row `row`'s penalties with `path`'s tokens counted and its bias list (penalties.h's with_path), with the
 // filter of its bias ids and path tokens built in shared memory. Called by the whole block.
 __device__ RowPenaltyView block_row_penalty_view(const SamplingParams& p, int64_t row, SharedState& sh,
                                                  const PenaltyPath& path = {}) {
-  RowPenaltyView q = row_penalty_view(p.penalties, row, path);
+  RowPenaltyView q = with_path(row_penalty_view(p.penalties, row, path.bias_list), path);
   if (!q.enabled || !q.listed) return q;  // (the same for the whole block)
   __syncthreads();  // every thread is done with the previous row's filter
   for (int w = threadIdx.x; w < kBiasFilterWords; w += kThreads) sh.bias_filter[w] = 0;

@@ -241,7 +241,7 @@ class RowSampler {
   RowSampler(const SamplingParams& p, int64_t row, Scratch& scratch)
       : RowSampler(p, row, row_params(p, row), scratch) {}
   RowSampler(const SamplingParams& p, int64_t row, const RowParams& r, Scratch& scratch, const PenaltyPath& path = {})
-      : p_(p), row_(row), r_(r), penalty_(row_penalty_view(p.penalties, row, path)), scratch_(scratch),
+      : p_(p), row_(row), r_(r), penalty_(with_path(row_penalty_view(p.penalties, row, path.bias_list), path)), scratch_(scratch),
         scores_(scratch.scores.data()) {}
 
   // The token `sample` returns.
