@@ -48,6 +48,8 @@ struct IntArray {
   LP_HOST_DEVICE int64_t get(int64_t i) const {
     return int32 ? static_cast<const int32_t*>(data)[i] : static_cast<const int64_t*>(data)[i];
   }
+  // Row i's value, or `value` (the scalar every row shares) when no array is given.
+  LP_HOST_DEVICE int64_t get_or(int64_t i, int64_t value) const { return data ? get(i) : value; }
 };
 
 // CPU kernels split work through this callback (the binding passes at::parallel_for),

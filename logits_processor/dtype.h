@@ -67,6 +67,26 @@ LP_HOST_DEVICE float load_logit(Dtype dtype, const void* row, int64_t i) {
                                  : logit_from_bits(dtype, static_cast<const uint16_t*>(row)[i]);
 }
 
+// A read-only per-row float parameter in the caller's dtype, known at run time: read where it
+// lies, with no converted copy per call. float64 rounds to nearest (lp_double_to_float, as
+// torch's .to(torch.float32) does), float16 and bfloat16 are exact.
+enum class ParamDtype : int32_t { Float32, Float64, Float16, BFloat16 };
+
+struct FloatArray {
+  const void* data;  // nullptr: not given
+  ParamDtype dtype;
+  LP_HOST_DEVICE float get(int64_t i) const {
+    switch (dtype) {
+      case ParamDtype::Float64: return lp_double_to_float(static_cast<const double*>(data)[i]);
+      case ParamDtype::Float16: return half_bits_to_float(static_cast<const uint16_t*>(data)[i]);
+      case ParamDtype::BFloat16: return bfloat16_bits_to_float(static_cast<const uint16_t*>(data)[i]);
+      default: return static_cast<const float*>(data)[i];
+    }
+  }
+  // Row i's value, or `value` (the scalar every row shares) when no array is given.
+  LP_HOST_DEVICE float get_or(int64_t i, float value) const { return data ? get(i) : value; }
+};
+
 // Calls f.template operator()<D>() with the dtype as a compile-time constant.
 template <typename F>
 void dispatch_dtype(Dtype dtype, F&& f) {

@@ -53,12 +53,13 @@ struct Penalties {
   // Logits row b uses state row state_row[b], or b when nullptr. A state row outside
   // [0, state_rows) leaves the logits row unchanged: device-side rows can never reach outside.
   const int64_t* state_row;
-  // Each penalty is a per-row array, or nullptr and then the scalar beside it.
-  const float* repetition;
+  // Each penalty is a per-row array in the caller's dtype, or not given and then the scalar
+  // beside it.
+  FloatArray repetition;
   float repetition_value;
-  const float* frequency;
+  FloatArray frequency;
   float frequency_value;
-  const float* presence;
+  FloatArray presence;
   float presence_value;
   // Row b's biases: bias_ids[b, j] (ids outside [0, vocab), -1 the padding, are skipped) and
   // bias_values[b, j], j < bias_width; none when bias_width is 0.
@@ -83,9 +84,9 @@ struct PenaltyValues {
 // Per-row values that no host check has seen (device tensors) are made harmless here: a NaN
 // or non-positive repetition penalty counts as 1, a NaN frequency or presence penalty as 0.
 LP_HOST_DEVICE PenaltyValues penalty_values(const Penalties& p, int64_t row) {
-  const float r = p.repetition ? p.repetition[row] : p.repetition_value;
-  const float f = p.frequency ? p.frequency[row] : p.frequency_value;
-  const float q = p.presence ? p.presence[row] : p.presence_value;
+  const float r = p.repetition.get_or(row, p.repetition_value);
+  const float f = p.frequency.get_or(row, p.frequency_value);
+  const float q = p.presence.get_or(row, p.presence_value);
   return {r > 0.0f ? r : 1.0f, f == f ? f : 0.0f, q == q ? q : 0.0f};
 }
 

@@ -78,29 +78,30 @@ enum class FilterOrder : int32_t { kJoint = 0, kTopKFirst = 1 };
 
 // The logits (LogitsView's fields: logits, dtype, rows, vocab, row_stride), only read.
 struct SamplingParams : LogitsView {
-  // Each parameter is a per-row array, or nullptr and then the scalar beside it.
-  const float* temperature;
+  // Each parameter is a per-row array in the caller's dtype (FloatArray, IntArray), or not
+  // given (data nullptr) and then the scalar beside it.
+  FloatArray temperature;
   float temperature_value;
   IntArray top_k;  // int64 or int32 (its data nullptr: top_k_value)
   int64_t top_k_value;
-  const float* top_p;
+  FloatArray top_p;
   float top_p_value;
-  const float* min_p;
+  FloatArray min_p;
   float min_p_value;
-  const float* epsilon;  // epsilon_cutoff
+  FloatArray epsilon;  // epsilon_cutoff
   float epsilon_value;
-  const float* eta;  // eta_cutoff
+  FloatArray eta;  // eta_cutoff
   float eta_value;
-  const float* top_n_sigma;
+  FloatArray top_n_sigma;
   float top_n_sigma_value;
-  const float* mirostat_mu;  // mirostat v2's mu, in bits: a floor 2^-mu on p, joined to epsilon's
+  FloatArray mirostat_mu;  // mirostat v2's mu, in bits: a floor 2^-mu on p, joined to epsilon's
   float mirostat_mu_value;
   FilterOrder filter_order;  // one for the whole call
   // With per-row seeds, row b's stream is keyed by (seed[b], offset[b]) alone; with one
   // seed it is keyed by (seed, b, offset).
-  const int64_t* seed;
+  IntArray seed;
   int64_t seed_value;
-  const int64_t* offset;
+  IntArray offset;
   int64_t offset_value;
   const int32_t* bitmask;  // optional, XGrammar's layout; columns past its width are allowed
   int64_t bitmask_row_stride;
@@ -146,29 +147,29 @@ LP_HOST_DEVICE float mirostat_floor(float mu) {
 // disables them), top_n_sigma to [0, FLT_MAX] (0, NaN or less disables it).
 LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   RowParams r;
-  r.temperature = p.temperature ? p.temperature[row] : p.temperature_value;
+  r.temperature = p.temperature.get_or(row, p.temperature_value);
   r.greedy = !(r.temperature > 0.0f);
   r.top_k = p.top_k.data ? p.top_k.get(row) : p.top_k_value;
-  const float top_p = p.top_p ? p.top_p[row] : p.top_p_value;
+  const float top_p = p.top_p.get_or(row, p.top_p_value);
   r.top_p = top_p >= 0.0f ? (top_p < 1.0f ? top_p : 1.0f) : (top_p < 0.0f ? 0.0f : 1.0f);
-  const float min_p = p.min_p ? p.min_p[row] : p.min_p_value;
+  const float min_p = p.min_p.get_or(row, p.min_p_value);
   // (At least the smallest normal float: lp_log takes normal inputs.)
   r.min_p = min_p > 0.0f ? (min_p < 1.0f ? (min_p > 1.17549435e-38f ? min_p : 1.17549435e-38f) : 1.0f) : 0.0f;
-  const float epsilon = p.epsilon ? p.epsilon[row] : p.epsilon_value;
+  const float epsilon = p.epsilon.get_or(row, p.epsilon_value);
   r.epsilon = epsilon > 0.0f ? (epsilon < 1.0f ? epsilon : 1.0f) : 0.0f;
-  const float mu = p.mirostat_mu ? p.mirostat_mu[row] : p.mirostat_mu_value;
+  const float mu = p.mirostat_mu.get_or(row, p.mirostat_mu_value);
   const float mirostat = mirostat_floor(mu);
   r.epsilon = mirostat > r.epsilon ? mirostat : r.epsilon;
-  const float eta = p.eta ? p.eta[row] : p.eta_value;
+  const float eta = p.eta.get_or(row, p.eta_value);
   r.eta = eta > 0.0f ? (eta < 1.0f ? (eta > 1.17549435e-38f ? eta : 1.17549435e-38f) : 1.0f) : 0.0f;
-  const float n_sigma = p.top_n_sigma ? p.top_n_sigma[row] : p.top_n_sigma_value;
+  const float n_sigma = p.top_n_sigma.get_or(row, p.top_n_sigma_value);
   r.top_n_sigma = n_sigma > 0.0f ? (n_sigma < 3.402823466e38f ? n_sigma : 3.402823466e38f) : 0.0f;
   r.top_k_first = p.filter_order == FilterOrder::kTopKFirst;
-  const uint64_t seed = static_cast<uint64_t>(p.seed ? p.seed[row] : p.seed_value);
-  const uint64_t offset = static_cast<uint64_t>(p.offset ? p.offset[row] : p.offset_value);
+  const uint64_t seed = static_cast<uint64_t>(p.seed.get_or(row, p.seed_value));
+  const uint64_t offset = static_cast<uint64_t>(p.offset.get_or(row, p.offset_value));
   r.key0 = static_cast<uint32_t>(seed);
   r.key1 = static_cast<uint32_t>(seed >> 32);
-  r.stream = p.seed ? 0u : static_cast<uint32_t>(row);
+  r.stream = p.seed.data ? 0u : static_cast<uint32_t>(row);
   r.offset_lo = static_cast<uint32_t>(offset);
   r.offset_hi = static_cast<uint32_t>(offset >> 32);
   return r;

@@ -42,7 +42,7 @@ __device__ void for_each_chunk(const SamplingParams& p, const Split& split, Shar
 // Greedy and unfiltered rows are done in this kernel; cut_over_chunks rows of a split batch
 // get their first pass (split_draw_kernel finishes them); other rows are sampled whole by
 // their chunk-0 block.
-__global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Split split) {
+__global__ void __launch_bounds__(kThreads) sample_kernel(const __grid_constant__ SamplingParams p, Split split) {
   __shared__ SharedState sh;
   for_each_chunk(p, split, sh, [&](RowSampler& sampler, int64_t row, int64_t chunk, int64_t begin, int64_t end) {
     if (split.splits > 1 && sampler.single_pass()) {
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingParams p, Spli
 
 // The second kernel of a split batch: the draw of its cut_over_chunks rows, and the second
 // draw of its unfiltered rows that need one (RowSampler::draw_chunk).
-__global__ void __launch_bounds__(kThreads) split_draw_kernel(SamplingParams p, Split split) {
+__global__ void __launch_bounds__(kThreads) split_draw_kernel(const __grid_constant__ SamplingParams p, Split split) {
   __shared__ SharedState sh;
   for_each_chunk(p, split, sh, [&](RowSampler& sampler, int64_t row, int64_t chunk, int64_t begin, int64_t end) {
     if (!sampler.r.greedy) sampler.draw_chunk(split, row, chunk, begin, end, sh);

@@ -108,7 +108,7 @@ __device__ bool merges_bins(const RowSampler& sampler) {
 // or such scalars (row_params makes a NaN top_p 1). On the host: sample_cuda zeroes the merged
 // bins only then.
 inline bool may_merge_bins(const SamplingParams& p) {
-  return p.top_k.data != nullptr || p.top_k_value > kMaxSplitTopK || p.top_p != nullptr || p.top_p_value < 1.0f;
+  return p.top_k.data != nullptr || p.top_k_value > kMaxSplitTopK || p.top_p.data != nullptr || p.top_p_value < 1.0f;
 }
 
 // The rest of this file is called by the whole block, like block_primitives.cuh's.

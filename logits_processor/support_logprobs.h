@@ -31,7 +31,7 @@
 namespace logits_processor {
 
 struct SupportParams : LogitsView {
-  const float* temperature;  // [rows], or null and then temperature_value
+  FloatArray temperature;  // [rows] in the caller's dtype, or not given: temperature_value
   float temperature_value;
   const int64_t* token_ids;  // [rows]
   const int32_t* support;    // [rows, ceil(vocab / 32)] words, XGrammar's layout
@@ -47,7 +47,7 @@ struct SupportParams : LogitsView {
 };
 
 LP_HOST_DEVICE float support_temperature(const SupportParams& p, int64_t row) {
-  const float t = p.temperature ? p.temperature[row] : p.temperature_value;
+  const float t = p.temperature.get_or(row, p.temperature_value);
   return t > 0.0f ? t : 1.0f;  // NaN fails the compare
 }
 

@@ -120,7 +120,7 @@ std::pair<int64_t, int64_t> host_int64_range(const Tensor& t) {
   return {lo, hi};
 }
 
-Tensor row_parameter(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype, bool int32_too) {
+Tensor row_parameter(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype, bool read_as_given) {
   CHECK_ARG(t.dim() == 1 && t.size(0) == logits.size(0), name,
             " must be a number or a 1-D tensor of length ", logits.size(0),
             " (one per row), got shape ", shape_name(t.sizes()));
@@ -132,8 +132,10 @@ Tensor row_parameter(const Tensor& t, const Tensor& logits, const char* name, Sc
                      : !is_floating(given) && !is_complex(given) && given != ScalarType::Bool,
             name, floating ? " must be a floating-point tensor" : " must be an integer tensor",
             ", got ", given);
-  const bool kept = int32_too && given == ScalarType::Int;
-  return torch::stable::contiguous(kept ? t : torch::stable::to(t, dtype));
+  const bool readable = floating ? given == ScalarType::Float || given == ScalarType::Double ||
+                                       given == ScalarType::Half || given == ScalarType::BFloat16
+                                 : given == ScalarType::Long || given == ScalarType::Int;
+  return torch::stable::contiguous(read_as_given && readable ? t : torch::stable::to(t, dtype));
 }
 
 int choice_index(const std::string& value, const char* name, std::initializer_list<const char*> choices) {

@@ -77,10 +77,12 @@ RowView row_view(const Tensor& t, const char* name);
 std::pair<int64_t, int64_t> host_int64_range(const Tensor& t);
 
 // A per-row sampling parameter: a length-B tensor on the logits' device, converted to the
-// kernel's dtype (a no-op, and no allocation, when it already is float32 / int64; with
-// `int32_too`, an int32 tensor is kept as it is too, for a kernel that reads either).
+// kernel's dtype `dtype` (a no-op, and no allocation, when it already is). With
+// `read_as_given`, for a kernel that reads the caller's dtype (FloatArray, IntArray): float32,
+// float64, float16 and bfloat16 (dtype Float), int64 and int32 (dtype Long) are kept as they
+// are, and only another dtype (int16, float8, ...) is converted. A strided tensor is copied.
 Tensor row_parameter(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype,
-                     bool int32_too = false);
+                     bool read_as_given = false);
 
 // The index of `value` among `choices` (an option given by name, such as
 // filter_apply_order); else an error naming the argument and listing the choices.

@@ -27,10 +27,6 @@ struct ConstraintTensors {
 
 bool is_int_ids(ScalarType t) { return t == ScalarType::Long || t == ScalarType::Int; }
 
-lp::IntArray int_array(const Tensor& t) {
-  return {t.const_data_ptr(), t.scalar_type() == ScalarType::Int};
-}
-
 // What an op's inputs are checked against: the device of `on` (named as `on_name`, e.g. "the
 // bitmask's"), and the tensors it writes, whose memory they must not share.
 struct Target {

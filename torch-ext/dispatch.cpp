@@ -39,4 +39,17 @@ lp::LogitsView logits_view(const Tensor& logits, const RowView& lv) {
   return {logits.data_ptr(), kernel_dtype(logits.scalar_type()), lv.rows, lv.width, lv.row_stride};
 }
 
+lp::FloatArray float_array(const std::optional<Tensor>& t) {
+  if (!t.has_value()) return {nullptr, lp::ParamDtype::Float32};
+  const ScalarType dtype = t->scalar_type();
+  return {t->const_data_ptr(), dtype == ScalarType::Double     ? lp::ParamDtype::Float64
+                               : dtype == ScalarType::Half     ? lp::ParamDtype::Float16
+                               : dtype == ScalarType::BFloat16 ? lp::ParamDtype::BFloat16
+                                                               : lp::ParamDtype::Float32};
+}
+
+lp::IntArray int_array(const std::optional<Tensor>& t) {
+  return {t.has_value() ? t->const_data_ptr() : nullptr, t.has_value() && t->scalar_type() == ScalarType::Int};
+}
+
 HIDDEN_NAMESPACE_END(binding)

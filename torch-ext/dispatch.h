@@ -77,4 +77,9 @@ const T* optional_data(const std::optional<Tensor>& t) {
   return t.has_value() ? t->const_data_ptr<T>() : nullptr;
 }
 
+// A per-row parameter in the dtype row_parameter(..., read_as_given) left it: float32,
+// float64, float16 or bfloat16 (FloatArray); int64 or int32 (IntArray); not given: data null.
+logits_processor::FloatArray float_array(const std::optional<Tensor>& t);
+logits_processor::IntArray int_array(const std::optional<Tensor>& t);
+
 HIDDEN_NAMESPACE_END(binding)

@@ -73,12 +73,12 @@ std::optional<Tensor> state_rows(const std::optional<Tensor>& rows, const Tensor
   return torch::stable::contiguous(torch::stable::to(r, like.device()));
 }
 
-// The first float of a contiguous float32 host tensor that fails `ok`, if any.
+// The first value of a contiguous host tensor of a FloatArray dtype that fails `ok`, if any.
 template <typename Ok>
 std::optional<float> first_value_failing(const Tensor& t, Ok ok) {
-  const float* values = t.const_data_ptr<float>();
+  const lp::FloatArray values = float_array(t);
   for (int64_t i = 0; i < t.numel(); ++i)
-    if (!ok(values[i])) return values[i];
+    if (!ok(values.get(i))) return values.get(i);
   return std::nullopt;
 }
 
@@ -95,7 +95,7 @@ std::optional<Tensor> penalty_parameter(const std::optional<Tensor>& t, double v
     CHECK_ARG(positive ? value > 0.0 : !std::isnan(value), name, rule, value);
     return std::nullopt;
   }
-  Tensor converted = row_parameter(*t, logits, name, ScalarType::Float);
+  Tensor converted = row_parameter(*t, logits, name, ScalarType::Float, /*read_as_given=*/true);
   if (converted.is_cpu()) {
     const std::optional<float> bad = first_value_failing(converted, positive ? is_positive : is_not_nan);
     CHECK_ARG(!bad.has_value(), name, rule, bad.value_or(0.0f));
@@ -160,15 +160,15 @@ PenaltyCall penalty_call(const Tensor& logits, const PenaltyArguments& args, int
   p.state_row = optional_data<int64_t>(call.rows);
   call.repetition = penalty_parameter(args.repetition_penalty, args.repetition_penalty_value, logits,
                                       "repetition_penalty", true);
-  p.repetition = optional_data<float>(call.repetition);
+  p.repetition = float_array(call.repetition);
   p.repetition_value = ieee_float(args.repetition_penalty_value);
   call.frequency = penalty_parameter(args.frequency_penalty, args.frequency_penalty_value, logits,
                                      "frequency_penalty", false);
-  p.frequency = optional_data<float>(call.frequency);
+  p.frequency = float_array(call.frequency);
   p.frequency_value = ieee_float(args.frequency_penalty_value);
   call.presence = penalty_parameter(args.presence_penalty, args.presence_penalty_value, logits,
                                     "presence_penalty", false);
-  p.presence = optional_data<float>(call.presence);
+  p.presence = float_array(call.presence);
   p.presence_value = ieee_float(args.presence_penalty_value);
 
   if (args.logit_bias_ids.has_value() || args.logit_bias_values.has_value()) {

@@ -42,13 +42,13 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
       choice_index(filters.filter_apply_order, "filter_apply_order", {"joint", "top_k_first"}));
 
   SamplingCall call;
-  const auto param = [&](const std::optional<Tensor>& t, const char* name, ScalarType dtype,
-                         bool int32_too = false) {
-    return t.has_value() ? std::optional(row_parameter(*t, logits, name, dtype, int32_too)) : std::nullopt;
+  // (Read in the caller's dtype: vLLM's int32 top_k, float64 top_p, int32 seeds, no copy.)
+  const auto param = [&](const std::optional<Tensor>& t, const char* name, ScalarType dtype) {
+    return t.has_value() ? std::optional(row_parameter(*t, logits, name, dtype, /*read_as_given=*/true))
+                         : std::nullopt;
   };
   call.temperature = param(filters.temperature, "temperature", ScalarType::Float);
-  // (vLLM's top_k is int32: the kernels read it as it is, IntArray.)
-  call.top_k = param(filters.top_k, "top_k", ScalarType::Long, /*int32_too=*/true);
+  call.top_k = param(filters.top_k, "top_k", ScalarType::Long);
   call.top_p = param(filters.top_p, "top_p", ScalarType::Float);
   call.min_p = param(filters.min_p, "min_p", ScalarType::Float);
   call.epsilon = param(filters.epsilon_cutoff, "epsilon_cutoff", ScalarType::Float);
@@ -72,27 +72,26 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
     p.bitmask_width = bv.width;
   }
   static_cast<lp::LogitsView&>(p) = logits_view(logits, lv);
-  p.temperature = optional_data<float>(call.temperature);
+  p.temperature = float_array(call.temperature);
   p.temperature_value = ieee_float(filters.temperature_value);
-  p.top_k = {call.top_k ? call.top_k->const_data_ptr() : nullptr,
-             call.top_k && call.top_k->scalar_type() == ScalarType::Int};
+  p.top_k = int_array(call.top_k);
   p.top_k_value = filters.top_k_value;
-  p.top_p = optional_data<float>(call.top_p);
+  p.top_p = float_array(call.top_p);
   p.top_p_value = ieee_float(filters.top_p_value);
-  p.min_p = optional_data<float>(call.min_p);
+  p.min_p = float_array(call.min_p);
   p.min_p_value = ieee_float(filters.min_p_value);
-  p.epsilon = optional_data<float>(call.epsilon);
+  p.epsilon = float_array(call.epsilon);
   p.epsilon_value = ieee_float(filters.epsilon_cutoff_value);
-  p.eta = optional_data<float>(call.eta);
+  p.eta = float_array(call.eta);
   p.eta_value = ieee_float(filters.eta_cutoff_value);
-  p.top_n_sigma = optional_data<float>(call.top_n_sigma);
+  p.top_n_sigma = float_array(call.top_n_sigma);
   p.top_n_sigma_value = ieee_float(filters.top_n_sigma_value);
-  p.mirostat_mu = optional_data<float>(call.mirostat_mu);
+  p.mirostat_mu = float_array(call.mirostat_mu);
   p.mirostat_mu_value = ieee_float(filters.mirostat_mu_value);
   p.filter_order = filter_order;
-  p.seed = optional_data<int64_t>(call.seed);
+  p.seed = int_array(call.seed);
   p.seed_value = draws.seed_value;
-  p.offset = optional_data<int64_t>(call.offset);
+  p.offset = int_array(call.offset);
   p.offset_value = draws.offset_value;
   return call;
 }

@@ -59,11 +59,11 @@ SupportCall support_call(const Tensor& logits, const Tensor& token_ids, const st
             logits.size(0), " (one per row), got shape ", shape_name(token_ids.sizes()));
   SupportCall call;
   call.token_ids = row_parameter(token_ids, logits, "token_ids", ScalarType::Long);
-  if (temperature.has_value()) call.temperature = row_parameter(*temperature, logits, "temperature", ScalarType::Float);
+  if (temperature.has_value()) call.temperature = row_parameter(*temperature, logits, "temperature", ScalarType::Float, /*read_as_given=*/true);
   call.support = support_bitmask(bitmask, ids, logits);
   lp::SupportParams& p = call.params;
   static_cast<lp::LogitsView&>(p) = logits_view(logits, lv);
-  p.temperature = optional_data<float>(call.temperature);
+  p.temperature = float_array(call.temperature);
   p.temperature_value = ieee_float(temperature_value);
   p.token_ids = call.token_ids->const_data_ptr<int64_t>();
   p.support = call.support->const_data_ptr<int32_t>();

@@ -52,6 +52,26 @@ def test_sampler_agrees_with_cpu_per_row(emulation, lp_cpu, sms, dtype, rows, vo
 
 
 @pytest.mark.emulation
+@pytest.mark.parametrize("float_dtype", [torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows,vocab,sms", [(7, 1001, 8), (2, 40000, 132)])  # one block a row; split rows
+def test_parameters_read_in_the_callers_dtype(emulation, lp_cpu, float_dtype, rows, vocab, sms):
+    """Per-row parameters in float64 (rounded to nearest), float16 or bfloat16 and int32 seeds and
+    offsets, read by the kernels as they are (dtype.h's FloatArray, IntArray): the tokens and
+    log-probabilities of the CPU given the same values as float32 and int64."""
+    g = torch.Generator().manual_seed(vocab + sms)
+    logits = special_logits(rows, vocab, torch.float32, g)
+    params = row_params(rows, g)
+    given = {k: (v % 2**31).int() if k in ("seed", "offset", "top_k") else v.to(float_dtype) + 1e-9
+             for k, v in params.items()}
+    converted = {k: v.long() if k in ("seed", "offset", "top_k") else v.float() for k, v in given.items()}
+    expected = lp_cpu.sample_with_logprobs(logits, **converted, num_logprobs=2)
+    with emulation.gpu(sms) as lp:
+        got = lp.sample_with_logprobs(logits, **given, num_logprobs=2)
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.emulation
 @pytest.mark.parametrize("rows,vocab,sms", [(6, 3000, 8), (2, 40000, 132)])  # one block a row; split rows
 def test_top_k_of_the_width_or_more_is_off(emulation, lp_cpu, rows, vocab, sms):
     """An int32 per-row top_k >= V (vLLM's vocab_size, which the plugin passes through) draws

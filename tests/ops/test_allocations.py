@@ -1,7 +1,9 @@
-"""With `out=` and per-row parameters of the ops' own dtypes (float32 temperature, top_p, min_p;
-int64 or int32 top_k; int64 seed, offset, token ids), the binding converts nothing and the ops allocate no
-tensor (docs/guarantees.md, torch integration); a parameter of another dtype is converted, a new
-tensor on each call, which the count sees. Counted by torch's profiler (every allocation through
+"""With `out=` and per-row parameters in a dtype the kernels read (float32, float64, float16 or
+bfloat16 temperature, top_p, min_p and penalties; int64 or int32 top_k, seed and offset; int64 token
+ids), the binding converts nothing and the ops allocate no tensor (docs/guarantees.md, torch
+integration); a parameter of another dtype (int16, float8) is converted, a new tensor on each call,
+which the count sees; and a parameter read in its own dtype decides as its float32 / int64 value
+would. Counted by torch's profiler (every allocation through
 PyTorch's allocator), through the loader, on CPU tensors: the conversions and outputs are the
 binding's, shared by both devices (the CUDA sampler adds only its small-batch split scratch,
 from the caching allocator)."""
@@ -56,21 +58,56 @@ NAMES = ["sample", "sample_with_logprobs", "sample_with_logprobs(return_kept)", 
          "filtered_probs", "filtered_logits"]
 
 
-@pytest.mark.parametrize("top_k_dtype", [torch.int64, torch.int32])  # (int32: vLLM's, read as it is)
+FLOAT_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def in_dtypes(rows, draws, float_dtype, int_dtype):
+    """The parameters in the given dtypes (int32 seeds below 2^31: the values themselves change)."""
+    rows = {k: v.to(int_dtype if k == "top_k" else float_dtype) for k, v in rows.items()}
+    return rows, {k: (v % 2**31).to(int_dtype) for k, v in draws.items()}
+
+
+@pytest.mark.parametrize("int_dtype", [torch.int64, torch.int32])  # (int32: vLLM's)
+@pytest.mark.parametrize("float_dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("name", NAMES)
-def test_no_allocation_with_out_and_parameters_of_the_ops_dtypes(lp, name, top_k_dtype):
+def test_no_allocation_with_out_and_parameters_the_kernels_read(lp, name, float_dtype, int_dtype):
     logits, rows, draws, bitmask = inputs()
-    rows["top_k"] = rows["top_k"].to(top_k_dtype)
+    rows, draws = in_dtypes(rows, draws, float_dtype, int_dtype)
     call = calls(lp, rows, draws, logits, bitmask)[name]
     call()  # (first call: lazy initialisation outside the count)
     assert allocations(call) == 0
 
 
+@pytest.mark.parametrize("float_dtype", FLOAT_DTYPES[1:])
+def test_a_parameter_in_its_own_dtype_decides_as_its_float32_value(lp, float_dtype):
+    """float64 rounds to nearest (torch's .to(float32)), float16 and bfloat16 are exact: the
+    tokens, log-probabilities, kept sets and penalised draws equal those of the converted
+    parameters (a kernel reading the bytes as float32 would draw other tokens)."""
+    logits, rows, draws, bitmask = inputs()
+    given, given_draws = in_dtypes(rows, draws, float_dtype, torch.int32)
+    if float_dtype == torch.float64:  # (values between two floats: the kernel rounds them)
+        given = {k: v + 1e-9 if v.is_floating_point() else v for k, v in given.items()}
+    converted = {k: v.float() if v.is_floating_point() else v.long() for k, v in given.items()}
+    converted_draws = {k: v.long() for k, v in given_draws.items()}
+    state = lp.penalty_state_from_tokens(torch.randint(0, V, (B, 9)), torch.randint(0, V, (B, 5)), V)
+    penalty = (torch.rand(B) + 0.5).to(float_dtype)
+    penalised = lambda f: dict(penalties=lp.Penalties(*state, repetition_penalty=f(penalty),  # noqa: E731
+                                                      frequency_penalty=f(penalty - 1), presence_penalty=f(penalty)))
+    for extra, extra_converted in [({}, {}), (penalised(lambda t: t), penalised(lambda t: t.float()))]:
+        got = lp.sample_with_logprobs(logits, **given, **given_draws, **extra, bitmask=bitmask, num_logprobs=3,
+                                      return_kept=16)
+        expected = lp.sample_with_logprobs(logits, **converted, **converted_draws, **extra_converted, bitmask=bitmask,
+                                           num_logprobs=3, return_kept=16)
+        for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected)):
+            assert torch.equal(a, b)
+
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_a_parameter_of_another_dtype_is_converted_on_each_call(lp, name):
-    """The count can fail: float64 top_p and int16 top_k allocate their float32/int64 copies."""
+    """The count can fail: int16 top_k and float8 top_p allocate their int64/float32 copies."""
     logits, rows, draws, bitmask = inputs()
-    rows = {**rows, "top_p": rows["top_p"].double(), "top_k": rows["top_k"].to(torch.int16)}
+    rows = {**rows, "top_p": rows["top_p"].to(torch.float8_e4m3fn), "top_k": rows["top_k"].to(torch.int16)}
     call = calls(lp, rows, draws, logits, bitmask)[name]
     call()
     assert allocations(call) >= 2

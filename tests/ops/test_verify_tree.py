@@ -505,3 +505,43 @@ def test_out_opcheck_and_compile(lp_cpu):
     eager = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, draft_probs=q, temperature=0.7, top_k=20,
                                seed=3, offset=5, bitmask=masks)
     assert all(torch.equal(a, b) for a, b in zip(compiled, eager))
+
+
+def test_max_depth_sizes_the_output_without_reading_the_tree(lp_cpu):
+    """max_depth = the tree's depth gives the default's tokens; a smaller one the walk `out=` of
+    that width gives (stopped there with its bonus token); with it the op is traced whole by
+    torch.compile(fullgraph=True) without `out` (the default's host read of the tree is a graph
+    break, which fullgraph refuses: the check can fail); a bad one raises, naming it."""
+    g = torch.Generator().manual_seed(2572)
+    rows = 6
+    target, drafts, next_token, next_sibling, masks, _, q = tree_case(g, rows, bitmask=True, sampled=True)
+    kwargs = dict(draft_probs=q, temperature=0.8, top_k=12, seed=11, offset=2, bitmask=masks)
+    depth = max(depths(PARENTS))
+    default = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, **kwargs)
+    assert default.tokens.shape == (rows, depth + 1)
+    assert all(torch.equal(a, b) for a, b in zip(
+        lp_cpu.verify_tree(target, drafts, next_token, next_sibling, **kwargs, max_depth=depth), default))
+    for shallow in (0, 1):
+        out = tuple(torch.empty(rows, shallow + 1, dtype=torch.int64) for _ in range(2)) + (
+            torch.empty(rows, dtype=torch.int64),)
+        lp_cpu.verify_tree(target, drafts, next_token, next_sibling, **kwargs, out=out)
+        got = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, **kwargs, max_depth=shallow)
+        assert got.tokens.shape == (rows, shallow + 1)
+        assert all(torch.equal(a, b) for a, b in zip(got, out))
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step(x, d, nt, ns, p, m, max_depth):
+        return lp_cpu.verify_tree(x * 1.0, d, nt, ns, draft_probs=p, temperature=0.8, top_k=12, seed=11, offset=2,
+                                  bitmask=m, max_depth=max_depth)
+
+    assert all(torch.equal(a, b) for a, b in zip(step(target, drafts, next_token, next_sibling, q, masks, depth),
+                                                 default))
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        step(target, drafts, next_token, next_sibling, q, masks, None)
+    for bad in (-1, 256, 2.0, True):
+        with pytest.raises(ValueError, match=r"^max_depth must be an int in \[0, 255\], got "):
+            lp_cpu.verify_tree(target, drafts, next_token, next_sibling, max_depth=bad)
+    with pytest.raises(ValueError, match=r"^max_depth \(2\) and out \(width 4\) disagree"):
+        lp_cpu.verify_tree(target, drafts, next_token, next_sibling, max_depth=2, out=out[:0] + (
+            torch.empty(rows, 4, dtype=torch.int64), torch.empty(rows, 4, dtype=torch.int64), out[2]))

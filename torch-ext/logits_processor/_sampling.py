@@ -39,9 +39,9 @@ def sample(
     (one request per row). Numbers are checked (a NaN temperature, top_p outside [0, 1], min_p
     above 1 or NaN raise); per-row tensors are not read on the host: their top_p and min_p are
     clamped to [0, 1], and a NaN temperature is greedy. With `out` given and every parameter a
-    number or a contiguous device tensor of the op's dtype (float32 temperature, top_p, min_p;
-    int64 or int32 top_k; int64 seed, offset: another dtype is converted, a new tensor each
-    call), the CUDA op
+    number or a contiguous device tensor the kernels read as it is (floats in float32, float64,
+    float16 or bfloat16; top_k, seed and offset in int64 or int32: another dtype is converted, a
+    new tensor each call), the CUDA op
     does not synchronise and allocates only a small batch's split-row scratch, from PyTorch's
     caching allocator, so a decoding step can be captured in a CUDA graph.
 

@@ -63,7 +63,7 @@ def verify_draft(
     The sampling parameters apply to every position of a row. Randomness is `sample`'s Philox
     keyed by (seed, row, offset) or per-row seeds, on counters of its own: replayable, disjoint
     from `sample`'s draws. The CPU and CUDA implementations return the same tokens; with `out`
-    given and every parameter a number or a device tensor of the op's dtype (as in `sample`),
+    given and every parameter a number or a device tensor the kernels read as it is (as in `sample`),
     the CUDA op is one launch (two with block_verification) that neither synchronises nor
     allocates (graph-capturable).
 

@@ -69,6 +69,7 @@ def verify_tree(
     draft_probs: Optional[torch.Tensor] = None,
     controls: SamplingControls = None,
     *,
+    max_depth: Optional[int] = None,
     out: Optional[VerifiedTree] = None,
 ) -> VerifiedTree:
     """Tree speculative-decoding verification (EAGLE-style draft trees): the accepted path of each
@@ -100,10 +101,13 @@ def verify_tree(
 
     Host trees are checked (links in [-1, N), every node reached at most once, the root's
     sibling -1, reached nodes' draft tokens in [0, V)); device trees are not read on the host,
-    and the kernel stays bounded whatever their links. Without `out`, D (the tree's maximum
-    depth) is computed from the tree, on the host (a device tree is copied there: a
-    synchronisation). With `out` given, D + 1 is ``out.tokens.shape[1]`` and the CUDA op is one
-    launch that neither synchronises nor allocates (graph-capturable, as `verify_draft`).
+    and the kernel stays bounded whatever their links. D is ``max_depth`` where given (an
+    engine's tree shape fixes it; a deeper path stops there with its bonus token), else
+    ``out.tokens.shape[1] - 1`` where `out` is given, else the tree's maximum depth, computed on
+    the host (a device tree is copied there: a synchronisation and a graph break). With
+    ``max_depth`` or `out`, the CUDA op reads nothing on the host: one launch, no
+    synchronisation (graph-capturable and traced whole by torch.compile, as `verify_draft`),
+    and with `out` no allocation.
 
     With ``penalties=``, node i of row b is penalised as an engine's state would be after
     accepting node i's path: the state's counts plus one per occurrence of a token among the
@@ -123,6 +127,8 @@ def verify_tree(
             q_i node i's children were drawn from; default None (deterministic drafts: EAGLE's
             top-k children, n-gram branches).
         {controls}
+        max_depth (int, optional): D, in [0, 255]: the outputs' width D + 1 without reading the
+            tree; default None (the tree's depth; with `out`, its width).
         out (VerifiedTree, optional): preallocated tensors (tokens and node_ids ``[B, D + 1]``,
             D + 1 <= 256, num_accepted ``[B]``); default new tensors.
 
@@ -130,10 +136,20 @@ def verify_tree(
         VerifiedTree: ``(tokens [B, D + 1], node_ids [B, D + 1], num_accepted [B])``, int64.
     """
     arguments = controls.arguments(*DRAW_CONTROLS)  # (penalties checked before `out` is unpacked)
+    if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int)
+                                  or not 0 <= max_depth <= 255):
+        raise ValueError(f"max_depth must be an int in [0, 255], got {max_depth!r}")
+    width_given = (out[0].shape[1] if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor)
+                   and out[0].dim() == 2 else None)
+    if max_depth is not None and width_given is not None and width_given != max_depth + 1:
+        raise ValueError(f"max_depth ({max_depth}) and out (width {width_given}) disagree: out's width is "
+                         "max_depth + 1")
     if out is None:
         rows = target_logits.shape[0] if target_logits.dim() == 3 else 0
         width = 1
-        if (next_token.dim() == 2 and next_sibling.shape == next_token.shape and next_token.device.type != "meta"
+        if max_depth is not None:
+            width = max_depth + 1
+        elif (next_token.dim() == 2 and next_sibling.shape == next_token.shape and next_token.device.type != "meta"
                 and next_token.dtype == next_sibling.dtype == torch.int64):  # (else the op names the bad one)
             width = tree_depth(next_token.cpu(), next_sibling.cpu()) + 1
         device = target_logits.device
