@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) logprobs_kernel(const __grid_constan
 }
 
 // One block per row (grid-stride), walking its positions.
-__global__ void __launch_bounds__(kThreads) verify_kernel(VerifyParams v) {
+__global__ void __launch_bounds__(kThreads) verify_kernel(const __grid_constant__ VerifyParams v) {
   __shared__ SharedState sh;
   for (int64_t b = blockIdx.x; b < v.target.rows; b += gridDim.x) {
     if (block_verified(v, b)) continue;  // block_verify_kernel's (verify_block_cuda.cu)

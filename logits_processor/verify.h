@@ -54,12 +54,25 @@ struct VerifyParams {
   int64_t* num_accepted;  // [rows]
 };
 
-// Position j of the target, as sample's parameters (its rows are the batch's rows).
+// Position j of the target, as sample's parameters (its rows are the batch's rows): the CPU's
+// row sampler reads a row of these.
 LP_HOST_DEVICE SamplingParams position_target(const VerifyParams& v, int64_t position) {
   SamplingParams p = v.target;
   p.logits = static_cast<char*>(p.logits) + position * v.logits_position_stride * dtype_size(p.dtype);
   if (p.bitmask) p.bitmask += position * v.bitmask_position_stride;
   return p;
+}
+
+// Row `row`'s logits and bitmask row at `position`, which the CUDA kernels' row sampler over
+// v.target reads (a copy of the target's parameters per position would sit on their stack).
+LP_HOST_DEVICE const void* position_logits(const VerifyParams& v, int64_t row, int64_t position) {
+  return static_cast<const char*>(logits_row(v.target, row)) +
+         position * v.logits_position_stride * dtype_size(v.target.dtype);
+}
+
+LP_HOST_DEVICE const int32_t* position_bitmask(const VerifyParams& v, int64_t row, int64_t position) {
+  const int32_t* bitmask = row_bitmask(v.target, row);
+  return bitmask ? bitmask + position * v.bitmask_position_stride : nullptr;
 }
 
 // Row `row`'s parameters at `position`: sample's, with the position's stream.

@@ -18,12 +18,10 @@ __device__ int64_t block_verify_row(const VerifyParams& v, int64_t b, SharedStat
   float log_w = 0.0f, tau_log_w = 0.0f;  // ln w_j, and ln w_tau
   int64_t tau = 0, end = drafts;  // end: the bonus position, the first with nothing allowed, or -1 (w = 0)
   int64_t last = -1;
-  SamplingParams target;  // each position's (position_target), which the sampler references
   bool emitting = drafts == 0;
   for (int64_t j = 0;; ++j) {
     const int64_t position = emitting ? tau : j;
-    target = position_target(v, position);
-    RowSampler row = position_sampler(v, target, b, position, sh);
+    RowSampler row = position_sampler(v, v.target, b, position, sh);
     double log_z;
     const bool allowed = cut_position(row, &log_z, sh);
     if (emitting) {
@@ -66,7 +64,7 @@ __device__ int64_t block_verify_row(const VerifyParams& v, int64_t b, SharedStat
   return tau;
 }
 
-__global__ void __launch_bounds__(kThreads) block_verify_kernel(VerifyParams v) {
+__global__ void __launch_bounds__(kThreads) block_verify_kernel(const __grid_constant__ VerifyParams v) {
   __shared__ SharedState sh;
   for (int64_t b = blockIdx.x; b < v.target.rows; b += gridDim.x) {
     if (!block_verified(v, b)) continue;  // verify_kernel's

@@ -40,10 +40,11 @@ __device__ bool cut_position(RowSampler& row, double* log_z, SharedState& sh) {
   return true;
 }
 
-// Position `position`'s RowSampler over `target` (position_target's, which it references).
+// Position `position`'s RowSampler over `target` (v.target, which it references).
 __device__ RowSampler position_sampler(const VerifyParams& v, const SamplingParams& target, int64_t b,
                                        int64_t position, SharedState& sh) {
-  return RowSampler{target, position_params(v, b, position), logits_row(target, b), row_bitmask(target, b),
+  return RowSampler{target, position_params(v, b, position), position_logits(v, b, position),
+                    position_bitmask(v, b, position),
                     block_row_penalty_view(target, b, sh, drafts_before(v, b, position)), 0.0f, kNoKey,
                     sh.staged_words};
 }
@@ -51,8 +52,7 @@ __device__ RowSampler position_sampler(const VerifyParams& v, const SamplingPara
 // The token a position emits (the draft itself when accepted; -1 if nothing is allowed).
 __device__ int64_t position_token(const VerifyParams& v, int64_t b, int64_t position, int64_t draft,
                                   SharedState& sh) {
-  const SamplingParams target = position_target(v, position);
-  RowSampler row = position_sampler(v, target, b, position, sh);
+  RowSampler row = position_sampler(v, v.target, b, position, sh);
   if (!v.draft_probs || row.r.greedy || position == row_draft_count(v, b)) return row.sample(sh);
   if (!row.cut(sh)) return -1;
   const float s_draft = row.kept_score(draft);

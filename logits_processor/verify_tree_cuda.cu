@@ -85,9 +85,10 @@ __device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, R
 // second one would take its own stack.
 __device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int64_t column, TreeShared& ts,
                               SharedState& sh) {
-  const SamplingParams target = position_target(t.chain, node);
+  const SamplingParams& target = t.chain.target;
   // (block_row_penalty_view's barrier orders thread 0's tokens before their reads as the path.)
-  RowSampler row{target, position_params(t.chain, b, node), logits_row(target, b), row_bitmask(target, b),
+  RowSampler row{target, position_params(t.chain, b, node), position_logits(t.chain, b, node),
+                 position_bitmask(t.chain, b, node),
                  block_row_penalty_view(target, b, sh, path_before(t, b, column, node)), 0.0f, kNoKey,
                  sh.staged_words};
   if (read_by_thread0([&] { return sampled_node(t, b, node, column); }, sh))
@@ -95,7 +96,7 @@ __device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int6
   return row.sample(sh);
 }
 
-__global__ void __launch_bounds__(kThreads) verify_tree_kernel(TreeParams t) {
+__global__ void __launch_bounds__(kThreads) verify_tree_kernel(const __grid_constant__ TreeParams t) {
   __shared__ SharedState sh;
   __shared__ TreeShared ts;
   for (int64_t b = blockIdx.x; b < t.chain.target.rows; b += gridDim.x) {
