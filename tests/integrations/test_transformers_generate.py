@@ -5,6 +5,7 @@ define the same result, by a chi-square where they define the same distribution.
 
 import importlib.util
 import json
+import math
 import sys
 
 import jsonschema
@@ -234,6 +235,43 @@ def test_top_n_sigma_is_an_argument_of_the_loop(lp, pair, inputs):
         assert not scores.gather(1, out.sequences[:, width + step, None]).isneginf().any(), step
     greedy = dict(do_sample=False, max_new_tokens=6)
     assert torch.equal(ours(model, lp, inputs, **greedy, top_n_sigma=1.0), ours(model, lp, inputs, **greedy))
+
+
+def test_mirostat_is_an_argument_of_the_loop(lp, pair, inputs):
+    """mirostat_tau / mirostat_eta (llama.cpp's mirostat v2; transformers has none): mu starts at
+    2 tau and moves by llama.cpp's rule after each token (a float64 transcription, from the
+    reported logits); each step's reported scores keep exactly the tokens of surprise at most
+    that step's mu at temperature T (those within 1e-4 bits of it may fall either way), and the
+    run differs from the one without it; greedy search ignores it."""
+    _, model = pair
+    tau, eta, temperature = 3.0, 0.5, 1.3
+    kwargs = dict(do_sample=True, top_k=0, temperature=temperature, max_new_tokens=8, seed=5,
+                  return_dict_in_generate=True, output_scores=True, output_logits=True)
+    out = ours(model, lp, inputs, mirostat_tau=tau, mirostat_eta=eta, **kwargs)
+    width = inputs["input_ids"].shape[1]
+    mu = torch.full((out.sequences.shape[0],), 2 * tau, dtype=torch.float64)
+    cut = 0
+    for step, (scores, logits) in enumerate(zip(out.scores, out.logits)):
+        p = torch.softmax(logits.double() / temperature, -1)
+        surprise = -torch.log2(p)
+        kept = ~scores.isneginf()
+        decided = (surprise - mu[:, None]).abs() > 1e-4
+        expected = (surprise <= mu[:, None]) | (p == p.max(-1, keepdim=True).values)
+        assert torch.equal(kept[decided], expected[decided]), step
+        cut += int((~kept).sum())
+        drawn = out.sequences[:, width + step]
+        assert kept.gather(1, drawn[:, None]).all(), step
+        q = torch.where(kept, p, 0)
+        mu -= eta * (-torch.log2(q.gather(1, drawn[:, None])[:, 0] / q.sum(-1)) - tau)
+    assert cut > 0
+    plain = ours(model, lp, inputs, **kwargs)
+    assert not torch.equal(plain.sequences, out.sequences)
+    greedy = dict(do_sample=False, max_new_tokens=6)
+    assert torch.equal(ours(model, lp, inputs, **greedy, mirostat_tau=tau), ours(model, lp, inputs, **greedy))
+    for bad in (dict(mirostat_tau=math.nan), dict(mirostat_tau=1.0, mirostat_eta=-0.1)):
+        name = next(k for k, v in bad.items() if k == "mirostat_eta" or v != v)
+        with pytest.raises(ValueError, match=name):
+            ours(model, lp, inputs, do_sample=True, max_new_tokens=2, **bad)
 
 
 def test_seeded_sampling_reproducible_and_batch_invariant(lp, pair):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -314,6 +315,8 @@ def decode(
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
     top_n_sigma: float = -1.0,
+    mirostat_tau: Optional[float] = None,
+    mirostat_eta: float = 0.1,
     output_logprobs: bool = False,
     num_logprobs: int = 0,
     return_kept: Optional[int] = None,
@@ -332,6 +335,10 @@ def decode(
     top_n_sigma: llama.cpp's (transformers has no warper for it): keep the logits within
         top_n_sigma standard deviations of the row's largest, before top-k and top-p; -1 (the
         default), 0 or less: off; ignored by greedy search.
+    mirostat_tau, mirostat_eta: llama.cpp's mirostat v2 (transformers has none): each sequence
+        keeps the tokens of surprise -log2 p <= mu (mu starts at 2 tau), and after each draw
+        mu -= eta (surprise of the token drawn - tau) (`update_mirostat_mu_`); None (the
+        default): off; ignored by greedy search.
     output_logprobs, num_logprobs, return_kept: per-step log-probabilities and kept sets in the
         output (return_dict_in_generate=True).
     kernel: the loaded package (default: LOGITS_PROCESSOR_KERNEL's, see load_kernel).
@@ -346,6 +353,15 @@ def decode(
     if sampling["temperature"] > 0:
         sampling["top_n_sigma"] = top_n_sigma
     rows, device = input_ids.shape[0], input_ids.device
+    mirostat = mirostat_tau is not None and sampling["temperature"] > 0
+    if mirostat_tau is not None:
+        for name, value in (("mirostat_tau", mirostat_tau), ("mirostat_eta", mirostat_eta)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
+                    name == "mirostat_eta" and value < 0):
+                raise ValueError(f"custom_generate (logits-processor): {name} must be a finite number"
+                                 f"{' >= 0' if name == 'mirostat_eta' else ''}, got {value!r}")
+    if mirostat:  # each sequence's mu, read by every call below and moved after each draw
+        sampling["mirostat_mu"] = torch.full((rows,), 2.0 * mirostat_tau, dtype=torch.float32, device=device)
     seeds = row_seeds(seed, rows, device)
     pad = config._pad_token_tensor
     has_eos = any(hasattr(criteria, "eos_token_id") for criteria in stopping_criteria)
@@ -433,17 +449,21 @@ def decode(
                              out=(penalties.logit_bias_ids, penalties.logit_bias_values))
         fused = penalties if fuse_penalty else None
         draw = dict(sampling, seed=seeds, offset=step, bitmask=bitmask, penalties=fused)
-        if want["logprobs"]:
+        if want["logprobs"] or mirostat:
             result = lp.sample_with_logprobs(scores, **draw, num_logprobs=num_logprobs, return_kept=return_kept)
             drawn, kept = result if return_kept is not None else (result, None)
             next_tokens = drawn.tokens
-            record["logprobs"].append((drawn.logprobs, drawn.logprob_token_ids))
+            if want["logprobs"]:
+                record["logprobs"].append((drawn.logprobs, drawn.logprob_token_ids))
             if kept is not None:
                 record["kept"].append(kept)
         else:
             next_tokens = lp.sample(scores, **draw)
         if want["scores"]:
             record["scores"].append(reported_scores(lp, scores, sampling, bitmask, fused, renormalize))
+        if mirostat:  # (after the step's reported scores, which read this step's mu)
+            lp.update_mirostat_mu_(sampling["mirostat_mu"], drawn.logprobs[:, 0], float(mirostat_tau),
+                                   float(mirostat_eta))
         if want["logits"]:
             record["logits"].append(logits)
         if want["attentions"]:
