@@ -1,7 +1,7 @@
 """Truncation samplers beyond top-k, top-p and min-p (epsilon_cutoff, eta_cutoff, top_n_sigma and mirostat v2's
-mirostat_mu so far) beside plain `sample`, and the torch chain a user writes instead: transformers' warpers (for
-top-n-sigma and mirostat, which transformers lacks, their definitions in torch), softmax, torch.multinomial
-(`make bench`).
+mirostat_mu so far) and llama.cpp's dynamic temperature beside plain `sample`, and the torch chain a user writes
+instead: transformers' warpers (for top-n-sigma, mirostat and dynatemp, which transformers lacks, their definitions
+in torch), softmax, torch.multinomial (`make bench`).
 
 V = 128256, B in {1, 32}, bfloat16 logits (randn * 3), temperature 0.8, on the GPU where there
 is one, else the CPU. Each time is the median of interleaved calls (the machine is shared:
@@ -52,12 +52,29 @@ class MirostatV2:
         return scores.masked_fill(~keep, float("-inf"))
 
 
+class DynamicTemperature:
+    """llama.cpp's dynamic temperature as a user writes it in torch, after the temperature warper
+    (so on x / T): the entropy of softmax(x) over ln V, then x / T'."""
+
+    def __init__(self, temperature: float, dynatemp_range: float, exponent: float = 1.0):
+        self.temperature, self.range, self.exponent = temperature, dynatemp_range, exponent
+
+    def __call__(self, input_ids, scores: torch.Tensor) -> torch.Tensor:
+        x = scores * self.temperature
+        logp = x.log_softmax(-1)
+        entropy = -(logp.exp() * logp).nansum(-1, keepdim=True)
+        low, high = max(0.0, self.temperature - self.range), self.temperature + self.range
+        dynamic = low + (high - low) * (entropy / math.log(x.shape[-1])) ** self.exponent
+        return x / dynamic
+
+
 # Each sampler: its keywords here, and the warpers applied after the temperature.
 SAMPLERS = {
     "epsilon_cutoff": (dict(epsilon_cutoff=3e-4), [EpsilonLogitsWarper(3e-4)]),
     "eta_cutoff": (dict(eta_cutoff=2e-3), [EtaLogitsWarper(2e-3)]),
     "top_n_sigma": (dict(top_n_sigma=1.5), [TopNSigma(1.5)]),
     "mirostat_mu": (dict(mirostat_mu=10.0), [MirostatV2(10.0)]),
+    "dynatemp_range": (dict(dynatemp_range=0.5), [DynamicTemperature(TEMPERATURE, 0.5)]),
 }
 
 

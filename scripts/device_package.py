@@ -36,6 +36,7 @@ KERNELS = {
     "token_logprobs": ["logprobs_kernel", "support_logprobs_kernel", "support_logprobs_backward_kernel"],
     "filtered_probs": ["logprobs_kernel"],
     "filtered_logits": ["logprobs_kernel"],
+    "dynamic_temperature": ["dynamic_temperature_kernel"],
     "penalty_state_from_tokens": ["count_tokens_kernel"],
     "update_output_counts_": ["count_tokens_kernel"],
     "apply_penalties_": ["apply_penalties_kernel"],

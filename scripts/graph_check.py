@@ -3,7 +3,7 @@
 The step, captured once with every parameter a device tensor and every output preallocated:
 the bitmask in place, `sample`, `sample_with_logprobs` with fused penalties, the top-N and the
 kept set (`return_kept`), `update_output_counts_` and `update_mirostat_mu_` from its tokens,
-`filtered_probs` (with mirostat's mu),
+`filtered_probs` (with mirostat's mu), `dynamic_temperature` and `sample` at it (dynatemp_range),
 `verify_draft` (with draft probabilities and block verification), `verify_tree`, the request
 constraints (`constrain_bitmask_`, `apply_packed_bitmask` with the result, `sequence_bias`,
 `dry_bias`), `apply_penalties_` with DRY's biases, the replay over the kept set
@@ -102,6 +102,8 @@ class Step:
                                                  torch.empty(ROWS, 20, device=d, dtype=torch.int64),
                                                  torch.empty(ROWS, device=d, dtype=torch.int64))),
             "filtered": lambda: torch.empty(ROWS, VOCAB, device=d),
+            "dynamic": lambda: torch.empty(ROWS, device=d),
+            "dynamic_tokens": ints(ROWS),
             "verified": lambda: lp.VerifiedDraft(ints(ROWS, DRAFTS + 1)(), ints(ROWS)()),
             "blocks": lambda: lp.VerifiedDraft(ints(ROWS, DRAFTS + 1)(), ints(ROWS)()),
             "tree": lambda: lp.VerifiedTree(ints(ROWS, 3)(), ints(ROWS, 3)(), ints(ROWS)()),
@@ -137,6 +139,8 @@ class Step:
         lp.update_mirostat_mu_(self.mirostat_mu, out["with_logprobs"][0].logprobs[:, 0], 5.0, 0.1)
         lp.filtered_probs(self.logits, params["temperature"], params["top_k"], params["top_p"], params["min_p"],
                           penalties=self.penalties, mirostat_mu=self.mirostat_mu, out=out["filtered"])
+        lp.dynamic_temperature(self.logits, params["temperature"], 0.5, out=out["dynamic"])
+        lp.sample(self.logits, **params, offset=self.offset, dynatemp_range=0.5, out=out["dynamic_tokens"])
         verify = dict(params, temperature=params["temperature"].clamp(min=0.5), offset=self.offset)
         lp.verify_draft(self.target, self.drafts, draft_probs=self.draft_probs, **verify, out=out["verified"])
         lp.verify_draft(self.target, self.drafts, draft_probs=self.draft_probs, block_verification=True, **verify,

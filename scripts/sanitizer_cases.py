@@ -7,8 +7,8 @@ kernels: the bitmask's, the sampler's (one block a row and split rows), the log-
 with the kept set and the ids past the support, token_logprobs and its replay over a support
 (forward and backward), the filtered distribution, the penalties', the request constraints'
 (constrain_bitmask_, sequence_bias, dry_bias), verify_draft's (verify_kernel,
-block_verify_kernel), verify_tree's, sample_sharded's shard kernels (a world of one rank), and FlashInfer's names
-over probabilities (logits_from_probs_kernel, then the sampler's):
+block_verify_kernel), verify_tree's, sample_sharded's shard kernels (a world of one rank), the dynamic
+temperature's, and FlashInfer's names over probabilities (logits_from_probs_kernel, then the sampler's):
 every public op that launches a kernel (device_package.KERNELS), which --json records.
 Run it with PYTORCH_NO_CUDA_MEMORY_CACHING=1: torch's caching allocator packs tensors into
 shared segments, and memcheck only sees accesses outside whole allocations.
@@ -254,6 +254,26 @@ def flashinfer_cases(lp, device: str, g: torch.Generator) -> None:
     expect(same(got, want), "min_p_sampling_from_probs")
 
 
+def dynamic_temperature_cases(lp, device: str, g: torch.Generator) -> None:
+    """dynamic_temperature_kernel, bit for bit against the CPU: per-row temperatures, ranges and
+    exponents (a greedy row, a range off), a bitmask, penalties, each dtype; then `sample` at it."""
+    rows, vocab = 5, 3001
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    logits[2, ::2] = float("-inf")
+    params = dict(temperature=torch.tensor([0.0, 0.7, 1.0, 1.3, 0.5]), dynatemp_range=torch.tensor([0.5, 0.0, 0.6, 1.5, 0.3]),
+                  dynatemp_exponent=torch.tensor([1.0, 1.0, 0.5, 2.0, 0.0]))
+    bitmask = random_bitmask(rows, vocab, g)
+    state = lp.penalty_state_from_tokens(torch.randint(0, vocab, (rows, 12), generator=g),
+                                         torch.randint(0, vocab, (rows, 4), generator=g), vocab)
+    penalties = lp.Penalties(*state, repetition_penalty=1.3, presence_penalty=0.4)
+    for dtype in DTYPES:
+        got, want = both(lp, device, "dynamic_temperature", logits.to(dtype), **params, bitmask=bitmask,
+                         penalties=penalties)
+        expect(same(got, want), f"dynamic_temperature {dtype}")
+    got, want = both(lp, device, "sample", logits, **params, top_k=30, seed=torch.arange(rows), offset=4)
+    expect(same(got, want), "sample with dynatemp_range")
+
+
 def other_kernel_cases(lp, device: str, g: torch.Generator) -> None:
     """Each kernel beyond the bitmask and `sample`, bit for bit against the CPU."""
     rows, vocab = 6, 3001
@@ -367,6 +387,7 @@ def main() -> int:
         expect(rate >= 0.95, f"{args.device}/CPU token agreement {100 * rate:.2f}% < 95%")
         constraint_cases(lp, args.device, g)
         flashinfer_cases(lp, args.device, g)
+        dynamic_temperature_cases(lp, args.device, g)
         other_kernel_cases(lp, args.device, g)
         print("sanitizer_cases: the other kernels' cases done", flush=True)
     else:

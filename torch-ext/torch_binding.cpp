@@ -38,6 +38,13 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "float fill_value, "
           "Tensor(a!) out"
           ") -> ()");
+  ops.def("dynamic_temperature("
+          "Tensor logits, "
+          LP_DYNATEMP_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          "Tensor? bitmask, "
+          LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          "Tensor(a!) out"
+          ") -> ()");
   ops.def("logits_from_probs("
           "Tensor probs, "
           "Tensor(a!) out"
@@ -229,6 +236,7 @@ void impl_ops(Library& ops) {
   ops.impl("token_logprobs", TORCH_BOX(&token_logprobs));
   ops.impl("filtered_distribution", TORCH_BOX(&filtered_distribution));
   ops.impl("logits_from_probs", TORCH_BOX(&logits_from_probs));
+  ops.impl("dynamic_temperature", TORCH_BOX(&dynamic_temperature));
   ops.impl("sample_shard_step", TORCH_BOX(&sample_shard_step));
   ops.impl("sample_shard_finish", TORCH_BOX(&sample_shard_finish));
   ops.impl("support_logprobs", TORCH_BOX(&support_logprobs));

@@ -71,6 +71,12 @@
   LP_PENALTY_ARGUMENTS(X)                                   \
   X("Tensor?", const std::optional<Tensor>&, penalty_rows)
 
+// dynamic_temperature's row temperature, range and exponent (llama.cpp's dynatemp).
+#define LP_DYNATEMP_ARGUMENTS(X)                     \
+  LP_PER_ROW(X, temperature, "float", double)        \
+  LP_PER_ROW(X, dynatemp_range, "float", double)     \
+  LP_PER_ROW(X, dynatemp_exponent, "float", double)
+
 // What token_logprobs(..., support=) reads, forward and backward (support_ops.cpp).
 #define LP_SUPPORT_ARGUMENTS(X)                                \
   X("Tensor", const Tensor&, logits)                           \
@@ -135,6 +141,10 @@ void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARG
 void filtered_distribution(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
                            LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const std::string& output, const Tensor& out);
 void logits_from_probs(const Tensor& probs, const Tensor& out);
+
+// dynamic_temperature_ops.cpp
+void dynamic_temperature(const Tensor& logits, LP_DYNATEMP_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
+                         LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const Tensor& out);
 
 // support_ops.cpp
 void support_logprobs(LP_SUPPORT_ARGUMENTS(LP_PARAMETER) const Tensor& logprobs, const Tensor& entropy,

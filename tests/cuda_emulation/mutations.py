@@ -51,6 +51,7 @@ LOGPROB_IDS = "logits_processor/logprob_ids_cuda.cu"
 TREE_LINKS = "logits_processor/verify_tree.h"
 CONSTRAINTS = "logits_processor/constraints_cuda.cu"
 PROBS = "logits_processor/logits_from_probs_cuda.cu"
+DYNATEMP = "logits_processor/dynamic_temperature_cuda.cu"
 AGREEMENT = "AssertionError"
 
 
@@ -259,6 +260,10 @@ MUTANTS = [
     # FlashInfer's names: every row's ln p taken from row 0 (the grid-stride item's row dropped).
     Mutant("probs-row", PROBS, "logits_row(p.probs, row)", "logits_row(p.probs, 0)", "fibers", AGREEMENT,
            "logits_from_probs_agrees", "tests/cuda_emulation/test_flashinfer_names_cuda.py"),
+    # Dynamic temperature: the entropy's sum taken as each thread's own, not the block's.
+    Mutant("dynatemp-block-sums", DYNATEMP, "block_sum(sums.terms.high, sh)", "sums.terms.high", "fibers", AGREEMENT,
+           "dynamic_temperature_agrees",
+           "tests/cuda_emulation/test_dynamic_temperature_cuda.py"),
     # The ids past a support: each thread's ids placed after its own slice instead of before it.
     Mutant("ids-fill-offset", LOGPROB_IDS, "next + static_cast<int64_t>(inclusive - mine)",
            "next + static_cast<int64_t>(inclusive)", "fibers", AGREEMENT, "ids_past_the_support",

@@ -2,8 +2,8 @@
 
 Modules, each importing only from those above it: _ops (generated), _args (arguments as the
 ops take them) and _fakes (the ops' fake implementations), then _bitmask, _penalties,
-_constraints (request constraints as a bitmask, sequence and DRY biases), _controls (the sampling controls, declared
-once), _replay (token_logprobs' replay over a support), _sampling, _filtered, _flashinfer
+_constraints (request constraints as a bitmask, sequence and DRY biases), _dynatemp (dynamic temperature),
+_controls (the sampling controls, declared once), _replay (token_logprobs' replay over a support), _sampling, _filtered, _flashinfer
 (FlashInfer's names over probabilities), _sharded, _verify and _verify_tree, one per op family.
 """
 
@@ -18,6 +18,7 @@ from ._bitmask import (
 )
 from ._constraints import constrain_bitmask_, dry_bias, sequence_bias
 from ._controls import SamplingControls
+from ._dynatemp import dynamic_temperature
 from ._filtered import filtered_logits, filtered_probs
 from ._flashinfer import (
     min_p_sampling_from_probs,
@@ -54,6 +55,7 @@ __all__ = [
     "bitmask_dtype",
     "constrain_bitmask_",
     "dry_bias",
+    "dynamic_temperature",
     "filtered_logits",
     "filtered_probs",
     "get_bitmask_shape",

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ._args import Param, number_or_tensor
+from ._dynatemp import dynamic_temperature
 from ._penalties import Penalties, fused_penalty_arguments
 
 
@@ -45,6 +46,7 @@ class Control:
     draw_only: bool = False  # read by the draw alone: not a control of the ops that draw nothing
     sharded: bool = True  # a keyword of sample_sharded (else its schema argument stays at the default)
     speculative: bool = True  # a keyword of verify_draft and verify_tree (else as `sharded`)
+    schema: bool = True  # a schema argument of the ops (else read by `arguments` itself)
 
     def entry(self, brief: bool, text: Optional[str] = None) -> str:
         """The docstring's Args entry: `text`, or `sample`'s whole text, or (brief) a pointer to
@@ -120,6 +122,17 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
         "disables it, 0 or less keeps the top alone. Decided as epsilon_cutoff is, with the floor "
         "2^-mu (the highest floor wins); not taken by `sample_sharded`, `verify_draft` or "
         "`verify_tree` (mu changes between drafted positions)."), sharded=False, speculative=False),
+    Control("dynatemp_range", 0.0, "Param", number=float, positional=False, doc=(
+        "llama.cpp's dynamic temperature: the row's temperature becomes T_lo + (T_hi - T_lo) * "
+        "(H / ln n) ** dynatemp_exponent, T_lo = max(0, temperature - dynatemp_range), T_hi = "
+        "temperature + dynatemp_range, H the entropy (nats) of the softmax at temperature 1 of the "
+        "row's n candidates (allowed, penalised, not -inf), before the filters "
+        "(`dynamic_temperature`, computed first); finite; 0 or less (default 0.0) disables it. Not "
+        "taken by `sample_sharded`, `verify_draft` or `verify_tree`."),
+        sharded=False, speculative=False, schema=False),
+    Control("dynatemp_exponent", 1.0, "Param", number=float, positional=False, doc=(
+        "the exponent of dynatemp_range's rule (llama.cpp's dynatemp_exponent), finite and >= 0; "
+        "default 1.0."), sharded=False, speculative=False, schema=False),
 )}
 
 
@@ -139,17 +152,28 @@ class SamplingControls(collections.namedtuple("_Controls", CONTROLS, defaults=[c
 
     __slots__ = ()
 
-    def arguments(self, *names: str) -> dict:
-        """The controls `names` as the schema's arguments, each checked in that order."""
+    def arguments(self, *names: str, logits: Optional[torch.Tensor] = None) -> dict:
+        """The controls `names` as the schema's arguments, each checked in that order. With
+        dynatemp_range on, the temperature is `dynamic_temperature`'s tensor for `logits` (the
+        sampler ops pass theirs; the others, which do not take it, raise)."""
         arguments: dict = {}
         for name in names:
             control, value = CONTROLS[name], getattr(self, name)
+            if not control.schema:
+                continue
             if control.number is not None:
                 arguments |= number_or_tensor(name, value, control.number)
             elif name == "penalties":
                 arguments |= fused_penalty_arguments(value)
             else:
                 arguments[name] = value
+        if self.first_not_default("dynatemp_range") is not None:
+            if logits is None or "dynatemp_range" not in names:
+                raise ValueError("dynatemp_range is not taken by sample_sharded, verify_draft or verify_tree "
+                                 "(leave it at 0)")
+            temperature = dynamic_temperature(logits, self.temperature, self.dynatemp_range, self.dynatemp_exponent,
+                                              bitmask=self.bitmask, penalties=self.penalties)
+            arguments |= number_or_tensor("temperature", temperature, float)
         return arguments
 
     def first_not_default(self, *names: str) -> Optional[str]:

@@ -16,7 +16,7 @@ from ._penalties import FUSED_PENALTY_ARGUMENTS
 
 def _filtered(output: str, logits: torch.Tensor, controls: SamplingControls,
               out: Optional[torch.Tensor]) -> torch.Tensor:
-    arguments = controls.arguments(*DISTRIBUTION_CONTROLS)
+    arguments = controls.arguments(*DISTRIBUTION_CONTROLS, logits=logits)
     if out is None:
         out = torch.empty(logits.shape if logits.dim() == 2 else (0, 0), dtype=torch.float32, device=logits.device)
     call(ops, "filtered_distribution", logits=logits, **arguments, output=output, out=out)

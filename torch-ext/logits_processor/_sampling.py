@@ -57,7 +57,7 @@ def sample(
         torch.Tensor: ``[B]`` (`out`), the token ids, in [0, V); -1 for a row with no allowed
         logit above -inf.
     """
-    arguments = controls.arguments(*DRAW_CONTROLS)
+    arguments = controls.arguments(*DRAW_CONTROLS, logits=logits)
     ids = token_ids_dtype(ids_dtype)  # (checked with `out` too)
     if out is None:
         out = torch.empty(logits.shape[:1], dtype=ids, device=logits.device)
@@ -150,7 +150,7 @@ def sample_with_logprobs(
                 raise TypeError("out: with return_kept, the pair (SampleWithLogprobs, KeptSet) that the call "
                                 f"returns, got {type(out).__name__}")
             out, kept = out
-    arguments = controls.arguments(*DRAW_CONTROLS)  # (penalties checked before `out` is unpacked)
+    arguments = controls.arguments(*DRAW_CONTROLS, logits=logits)  # (penalties checked before `out` is unpacked)
     ids = token_ids_dtype(ids_dtype)  # (checked with `out` too)
     if out is None:
         # (A wrong num_logprobs is reported by the op, which checks it before these shapes.)
@@ -230,7 +230,7 @@ def token_logprobs(
         return (logprobs, entropy) if return_entropy else logprobs
     if return_entropy:
         raise ValueError("return_entropy needs support= (token_logprobs: the entropy of the kept set)")
-    arguments = controls.arguments(*DISTRIBUTION_CONTROLS)
+    arguments = controls.arguments(*DISTRIBUTION_CONTROLS, logits=logits)
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"token_ids must be a 1-D integer tensor, got {type(token_ids).__name__}")
     if out is None:

@@ -210,7 +210,8 @@ def sample_sharded(
     plan = _plan(arguments, n, logprobs_mode, kept_k, rank_ties)
     world, _ = _world(group)
     if check_shards:
-        scalars = {f"{name}_value": arguments[f"{name}_value"] for name in DRAW_CONTROLS if CONTROLS[name].number}
+        scalars = {f"{name}_value": arguments[f"{name}_value"] for name in DRAW_CONTROLS
+                   if CONTROLS[name].number and CONTROLS[name].schema}
         _check_shards(local_logits, vocab_offset, vocab_size, plan, scalars, world, group)
     rows, device = local_logits.shape[0], local_logits.device
     words = lambda *shape: torch.empty(shape, dtype=torch.int64, device=device)  # noqa: E731
