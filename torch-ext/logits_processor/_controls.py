@@ -223,8 +223,18 @@ def sampling_op(*names: str, full_docs: bool = False, docs: Optional[dict[str, s
         defaults = {p.name: p.default for p in leading + own if p.default is not inspect.Parameter.empty}
         defaults |= {c.name: c.default for c in chosen}
 
+        # The generated function's globals are impl's module's own dict, as torch.compile's guards
+        # assume (torch 2.11's Dynamo looks a global up as an attribute of the function's
+        # module), under names of its own; the annotations' names resolve there too, as
+        # typing.get_type_hints needs.
+        module = impl.__globals__
+        impl_name, defaults_name = f"_{impl.__name__}_impl", f"_{impl.__name__}_defaults"
+        module.update({impl_name: impl, defaults_name: defaults, "_controls_from": controls_from})
+        for name, value in (("Param", Param), ("Penalties", Penalties), ("SamplingControls", SamplingControls)):
+            module.setdefault(name, value)
+
         def parameter(name: str) -> str:
-            return f"{name}=_defaults[{name!r}]" if name in defaults else name
+            return f"{name}={defaults_name}[{name!r}]" if name in defaults else name
 
         signature = ", ".join([*(parameter(p.name) for p in leading), *(parameter(c.name) for c in first), "*",
                                *(parameter(c.name) for c in rest), *(parameter(p.name) for p in own),
@@ -232,13 +242,10 @@ def sampling_op(*names: str, full_docs: bool = False, docs: Optional[dict[str, s
         given = ", ".join(f"{c.name}={c.name}" for c in chosen)
         passed = ", ".join([*(p.name for p in leading), "_controls_from(controls, " + given + ")",
                             *(f"{p.name}={p.name}" for p in own)])
-        source = f"def {impl.__name__}({signature}):\n    return _impl({passed})\n"
-        # (The impl's module and this one as its globals: the annotations resolve, as
-        # typing.get_type_hints needs.)
-        namespace = {**impl.__globals__, "Param": Param, "Penalties": Penalties, "SamplingControls": SamplingControls,
-                     "_defaults": defaults, "_impl": impl, "_controls_from": controls_from}
-        exec(compile(source, f"<sampling_op {impl.__name__}>", "exec"), namespace)
-        op = namespace[impl.__name__]
+        source = f"def {impl.__name__}({signature}):\n    return {impl_name}({passed})\n"
+        made: dict = {}
+        exec(compile(source, f"<sampling_op {impl.__name__}>", "exec"), module, made)
+        op = made[impl.__name__]
         op.__module__, op.__qualname__ = impl.__module__, impl.__qualname__
         op.__annotations__ = {**{c.name: c.annotation for c in chosen}, **impl.__annotations__,
                               "controls": "Optional[SamplingControls]"}
