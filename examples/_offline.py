@@ -99,7 +99,10 @@ def load_model(path: str | None, device: str, corpus: list[str] | None = None):
         model = random_model(tokenizer)
     else:
         tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype="auto").eval()
+        # (use_kernels=False: transformers 5.25 turns Hub kernels on by default and then refuses
+        # a `kernels` outside its supported range, the installed one included; this loads none.)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype="auto",
+                                                                  use_kernels=False).eval()
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # prompts of a batch end at the same column
