@@ -9,6 +9,7 @@ from collections import Counter
 
 import jsonschema
 import pytest
+import torch
 from vllm import SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.sample.logits_processor import LogitsProcessor
@@ -193,6 +194,119 @@ def test_truncation_samplers_from_extra_args_match_vllms_sampler(engines, monkey
         llm.generate(PROMPTS[:1], SamplingParams(extra_args={"top_n_sigma": float("nan")}), use_tqdm=False)
     with pytest.raises(Exception, match="epsilon_cutoff"):
         llm.generate(PROMPTS[:1], SamplingParams(extra_args={"epsilon_cutoff": 2.0}), use_tqdm=False)
+    engines.close()
+
+
+def _llama_cpp_mu(start: float, logprobs: list[float], tau: float, eta: float) -> list[float]:
+    """llama.cpp's mirostat v2 mu before each step: mu -= eta (-log2 p - tau), p each drawn
+    token's probability in the distribution it was drawn from."""
+    mu = [start]
+    for logprob in logprobs:
+        mu.append(mu[-1] - eta * (-logprob / math.log(2.0) - tau))
+    return mu
+
+
+def _check_mirostat_history(outputs, history, extras, checked):
+    """Each mirostat request's mu at each step (the processor's history, keyed by the prompt
+    and the tokens drawn so far) against llama.cpp's rule from 2 tau, by the processed log-probabilities the
+    engine reported for its tokens."""
+    by_prefix = {}
+    for prompt, prefix, mu in history:
+        by_prefix.setdefault((prompt, prefix), mu)
+    for k, out in enumerate(outputs):
+        e = extras[k]
+        if e.get("mirostat") != 2 or k in checked.get("greedy", ()):
+            continue
+        ids = list(out.outputs[0].token_ids)
+        logprobs = [position[t].logprob for t, position in zip(ids, out.outputs[0].logprobs)]
+        expected = _llama_cpp_mu(2 * e["mirostat_tau"], logprobs, e["mirostat_tau"], e["mirostat_eta"])
+        keys = [(tuple(out.prompt_token_ids), tuple(ids[:t])) for t in range(len(ids))]
+        seen = [(t, by_prefix[key]) for t, key in enumerate(keys) if key in by_prefix]
+        assert len(seen) >= len(ids) - 1, (k, len(seen), len(ids))
+        for t, mu in seen:
+            assert abs(mu - expected[t]) <= 1e-4 * max(1.0, abs(expected[t])), (k, t, mu, expected[t])
+        checked.setdefault("requests", []).append(k)
+
+
+def test_dynamic_temperature_and_mirostat_from_extra_args(engines, monkeypatch):
+    """dynatemp_range / dynatemp_exponent and mirostat v2 (mirostat=2, mirostat_tau,
+    mirostat_eta) in SamplingParams.extra_args. Through the plugin's sampler: every step's
+    distribution equals the processor's torch definition (vLLM's own sampler shadowing on the same
+    logits, at the same mu); mu starts at 2 tau and moves by llama.cpp's rule with each drawn
+    token's processed log-probability; dynamic temperature scales the first step's log-probability
+    differences by T / T', T' from float64 over the same row; mirostat cuts the support. Through
+    vLLM's own sampler (the plugin's off: the processor's `apply`), mu moves by the same rule with
+    the tokens vLLM drew. Bad values are refused naming the key."""
+    from vllm_logits_processor import truncation
+
+    monkeypatch.setenv("LOGITS_PROCESSOR_SHADOW", "1")
+    processor = ["vllm_logits_processor.truncation:TruncationLogitsProcessor"]
+    llm = engines.get(True, logprobs_mode="processed_logprobs", max_logprobs=-1, logits_processors=processor)
+    extras = [{"dynatemp_range": 0.6}, {"dynatemp_range": 0.9, "dynatemp_exponent": 2.0},
+              {"mirostat": 2, "mirostat_tau": 4.0, "mirostat_eta": 0.2},
+              {"mirostat": 2, "mirostat_tau": 9.0, "mirostat_eta": 0.1, "dynatemp_range": 0.4},
+              {}, {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.1}]
+    prompts = [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[0], PROMPTS[3]]
+    params = [SamplingParams(temperature=0 if k == 5 else 0.9, seed=70 + k, max_tokens=12, extra_args=e, logprobs=0)
+              for k, e in enumerate(extras)]
+    truncation.mirostat_history(clear=True)
+    outputs = generate(llm, prompts, params, "dynamic temperature and mirostat (extra_args), shadowed")
+    records = vlp.shadow_records()
+    # (relative: T' is float32 in the kernel, within about 2e-6 of the float64 one, and every
+    # log-probability scales with 1 / T')
+    seen = compare_shadow(records, atol=1e-5, logits_mode=True)
+    print(f"dynamic temperature and mirostat: {seen}")
+    assert not plugin_stats()["fallbacks"]
+    request = {o.request_id: k for k, o in enumerate(outputs)}
+    rows_of = {k: [] for k in range(len(extras))}  # (record, row) per request, in step order
+    for record in records:
+        for r, req in enumerate(record["req_ids"]):
+            rows_of[request[req] if req in request else request[req.rsplit("-", 1)[0]]].append((record, r))
+    # mu: the state each step read (the shadow's copy) follows llama.cpp's rule
+    for k in (2, 3):
+        e = extras[k]
+        steps = rows_of[k]
+        mus = [float(record["mirostat_mu"][r]) for record, r in steps]
+        logprobs = [float(record["plugin"].logprobs[r, 0]) for record, r in steps]
+        expected = _llama_cpp_mu(2 * e["mirostat_tau"], logprobs, e["mirostat_tau"], e["mirostat_eta"])
+        assert mus[0] == 2 * e["mirostat_tau"]
+        for t, mu in enumerate(mus):
+            assert abs(mu - expected[t]) <= 1e-4 * max(1.0, abs(expected[t])), (k, t, mu, expected[t])
+    assert all(math.isinf(float(record["mirostat_mu"][r])) for record, r in rows_of[5])  # greedy: off
+    # the support: mirostat cuts, the untruncated request does not
+    def support(k):
+        return [sum(math.isfinite(v) for v in full_rows(record["plugin"], len(record["req_ids"]))[r][0].values())
+                for record, r in rows_of[k]]
+    assert min(support(4)) > 900 and max(support(2)) < 100, (support(4), support(2))
+    # dynamic temperature: the first step (the same prompt as request 4, at T = 0.9)
+    for k in (0, 1):
+        (record_k, r_k), (record_4, r_4) = rows_of[k][0], rows_of[4][0]
+        mine = full_rows(record_k["plugin"], len(record_k["req_ids"]))[r_k][0]
+        plain = full_rows(record_4["plugin"], len(record_4["req_ids"]))[r_4][0]
+        ids = sorted(plain)
+        at_t = torch.tensor([plain[i] for i in ids], dtype=torch.float64)
+        at_t2 = torch.tensor([mine[i] for i in ids], dtype=torch.float64)
+        p1 = torch.softmax(at_t * 0.9, 0)  # the logits at temperature 1, up to a constant
+        entropy = float(-(p1 * p1.log()).sum())
+        r, exponent = extras[k]["dynatemp_range"], extras[k].get("dynatemp_exponent", 1.0)
+        t2 = max(0.0, 0.9 - r) + 2 * r * (entropy / math.log(len(ids))) ** exponent
+        ratio = (at_t2 - at_t2.max()) / (at_t - at_t.max())
+        finite = torch.isfinite(ratio) & ((at_t - at_t.max()).abs() > 1e-3)
+        assert abs(t2 - 0.9) > 0.05
+        assert torch.allclose(ratio[finite], torch.full_like(ratio[finite], 0.9 / t2), rtol=1e-4), (k, t2)
+    checked = {"greedy": (5,)}
+    _check_mirostat_history(outputs, truncation.mirostat_history(clear=True), extras, checked)
+    assert checked["requests"] == [2, 3]
+    for bad, key in (({"mirostat": 1}, "mirostat"), ({"dynatemp_exponent": -1.0}, "dynatemp_exponent"),
+                     ({"dynatemp_range": float("inf")}, "dynatemp_range"), ({"mirostat_tau": "5"}, "mirostat_tau")):
+        with pytest.raises(Exception, match=key):
+            llm.generate(PROMPTS[:1], SamplingParams(extra_args=bad), use_tqdm=False)
+    # vLLM's own sampler: the processor's apply, mu from the tokens vLLM drew
+    llm = engines.get(False, logprobs_mode="processed_logprobs", logits_processors=processor)
+    outputs = generate(llm, prompts, params, "dynamic temperature and mirostat (extra_args), vLLM's sampler")
+    checked = {"greedy": (5,)}
+    _check_mirostat_history(outputs, truncation.mirostat_history(clear=True), extras, checked)
+    assert checked["requests"] == [2, 3]
     engines.close()
 
 

@@ -20,8 +20,10 @@ What maps where (vLLM 0.32; the line numbers are in NOTES.md):
   one packed bitmask (`bitmask=`), so the logits are not written and "raw" logprobs stay raw:
   vLLM's bool mask packed, then the banned and stop tokens cleared (`constrain_bitmask_`).
 - tokens in vLLM's int32 (`ids_dtype=torch.int32`, written by the kernel).
-- epsilon_cutoff, eta_cutoff and top_n_sigma from the requests' extra_args, kept per row by this
-  plugin's TruncationLogitsProcessor (truncation.py), as per-row tensors.
+- epsilon_cutoff, eta_cutoff, top_n_sigma, dynatemp_range, dynatemp_exponent and mirostat from the
+  requests' extra_args, kept per row by this plugin's TruncationLogitsProcessor (truncation.py), as
+  per-row tensors; with mirostat rows the draw also gives each token's processed log-probability,
+  and mu moves by it after the step (`update_mirostat_mu_`).
 - logprobs: `sample_with_logprobs(num_logprobs=N, logprobs_mode="raw" | "processed",
   rank_ties="max")` as vLLM's LogprobsTensors (int32 ids [B, N+1], float32 values, int64 ranks
   [B] counting the ties against the token, as vLLM does); the *_logits modes report the logits
@@ -59,6 +61,11 @@ _MASK64 = (1 << 64) - 1
 def _signed64(value: int) -> int:
     value &= _MASK64
     return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _processor(md, kind):
+    """The batch's logits processor of class `kind`, or None."""
+    return next((p for p in md.logitsprocs.all if isinstance(p, kind)), None)
 
 
 def pack_bitmask(allowed: torch.Tensor) -> torch.Tensor:
@@ -317,12 +324,15 @@ class PackageSampler:
             return self.vllm_sampler(logits=logits, sampling_metadata=md)
         shadow_logits = logits.clone() if self.shadow else None
         start = time.perf_counter()
-        output = self._forward(logits, md, batch)
+        output, surprise_logprobs = self._forward(logits, md, batch)
         self.time_s += time.perf_counter() - start
         self.stats["batches"] += 1
         self.stats["rows"] += logits.shape[0]
         if self.shadow:
             self._record_shadow(shadow_logits, md, batch, output)
+        truncation = _processor(md, TruncationLogitsProcessor)
+        if truncation is not None:  # (after the shadow, which reads mu as the draw did)
+            truncation.advance_mirostat(self.lp, logits.shape[0], surprise_logprobs)
         return output
 
     def forward_speculative(self, logits: torch.Tensor, md, batch, spec, draft_probs) -> Optional[SamplerOutput]:
@@ -371,10 +381,12 @@ class PackageSampler:
         """Both samplers' full distributions (every token's logprob, in the engine's
         logprobs_mode) on this step's logits and SamplingMetadata, and their tokens."""
         full = dataclasses.replace(md, max_num_logprobs=self.vocab)
-        mine = self._forward(logits.clone(), full, batch)  # the same seeds and offsets: the same tokens
+        mine, _ = self._forward(logits.clone(), full, batch)  # the same seeds and offsets (and mu): the same tokens
         theirs = self.vllm_sampler(logits=logits.clone(), sampling_metadata=full)
+        truncation = _processor(md, TruncationLogitsProcessor)
         self.shadow_records.append({
             "req_ids": list(batch.req_ids[: logits.shape[0]]),
+            "mirostat_mu": None if truncation is None else truncation.mu[: logits.shape[0]].clone(),
             "greedy": [bool(t < 1e-5) for t in (md.temperature.tolist() if md.temperature is not None
                                                   else [0.0] * logits.shape[0])],
             "tokens": output.sampled_token_ids.view(-1).clone(),
@@ -403,7 +415,9 @@ class PackageSampler:
                     penalties=self.penalties(md, batch, rows, processors.get(LogitBiasLogitsProcessor)),
                     filter_apply_order="top_k_first", **(truncation and truncation.columns(rows) or {}))
 
-    def _forward(self, logits: torch.Tensor, md, batch) -> SamplerOutput:
+    def _forward(self, logits: torch.Tensor, md, batch) -> tuple[SamplerOutput, Optional[torch.Tensor]]:
+        """The step's SamplerOutput, and with mirostat rows each token's processed log-probability
+        (mu's surprise), else None."""
         lp = self.lp
         rows = logits.shape[0]
         # vLLM samples from float32 (sampler.py:97): penalties on float16/bfloat16 logits would
@@ -415,24 +429,31 @@ class PackageSampler:
         positional = [arguments.pop(k) for k in ("temperature", "top_k", "top_p", "min_p", "seed", "offset")]
         temperature, top_k, top_p, min_p, seeds, offsets = positional
         num_logprobs = md.max_num_logprobs
-        if num_logprobs is None:
+        mirostat = "mirostat_mu" in arguments
+        surprise_logprobs = None
+        if num_logprobs is None and not mirostat:
             tokens = lp.sample(logits, temperature, top_k, top_p, min_p, seeds, offsets, **arguments,
                                ids_dtype=torch.int32)
             logprobs_tensors = None
         else:
-            mode = self.logprobs_mode
+            mode = self.logprobs_mode if num_logprobs is not None else "processed_logprobs"
             result = lp.sample_with_logprobs(logits, temperature, top_k, top_p, min_p, seeds, offsets, **arguments,
-                                             num_logprobs=num_logprobs,
+                                             num_logprobs=num_logprobs or 0,
                                              logprobs_mode="raw" if mode.startswith("raw") else "processed",
                                              rank_ties="max", ids_dtype=torch.int32)
             tokens = result.tokens
-            logprobs_tensors = self._logprobs_tensors(logits, result, mode, temperature, bitmask, penalties, md)
+            logprobs_tensors = None if num_logprobs is None else self._logprobs_tensors(
+                logits, result, mode, temperature, bitmask, penalties, md)
+            if mirostat:  # the drawn token's processed log-probability (column 0 in that mode)
+                surprise_logprobs = result.logprobs[:, 0] if not mode.startswith("raw") else lp.token_logprobs(
+                    logits, tokens.long(), temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                    **arguments)
         # A row with nothing allowed: the package's token is -1, vLLM's argmax over an all -inf
         # row gives 0 (and the scheduler indexes with it): vLLM's convention.
         if bool((tokens < 0).any()):
             self.stats["rows with nothing allowed"] += int((tokens < 0).sum())
             tokens = torch.where(tokens < 0, torch.zeros_like(tokens), tokens)
-        return SamplerOutput(sampled_token_ids=tokens.unsqueeze(-1), logprobs_tensors=logprobs_tensors)
+        return SamplerOutput(sampled_token_ids=tokens.unsqueeze(-1), logprobs_tensors=logprobs_tensors), surprise_logprobs
 
     def _logprobs_tensors(self, logits, result, mode, temperature, bitmask, penalties, md) -> LogprobsTensors:
         # The package's ids (int32) and ranks (rank_ties="max") are vLLM's. Past a row's support

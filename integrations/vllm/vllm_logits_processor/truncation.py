@@ -1,9 +1,12 @@
-"""Per-request truncation samplers vLLM lacks, from `SamplingParams.extra_args` (the OpenAI
-server's `vllm_xargs`): `epsilon_cutoff` and `eta_cutoff` (transformers' names) and `top_n_sigma`
-(llama.cpp's), defined as the package defines them (docs/semantics-sampling.md).
+"""Per-request samplers vLLM lacks, from `SamplingParams.extra_args` (the OpenAI server's
+`vllm_xargs`), defined as the package defines them (docs/semantics-sampling.md):
+`epsilon_cutoff` and `eta_cutoff` (transformers' names), `top_n_sigma`, `dynatemp_range` and
+`dynatemp_exponent`, and mirostat v2 (`mirostat: 2`, `mirostat_tau`, `mirostat_eta`; llama.cpp's
+names and defaults).
 
 `TruncationLogitsProcessor` is a vLLM (V1 model runner) logits processor that keeps each row's
-three values, as vLLM's MinPLogitsProcessor keeps min_p. An engine has it when asked:
+values, as vLLM's MinPLogitsProcessor keeps min_p, and each mirostat request's mu (float32, on
+the device, started at 2 tau as llama.cpp starts it). An engine has it when asked:
 
     LLM(model, logits_processors=[TruncationLogitsProcessor])  # or the name below, a string
     vllm serve MODEL --logits-processors vllm_logits_processor.truncation:TruncationLogitsProcessor
@@ -11,19 +14,24 @@ three values, as vLLM's MinPLogitsProcessor keeps min_p. An engine has it when a
 (Not by an entry point in `vllm.logits_processors`: vLLM loads those into every engine, and
 Model Runner V2, the default where Triton is installed, refuses V1-interface processors at
 start; with speculative decoding vLLM refuses any custom processor, saying so.) With the
-plugin's sampler on, the
-`PackageSampler` hands them to the kernel as per-row tensors (`columns`), fused into the draw;
-with it off, or in a batch that falls back, vLLM's sampler calls `apply`, the same definitions in
-torch. vLLM applies such argmax-invariant processors after the temperature and min-p, before
-top-k and top-p: the package's "top_k_first" order, in which these floors, like min-p, are
-decided before top-k and top-p. (Two differences in that fallback: with min_p in the same request
-it sees only what min-p kept, where the kernel sees the whole row; and top-n-sigma's distances
-are not capped at 2^15 logits.)
+plugin's sampler on, the `PackageSampler` hands them to the kernel as per-row tensors
+(`columns`), fused into the draw, and after it moves mu by the drawn token's processed
+log-probability (`advance_mirostat`: the package's `update_mirostat_mu_`). With it off, or in a
+batch that falls back, vLLM's sampler calls `apply`, the same definitions in torch, and mu moves
+at the next step, by the token vLLM drew (its output list), under the distribution `apply` left.
+vLLM applies such argmax-invariant processors after the temperature and min-p, before top-k and
+top-p: the package's "top_k_first" order, in which these floors, like min-p, are decided before
+top-k and top-p. Differences in that fallback: with min_p in the same request it sees only what
+min-p kept, where the kernel sees the whole row; dynamic temperature's min-p is vLLM's, at the
+request's temperature; mirostat's surprise is under `apply`'s distribution, before vLLM's top-k
+and top-p; and top-n-sigma's distances are not capped at 2^15 logits.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import weakref
 from typing import Optional
 
 import torch
@@ -33,28 +41,58 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 FLOAT32_MAX = 3.4028234663852886e38
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it is greedy
 
-# Each extra_args key and the value that turns it off.
-OFF = {"epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_n_sigma": -1.0}
+# Each extra_args key and its value where a request has none (the off value, or a default).
+OFF = {"epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_n_sigma": -1.0, "dynatemp_range": 0.0,
+       "dynatemp_exponent": 1.0, "mirostat": 0.0, "mirostat_tau": 5.0, "mirostat_eta": 0.1}
+KEYS = list(OFF)
+COLUMN = {key: j for j, key in enumerate(KEYS)}
+# The keys passed to the package's sampler as they are (mirostat's are its mu).
+KERNEL_KEYS = ("epsilon_cutoff", "eta_cutoff", "top_n_sigma", "dynatemp_range", "dynatemp_exponent")
+_live: "weakref.WeakSet[TruncationLogitsProcessor]" = weakref.WeakSet()
+
+
+def mirostat_history(clear: bool = False) -> list[tuple[tuple[int, ...], tuple[int, ...], float]]:
+    """With LOGITS_PROCESSOR_SHADOW=1 (the plugin's test mode), every mirostat row's (prompt,
+    output tokens so far, mu) at the start of each step, from this process's processors; `clear`:
+    then forget them."""
+    entries = [entry for processor in list(_live) for entry in processor.history]
+    for processor in list(_live) if clear else ():
+        processor.history.clear()
+    return entries
+
+
+def _check(key: str, value: float) -> Optional[str]:
+    """What is wrong with a request's value of `key` (None: nothing)."""
+    if key in ("epsilon_cutoff", "eta_cutoff"):
+        return None if 0.0 <= value <= 1.0 else "must be in [0, 1] (0 disables it)"
+    if key == "top_n_sigma":
+        return None if not math.isnan(value) else "must not be NaN"
+    if key == "mirostat":
+        return None if value in (0.0, 2.0) else "must be 0 (off) or 2 (mirostat v2; v1 is not supported)"
+    if not math.isfinite(value):
+        return "must be finite"
+    if key in ("dynatemp_exponent", "mirostat_tau", "mirostat_eta") and value < 0:
+        return "must be at least 0"
+    return None
 
 
 def request_values(extra_args: Optional[dict]) -> list[float]:
-    """A request's three values (their off values where it has none), checked: a number each,
-    epsilon_cutoff and eta_cutoff in [0, 1], top_n_sigma not NaN; ValueError naming the key."""
+    """A request's values (OFF's where it has none), checked; ValueError naming the key."""
     values = []
     for key, off in OFF.items():
         value = (extra_args or {}).get(key, off)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"extra_args[{key!r}] must be a number, got {type(value).__name__}")
         value = float(value)
-        if math.isnan(value) or (key != "top_n_sigma" and not 0.0 <= value <= 1.0):
-            raise ValueError(f"extra_args[{key!r}] must be in [0, 1] (0 disables it), got {value}"
-                             if key != "top_n_sigma" else f"extra_args[{key!r}] must not be NaN")
+        problem = _check(key, value)
+        if problem is not None:
+            raise ValueError(f"extra_args[{key!r}] {problem}, got {value}")
         values.append(min(value, FLOAT32_MAX))  # (as the kernels clamp it: +inf keeps every candidate)
     return values
 
 
 class TruncationLogitsProcessor(LogitsProcessor):
-    """Each row's epsilon_cutoff, eta_cutoff and top_n_sigma (vLLM's persistent batch rows)."""
+    """Each row's values (vLLM's persistent batch rows) and each mirostat request's mu."""
 
     @classmethod
     def validate_params(cls, sampling_params) -> None:
@@ -62,64 +100,153 @@ class TruncationLogitsProcessor(LogitsProcessor):
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
         rows = vllm_config.scheduler_config.max_num_seqs
-        self.values = torch.tensor([list(OFF.values())], dtype=torch.float32).repeat(rows, 1)
         self.device = torch.device(device)
-        self.active = 0  # rows with any of the three on
+        self.values = torch.tensor([list(OFF.values())], dtype=torch.float32).repeat(rows, 1)
+        self.temperature = torch.ones(rows, dtype=torch.float32)  # the request's (dynamic temperature's T)
+        self.mu = torch.full((rows,), math.inf, dtype=torch.float32, device=self.device)  # +inf: off
+        self.outputs: list[Optional[list]] = [None] * rows  # each request's output token ids (vLLM's list)
+        # apply's distributions for mirostat rows, {row: (output length then, logprobs [V])}: mu
+        # moves at the next step by the token vLLM drew from them.
+        self.pending: dict[int, tuple[int, torch.Tensor]] = {}
+        self.history: list[tuple[tuple[int, ...], tuple[int, ...], float]] = []
+        self.prompts: list[tuple[int, ...]] = [()] * rows
+        self.record = os.environ.get("LOGITS_PROCESSOR_SHADOW") == "1"
+        _live.add(self)
 
     def is_argmax_invariant(self) -> bool:
-        """The most likely token is always kept."""
+        """The most likely token is always kept, and a temperature keeps the order."""
         return True
 
-    def _set(self, row: int, values) -> None:
-        before = self._on(row)
+    def _set(self, row: int, values, temperature: float = 1.0, outputs: Optional[list] = None,
+             mu: Optional[torch.Tensor] = None) -> None:
         self.values[row] = torch.as_tensor(values, dtype=torch.float32)
-        self.active += int(self._on(row)) - int(before)
+        self.temperature[row] = temperature
+        self.outputs[row] = outputs
+        if mu is None:
+            v = self.values[row]
+            mu = 2.0 * float(v[COLUMN["mirostat_tau"]]) if v[COLUMN["mirostat"]] > 0 else math.inf
+        self.mu[row] = mu
 
-    def _on(self, row: int) -> bool:
-        v = self.values[row]
-        return bool(v[0] > 0 or v[1] > 0 or v[2] > 0)
+    def _settle_vllm_draws(self) -> None:
+        """mu after a step vLLM's sampler drew (apply ran): -eta (surprise - tau), the surprise
+        of the request's new token under apply's distribution (update_mirostat_mu_'s rule)."""
+        for row, (length, logprobs) in self.pending.items():
+            outputs = self.outputs[row]
+            if outputs is None or len(outputs) <= length or not 0 <= outputs[length] < logprobs.numel():
+                continue
+            logprob = float(logprobs[outputs[length]])
+            if math.isfinite(logprob):
+                v = self.values[row]
+                surprise = -logprob / math.log(2.0)
+                step = (surprise - float(v[COLUMN["mirostat_tau"]])) * float(v[COLUMN["mirostat_eta"]])
+                self.mu[row] -= step
+        self.pending.clear()
 
     def update_state(self, batch_update: Optional[BatchUpdate]) -> None:
-        if not batch_update:
-            return
-        for index, params, _, _ in batch_update.added:
+        self._settle_vllm_draws()
+        for index, params, prompt, outputs in batch_update.added if batch_update else ():
+            if self.record:
+                self.prompts[index] = tuple(prompt or ())
             values = request_values(params.extra_args)
             # A greedy request has no filter, as vLLM's SamplingParams resets its top-p, top-k
             # and min-p (the package's greedy rows ignore them too).
-            self._set(index, list(OFF.values()) if params.temperature < GREEDY_BELOW else values)
-        for index in batch_update.removed:
+            greedy = params.temperature < GREEDY_BELOW
+            self._set(index, list(OFF.values()) if greedy else values, params.temperature, outputs)
+        for index in batch_update.removed if batch_update else ():
             self._set(index, list(OFF.values()))
-        for a, b, direction in batch_update.moved:
-            row_a, row_b = self.values[a].clone(), self.values[b].clone()
-            self._set(b, row_a)
-            self._set(a, row_b if direction == MoveDirectionality.SWAP else list(OFF.values()))
+        for a, b, direction in batch_update.moved if batch_update else ():
+            self.prompts[a], self.prompts[b] = (self.prompts[b], self.prompts[a]) if direction == MoveDirectionality.SWAP \
+                else ((), self.prompts[a])
+            row_a = (self.values[a].clone(), float(self.temperature[a]), self.outputs[a], self.mu[a].clone())
+            row_b = (self.values[b].clone(), float(self.temperature[b]), self.outputs[b], self.mu[b].clone())
+            self._set(b, *row_a)
+            if direction == MoveDirectionality.SWAP:
+                self._set(a, *row_b)
+            else:
+                self._set(a, list(OFF.values()))
+        if self.record:
+            for row in torch.nonzero(self.values[:, COLUMN["mirostat"]] > 0).flatten().tolist():
+                if self.outputs[row] is not None:
+                    self.history.append((self.prompts[row], tuple(self.outputs[row]), float(self.mu[row])))
+
+    def _on(self, rows: int, key: str) -> torch.Tensor:
+        return self.values[:rows, COLUMN[key]] > 0
 
     def columns(self, rows: int) -> Optional[dict]:
-        """The first `rows` rows' values as the package's per-row keywords, on the device (None:
-        no row has any on)."""
-        if not self.active:
+        """The first `rows` rows' values as the package's per-row keywords, on the device: the
+        truncation floors, dynamic temperature and mirostat's mu (a view of the state), each only
+        where some row has it on (None: no row has any on)."""
+        on = {key: bool(self._on(rows, key).any())
+              for key in ("epsilon_cutoff", "eta_cutoff", "top_n_sigma", "dynatemp_range", "mirostat")}
+        if not any(on.values()):
             return None
         values = self.values[:rows].to(self.device)
-        return {key: values[:, j].contiguous() for j, key in enumerate(OFF)}
+        keys = [k for k in KERNEL_KEYS if on[k if k != "dynatemp_exponent" else "dynatemp_range"]]
+        columns = {key: values[:, COLUMN[key]].contiguous() for key in keys}
+        if on["mirostat"]:
+            columns["mirostat_mu"] = self.mu[:rows]
+        return columns
+
+    def advance_mirostat(self, lp, rows: int, token_logprobs: Optional[torch.Tensor]) -> None:
+        """After the package's draw: each mirostat row's mu moved by its token's processed
+        log-probability (`lp.update_mirostat_mu_`; other rows' tau and eta are 0). None: the
+        step had no mirostat row."""
+        self.pending.clear()  # (a shadowing vLLM sampler's: the package drew this step)
+        on = self._on(rows, "mirostat")
+        if token_logprobs is None or not bool(on.any()):
+            return
+        v = self.values[:rows]
+        tau = torch.where(on, v[:, COLUMN["mirostat_tau"]], 0.0).to(self.device)
+        eta = torch.where(on, v[:, COLUMN["mirostat_eta"]], 0.0).to(self.device)
+        lp.update_mirostat_mu_(self.mu[:rows], token_logprobs.float(), tau, eta)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        """vLLM's own sampler: -inf outside each row's kept set, on its scores (the logits over
-        the temperature, masked tokens -inf), in float64."""
-        columns = self.columns(logits.shape[0])
+        """vLLM's own sampler: each row's scores (the logits over the temperature, masked tokens
+        -inf) at the dynamic temperature, -inf outside its kept set, in float64."""
+        rows = logits.shape[0]
+        columns = self.columns(rows)
         if columns is None:
             return logits
         s = logits.double()
-        finite = s > float("-inf")
+        v = self.values[:rows].to(s.device, torch.float64)
+        r, k = v[:, COLUMN["dynatemp_range"]], v[:, COLUMN["dynatemp_exponent"]]
+        if bool((r > 0).any()):
+            s = self._dynamic_temperature(s, r, k)
         top = s.amax(-1, keepdim=True)
         p = torch.softmax(s, -1)
         entropy = -torch.where(p > 0, p * p.log(), torch.zeros_like(p)).sum(-1)
-        epsilon, eta = columns["epsilon_cutoff"].double(), columns["eta_cutoff"].double()
+        epsilon, eta = v[:, COLUMN["epsilon_cutoff"]], v[:, COLUMN["eta_cutoff"]]
         eta_floor = torch.where(eta > 0, torch.minimum(eta, eta.sqrt() * torch.exp(-entropy)), torch.zeros_like(eta))
-        floor = torch.maximum(epsilon, eta_floor).unsqueeze(1)
+        mu = self.mu[:rows].to(s.device, torch.float64)
+        mirostat_floor = torch.where(mu < math.inf, torch.exp2(-mu), torch.zeros_like(mu))
+        floor = torch.maximum(torch.maximum(epsilon, eta_floor), mirostat_floor).unsqueeze(1)
         keep = (p >= floor) | (s == top)
-        n = columns["top_n_sigma"].double().unsqueeze(1)
+        finite = s > float("-inf")
+        n = v[:, COLUMN["top_n_sigma"]].unsqueeze(1)
         count = finite.sum(-1, keepdim=True).clamp(min=1)
         mean = torch.where(finite, s, 0.0).sum(-1, keepdim=True) / count
         sigma = (torch.where(finite, (s - mean) ** 2, 0.0).sum(-1, keepdim=True) / count).sqrt()
         keep &= ~(n > 0) | (s >= top - n * sigma) | (s == top)  # (n FLT_MAX, sigma 0: the top)
-        return logits.masked_fill_(~keep, float("-inf"))
+        s = s.masked_fill(~keep, float("-inf"))
+        for row in torch.nonzero(self._on(rows, "mirostat")).flatten().tolist():
+            if self.outputs[row] is not None:
+                self.pending[row] = (len(self.outputs[row]), torch.log_softmax(s[row], -1).cpu())
+        return logits.copy_(s)
+
+    def _dynamic_temperature(self, s: torch.Tensor, r: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """The scores at T' = T_lo + (T_hi - T_lo) (H / ln n)^k (llama.cpp's temp_ext), H the
+        entropy of the candidates' softmax at temperature 1, n their count; rows with r <= 0 or
+        at most one candidate as they are."""
+        t = self.temperature[: s.shape[0]].to(s.device, torch.float64)
+        x = s * t.unsqueeze(1)  # the logits at temperature 1 (vLLM divided them by T)
+        candidates = (x > float("-inf")).sum(-1)
+        p = torch.softmax(x, -1)
+        entropy = -torch.where(p > 0, p * p.log(), torch.zeros_like(p)).sum(-1)
+        ratio = entropy / torch.log(candidates.clamp(min=2).double())
+        low, high = (t - r).clamp(min=0.0), t + r
+        scaled = low + (high - low) * ratio ** k
+        on = (r > 0) & (candidates > 1)
+        t2 = torch.where(on, scaled, t).unsqueeze(1)
+        greedy = x == x.amax(-1, keepdim=True)  # (T' = 0: the argmax alone)
+        at_t2 = torch.where(t2 > 0, x / t2.clamp(min=1e-300), torch.where(greedy, 0.0, float("-inf")))
+        return torch.where(on.unsqueeze(1), at_t2, s)
