@@ -310,6 +310,57 @@ def test_dynamic_temperature_and_mirostat_from_extra_args(engines, monkeypatch):
     engines.close()
 
 
+def test_dry_from_extra_args_matches_vllms_sampler(engines, monkeypatch):
+    """DRY (dry_multiplier, dry_base, dry_allowed_length, dry_penalty_last_n,
+    dry_sequence_breakers) in SamplingParams.extra_args, which vLLM lacks: the plugin's sampler
+    fuses `dry_bias` over vLLM's token buffer into the penalties, beside a logit bias and a
+    repetition penalty; vLLM's own sampler, shadowing every step, adds the processor's biases to
+    the logits: the same processed distributions, no fallback. On a prompt a b c d a b c, the
+    first step lowers d alone, by multiplier * base^(3 - allowed_length) / T against the same
+    prompt without DRY (llama.cpp's rule). Bad values are refused naming the key."""
+    from vllm.inputs import TokensPrompt
+
+    monkeypatch.setenv("LOGITS_PROCESSOR_SHADOW", "1")
+    llm = engines.get(True, logprobs_mode="processed_logprobs", max_logprobs=-1,
+                      logits_processors=["vllm_logits_processor.dry:DryLogitsProcessor"])
+    tokenizer = llm.get_tokenizer()
+    plain = [i for i in range(300, 1000)
+             if not any(b in tokenizer.decode([i]) for b in ("\n", ":", '"', "*"))][:4]
+    a, b, c, d = plain
+    repeat = TokensPrompt(prompt_token_ids=[a, b, c, d, a, b, c])
+    dry = {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2}
+    requests = [
+        (repeat, SamplingParams(temperature=0.9, seed=1, max_tokens=8, extra_args=dry)),
+        (repeat, SamplingParams(temperature=0.9, seed=2, max_tokens=8)),
+        (PROMPTS[4], SamplingParams(temperature=1.0, seed=3, max_tokens=24, extra_args={"dry_multiplier": 1.0})),
+        (PROMPTS[2], SamplingParams(temperature=0.7, seed=4, max_tokens=24, repetition_penalty=1.3, logit_bias={a: 2.0},
+                                    extra_args={**dry, "dry_penalty_last_n": 16, "dry_sequence_breakers": ["(", "e"]})),
+        (PROMPTS[4], SamplingParams(temperature=0, max_tokens=24, extra_args={"dry_multiplier": 2.0})),
+    ]
+    outputs = generate(llm, [p for p, _ in requests], [s for _, s in requests], "DRY (extra_args), shadowed")
+    records = vlp.shadow_records()
+    seen = compare_shadow(records)
+    print(f"DRY: {seen}")
+    assert not plugin_stats()["fallbacks"]
+    request = {o.request_id: k for k, o in enumerate(outputs)}
+    first = {}
+    for record in records:
+        for r, req in enumerate(record["req_ids"]):
+            k = request[req] if req in request else request[req.rsplit("-", 1)[0]]
+            first.setdefault(k, full_rows(record["plugin"], len(record["req_ids"]))[r][0])
+    ids = sorted(first[1])
+    shift = torch.tensor([first[0][i] - first[1][i] for i in ids], dtype=torch.float64)
+    moved = (shift - shift.median()).abs() > 1e-4
+    assert [ids[j] for j in torch.nonzero(moved).flatten().tolist()] == [d]
+    assert abs(float(shift[ids.index(d)] - shift.median()) + 0.8 * 1.75 / 0.9) < 1e-4
+    for bad, key in (({"dry_multiplier": 1.0, "dry_base": 0.5}, "dry_base"),
+                     ({"dry_multiplier": 1.0, "dry_sequence_breakers": "abc"}, "dry_sequence_breakers"),
+                     ({"dry_allowed_length": 1.5}, "dry_allowed_length")):
+        with pytest.raises(Exception, match=key):
+            llm.generate(PROMPTS[:1], SamplingParams(extra_args=bad), use_tqdm=False)
+    engines.close()
+
+
 USER = {
     "type": "object",
     "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{1,11}$"},

@@ -24,6 +24,8 @@ What maps where (vLLM 0.32; the line numbers are in NOTES.md):
   requests' extra_args, kept per row by this plugin's TruncationLogitsProcessor (truncation.py), as
   per-row tensors; with mirostat rows the draw also gives each token's processed log-probability,
   and mu moves by it after the step (`update_mirostat_mu_`).
+- DRY from the requests' extra_args (dry.py's DryLogitsProcessor): `dry_bias` over vLLM's token
+  buffer (prompt and output ids), its biases beside the logit bias in the fused penalties.
 - logprobs: `sample_with_logprobs(num_logprobs=N, logprobs_mode="raw" | "processed",
   rank_ties="max")` as vLLM's LogprobsTensors (int32 ids [B, N+1], float32 values, int64 ranks
   [B] counting the ties against the token, as vLLM does); the *_logits modes report the logits
@@ -49,12 +51,14 @@ from vllm.v1.sample.logits_processor.builtin import (
     MinTokensLogitsProcessor,
 )
 
+from .dry import DryLogitsProcessor
 from .truncation import TruncationLogitsProcessor
 
 logger = init_logger("vllm_logits_processor")
 
-# The logits processors whose work the package does (the last one this plugin's own).
-KNOWN_PROCESSORS = (MinTokensLogitsProcessor, LogitBiasLogitsProcessor, MinPLogitsProcessor, TruncationLogitsProcessor)
+# The logits processors whose work the package does (the last two this plugin's own).
+KNOWN_PROCESSORS = (MinTokensLogitsProcessor, LogitBiasLogitsProcessor, MinPLogitsProcessor, TruncationLogitsProcessor,
+                    DryLogitsProcessor)
 _MASK64 = (1 << 64) - 1
 
 
@@ -286,9 +290,17 @@ class PackageSampler:
         shifts = torch.arange(32, dtype=torch.int32, device=words.device)
         return ((words.view(-1, 1) >> shifts) & 1).view(-1)[: self.vocab].bool()
 
-    def penalties(self, md, batch, rows: int, bias) -> Optional[Any]:
+    def token_ids(self, batch, rows: int) -> torch.Tensor:
+        """Each row's prompt and output ids so far, int64 [rows, L], -1 padded (vLLM's buffer)."""
+        lengths = torch.from_numpy(batch.num_tokens_no_spec[:rows].astype("int64"))
+        width = max(1, int(lengths.max())) if rows else 1
+        ids = batch.token_ids_cpu_tensor[:rows, :width].to(torch.int64)
+        return torch.where(torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1), ids, -1)
+
+    def penalties(self, md, batch, rows: int, bias, dry=None) -> Optional[Any]:
         has_bias = bias is not None and bias.biases
-        if md.no_penalties and not has_bias:
+        dry_arguments = dry.arguments(rows, self.token_ids(batch, rows)) if dry is not None else None
+        if md.no_penalties and not has_bias and dry_arguments is None:
             return None
         if self.penalty_state is None:
             self.penalty_state = _PenaltyState(self.lp, self.vocab, self.device)
@@ -312,6 +324,10 @@ class PackageSampler:
                     bias_ids[i, :len(entries)] = torch.tensor(list(entries.keys()), dtype=torch.int64)
                     bias_values[i, :len(entries)] = torch.tensor(list(entries.values()), dtype=torch.float32)
             bias_ids, bias_values = bias_ids.to(self.device), bias_values.to(self.device)
+        if dry_arguments is not None:  # DRY's biases beside vLLM's (an id listed twice gets both)
+            ids, values = self.lp.dry_bias(**dry_arguments)
+            bias_ids = ids if bias_ids is None else torch.cat([bias_ids, ids], 1)
+            bias_values = values if bias_values is None else torch.cat([bias_values, values], 1)
         return self.lp.Penalties(state.prompt_mask, state.counts, repetition, frequency, presence,
                                  logit_bias_ids=bias_ids, logit_bias_values=bias_values, rows=state_rows)
 
@@ -412,7 +428,8 @@ class PackageSampler:
         truncation = processors.get(TruncationLogitsProcessor)
         return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seeds, offset=offsets,
                     bitmask=self.constraint_bitmask(logits, md, processors.get(MinTokensLogitsProcessor)),
-                    penalties=self.penalties(md, batch, rows, processors.get(LogitBiasLogitsProcessor)),
+                    penalties=self.penalties(md, batch, rows, processors.get(LogitBiasLogitsProcessor),
+                                             processors.get(DryLogitsProcessor)),
                     filter_apply_order="top_k_first", **(truncation and truncation.columns(rows) or {}))
 
     def _forward(self, logits: torch.Tensor, md, batch) -> tuple[SamplerOutput, Optional[torch.Tensor]]:
