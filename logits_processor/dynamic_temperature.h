@@ -22,14 +22,38 @@ namespace logits_processor {
 
 struct DynamicTemperatureParams {
   // The logits, temperature, bitmask and penalties as `sample` reads them (its filters, seed and
-  // offset are not read).
+  // offset are not read): one row each, or verify_draft's and verify_tree's positions, row b's
+  // position j `j * *_position_stride` elements after its row.
   SamplingParams sampling;
   FloatArray range;  // dynatemp_range, per row, or range_value
   float range_value;
   FloatArray exponent;  // dynatemp_exponent, per row, or exponent_value
   float exponent_value;
-  float* out;  // [rows], the temperatures T'
+  int64_t positions;  // P >= 1 per row
+  int64_t logits_position_stride, bitmask_position_stride;
+  // Position j's penalties count these tokens' first j on top of the state (verify.h's
+  // drafts_before), [rows, P - 1] strided; or null.
+  const int64_t* path_tokens;
+  int64_t path_row_stride, path_position_stride;
+  float* out;  // [rows, P] contiguous, the temperatures T'
 };
+
+// Row b's position j as `sample` reads it: its logits and bitmask rows, and its penalty path
+// (with its bias list j, where there is one per position).
+LP_HOST_DEVICE const void* dynatemp_logits(const DynamicTemperatureParams& p, int64_t b, int64_t j) {
+  return static_cast<const char*>(logits_row(p.sampling, b)) +
+         j * p.logits_position_stride * dtype_size(p.sampling.dtype);
+}
+
+LP_HOST_DEVICE const int32_t* dynatemp_bitmask(const DynamicTemperatureParams& p, int64_t b, int64_t j) {
+  const int32_t* bitmask = row_bitmask(p.sampling, b);
+  return bitmask ? bitmask + j * p.bitmask_position_stride : nullptr;
+}
+
+LP_HOST_DEVICE PenaltyPath dynatemp_path(const DynamicTemperatureParams& p, int64_t b, int64_t j) {
+  if (!p.path_tokens) return {nullptr, 0, 0, j};
+  return {p.path_tokens + b * p.path_row_stride, p.path_position_stride, j, j};
+}
 
 // What one row's passes sum over its candidates x_i (at temperature 1, s_max = max x): their
 // count, and e^(x_i - s_max)'s fine digits and entropy terms (sampling.h's fine_mass,

@@ -1,4 +1,4 @@
-// CPU dynamic_temperature: rows in parallel; per row one pass that reads the candidates (as
+// CPU dynamic_temperature: rows (and positions) in parallel; per row one pass that reads the candidates (as
 // `sample` does: candidate_logit) into a scratch row and finds s_max, then one vectorised pass
 // over the scratch for the entropy's integer sums (add_entropy_terms' terms, each the same bits
 // as the CUDA kernel's, summed in any order).
@@ -44,18 +44,19 @@ uint32_t plain_unit_scores(const void* logits, int64_t vocab, float* __restrict 
 void dynamic_temperature_cpu(const DynamicTemperatureParams& p, const ParallelFor& parallel_for) {
   const SamplingParams& s = p.sampling;
   const int64_t grain = s.vocab > 0 ? (1 << 16) / s.vocab + 1 : 1;
-  parallel_for(0, s.rows, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, s.rows * p.positions, grain, [&](int64_t begin, int64_t end) {
     const IeeeFloatMode ieee;
     std::vector<float> values;
-    for (int64_t row = begin; row < end; ++row) {
+    for (int64_t flat = begin; flat < end; ++flat) {  // (row, position j)
+      const int64_t row = flat / p.positions, j = flat % p.positions;
       const float t = s.temperature.get_or(row, s.temperature_value);
       const float range = p.range.get_or(row, p.range_value);
       EntropySums sums{0, {0, 0}, {0, 0}};
       if (range > 0.0f && t > 0.0f) {  // (else T' = t: no pass)
         values.resize(s.vocab);
-        const void* logits = logits_row(s, row);
-        const int32_t* bitmask = row_bitmask(s, row);
-        const RowPenaltyView penalty = row_penalty_view(s.penalties, row);
+        const void* logits = dynatemp_logits(p, row, j);
+        const int32_t* bitmask = dynatemp_bitmask(p, row, j);
+        const RowPenaltyView penalty = with_path(row_penalty_view(s.penalties, row, j), dynatemp_path(p, row, j));
         uint32_t max_key = kNoKey;
         if (!bitmask && !penalty.enabled) {
           dispatch_dtype(s.dtype, [&]<Dtype D>() { max_key = plain_unit_scores<D>(logits, s.vocab, values.data()); });
@@ -69,7 +70,7 @@ void dynamic_temperature_cpu(const DynamicTemperatureParams& p, const ParallelFo
         }
         sums = entropy_sums(values.data(), s.vocab, row_max_score(max_key));
       }
-      p.out[row] = dynamic_temperature_of(t, range, row_dynatemp_exponent(p, row), sums);
+      p.out[flat] = dynamic_temperature_of(t, range, row_dynatemp_exponent(p, row), sums);
     }
   });
 }

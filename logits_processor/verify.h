@@ -36,6 +36,8 @@ constexpr int64_t kMaxVerifyPositions = 256;       // S + 1 (8 bits of the strea
 constexpr int64_t kMaxVerifyRows = int64_t{1} << 22;  // 22 bits of the stream word hold the row
 constexpr uint32_t kAcceptanceGroup = 0x40000000u;   // above V / 4, below the top cells' groups
 
+constexpr float kMinNormal = 1.17549435e-38f;
+
 struct VerifyParams {
   // The target's per-row parameters (temperature, filters, seed, offset, penalties) and
   // position 0's logits and bitmask rows; position j's are j `*_position_stride` elements
@@ -52,6 +54,10 @@ struct VerifyParams {
   int64_t draft_probs_row_stride, draft_probs_position_stride;
   int64_t* tokens;        // [rows, S + 1] contiguous
   int64_t* num_accepted;  // [rows]
+  // Each position's temperature (dynamic temperature's T', dynamic_temperature.h), [rows, >= S + 1]
+  // with its row stride, replacing the target's in sampled rows; or null.
+  const float* position_temperature;
+  int64_t position_temperature_row_stride;
 };
 
 // Position j of the target, as sample's parameters (its rows are the batch's rows): the CPU's
@@ -75,10 +81,16 @@ LP_HOST_DEVICE const int32_t* position_bitmask(const VerifyParams& v, int64_t ro
   return bitmask ? bitmask + position * v.bitmask_position_stride : nullptr;
 }
 
-// Row `row`'s parameters at `position`: sample's, with the position's stream.
+// Row `row`'s parameters at `position`: sample's, with the position's stream (and temperature:
+// a sampled row stays sampled, a T' of 0 (zero entropy at T <= dynatemp_range) counting as the
+// smallest normal float, where the draw is the argmax).
 LP_HOST_DEVICE RowParams position_params(const VerifyParams& v, int64_t row, int64_t position) {
   RowParams r = row_params(v.target, row);
   r.stream = 0x80000000u | (static_cast<uint32_t>(position) << 22) | r.stream;
+  if (v.position_temperature && !r.greedy) {
+    const float t = v.position_temperature[row * v.position_temperature_row_stride + position];
+    r.temperature = t > kMinNormal ? t : kMinNormal;
+  }
   return r;
 }
 
@@ -107,7 +119,6 @@ LP_HOST_DEVICE float draft_prob(const VerifyParams& v, int64_t row, int64_t posi
   return v.draft_probs[row * v.draft_probs_row_stride + position * v.draft_probs_position_stride + token];
 }
 
-constexpr float kMinNormal = 1.17549435e-38f;
 
 // The position's acceptance uniform U = (k + 1/2) 2^-32, k word 0 of counter
 // (kAcceptanceGroup, stream, offset).

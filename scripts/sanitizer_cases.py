@@ -256,7 +256,8 @@ def flashinfer_cases(lp, device: str, g: torch.Generator) -> None:
 
 def dynamic_temperature_cases(lp, device: str, g: torch.Generator) -> None:
     """dynamic_temperature_kernel, bit for bit against the CPU: per-row temperatures, ranges and
-    exponents (a greedy row, a range off), a bitmask, penalties, each dtype; then `sample` at it."""
+    exponents (a greedy row, a range off), a bitmask, penalties, each dtype; then `sample` at it,
+    and verify_draft's positions (each its own T') and verify_draft at them."""
     rows, vocab = 5, 3001
     logits = torch.randn(rows, vocab, generator=g) * 3
     logits[2, ::2] = float("-inf")
@@ -272,6 +273,15 @@ def dynamic_temperature_cases(lp, device: str, g: torch.Generator) -> None:
         expect(same(got, want), f"dynamic_temperature {dtype}")
     got, want = both(lp, device, "sample", logits, **params, top_k=30, seed=torch.arange(rows), offset=4)
     expect(same(got, want), "sample with dynatemp_range")
+    # verify_draft's positions: each position's T', penalties counting the drafts before it
+    target = logits[:, :3000].reshape(rows, 3, 1000)
+    drafts = torch.randint(0, 1000, (rows, 2), generator=g)
+    state = lp.penalty_state_from_tokens(torch.randint(0, 1000, (rows, 12), generator=g), drafts[:, :1], 1000)
+    penalties = lp.Penalties(*state, repetition_penalty=1.3, presence_penalty=0.4)
+    got, want = both(lp, device, "dynamic_temperature", target, **params, penalties=penalties, draft_token_ids=drafts)
+    expect(same(got, want), "dynamic_temperature of verify_draft's positions")
+    got, want = both(lp, device, "verify_draft", target, drafts, **params, penalties=penalties, seed=5)
+    expect(same(got, want), "verify_draft with dynatemp_range")
 
 
 def other_kernel_cases(lp, device: str, g: torch.Generator) -> None:

@@ -43,6 +43,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           LP_DYNATEMP_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "Tensor? bitmask, "
           LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          "Tensor? draft_token_ids, "
           "Tensor(a!) out"
           ") -> ()");
   ops.def("logits_from_probs("
@@ -78,6 +79,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           LP_DRAW_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "Tensor? bitmask, "
           LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          "Tensor? position_temperature, "
           "bool block_verification, "
           "Tensor(a!) tokens, "
           "Tensor(b!) num_accepted"
@@ -92,6 +94,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           LP_DRAW_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "Tensor? bitmask, "
           LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          "Tensor? position_temperature, "
           "Tensor(a!) tokens, "
           "Tensor(b!) node_ids, "
           "Tensor(c!) num_accepted"

@@ -144,7 +144,8 @@ void logits_from_probs(const Tensor& probs, const Tensor& out);
 
 // dynamic_temperature_ops.cpp
 void dynamic_temperature(const Tensor& logits, LP_DYNATEMP_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
-                         LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const Tensor& out);
+                         LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& draft_token_ids,
+                         const Tensor& out);
 
 // support_ops.cpp
 void support_logprobs(LP_SUPPORT_ARGUMENTS(LP_PARAMETER) const Tensor& logprobs, const Tensor& entropy,
@@ -158,15 +159,16 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
                   const std::optional<Tensor>& num_draft_tokens,
                   const std::optional<Tensor>& draft_probs, LP_FILTER_ARGUMENTS(LP_PARAMETER)
                   LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
-                  LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) bool block_verification, const Tensor& tokens,
-                  const Tensor& num_accepted);
+                  LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& position_temperature,
+                  bool block_verification, const Tensor& tokens, const Tensor& num_accepted);
 
 // verify_tree_ops.cpp
 void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, const Tensor& next_token,
                  const Tensor& next_sibling, const std::optional<Tensor>& draft_probs,
                  LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
-                 const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const Tensor& tokens,
-                 const Tensor& node_ids, const Tensor& num_accepted);
+                 const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
+                 const std::optional<Tensor>& position_temperature, const Tensor& tokens, const Tensor& node_ids,
+                 const Tensor& num_accepted);
 
 // sharded_ops.cpp
 void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab_size,

@@ -16,10 +16,6 @@ HIDDEN_NAMESPACE_BEGIN(binding)
 namespace lp = logits_processor;
 
 
-namespace {
-
-// A [batch, positions, width] input of verify_draft: dtype, device, shape and a contiguous
-// last dimension.
 void check_position_tensor(const Tensor& t, const char* name, ScalarType dtype, const char* dtype_name,
                            const Tensor& target, int64_t positions, int64_t width) {
   CHECK_ARG(t.scalar_type() == dtype, name, " must be ", dtype_name, ", got ", t.scalar_type());
@@ -33,14 +29,12 @@ void check_position_tensor(const Tensor& t, const char* name, ScalarType dtype, 
             " must be contiguous in its last dimension, got stride ", t.stride(2));
 }
 
-}  // namespace
-
 void verify_draft(const Tensor& target_logits, const Tensor& given_draft_token_ids,
                   const std::optional<Tensor>& num_draft_tokens,
                   const std::optional<Tensor>& draft_probs, LP_FILTER_ARGUMENTS(LP_PARAMETER)
                   LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
-                  LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) bool block_verification, const Tensor& tokens,
-                  const Tensor& num_accepted) {
+                  LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& position_temperature,
+                  bool block_verification, const Tensor& tokens, const Tensor& num_accepted) {
   check_logits_dtype(target_logits, "target_logits");
   check_device_supported(target_logits, "target_logits");
   CHECK_ARG(target_logits.dim() == 3 && target_logits.size(1) >= 1 &&
@@ -101,11 +95,26 @@ void verify_draft(const Tensor& target_logits, const Tensor& given_draft_token_i
   }
 
   lp::VerifyParams v = verify_params(call, positions, target_logits, bitmask, draft_token_ids, draft_probs);
+  set_position_temperature(v, position_temperature, target_logits, positions);
   v.num_draft_tokens = optional_data<int64_t>(draft_counts);
   v.block = block_verification;
   v.tokens = tokens.mutable_data_ptr<int64_t>();
   v.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
   RUN_KERNEL(verify, target_logits, v);
+}
+
+void set_position_temperature(lp::VerifyParams& v, const std::optional<Tensor>& t, const Tensor& target_logits,
+                              int64_t columns) {
+  if (!t.has_value()) return;
+  CHECK_ARG(t->scalar_type() == ScalarType::Float, "position_temperature must be float32, got ", t->scalar_type());
+  CHECK_ARG(t->device() == target_logits.device(), "position_temperature must be on target_logits' device (",
+            device_name(target_logits.device()), "), got ", device_name(t->device()));
+  CHECK_ARG(t->dim() == 2 && t->size(0) == target_logits.size(0) && t->size(1) == columns &&
+                (columns <= 1 || t->stride(1) == 1),
+            "position_temperature must have shape [", target_logits.size(0), ", ", columns,
+            "], contiguous in its last dimension, got ", shape_name(t->sizes()));
+  v.position_temperature = t->const_data_ptr<float>();
+  v.position_temperature_row_stride = t->stride(0);
 }
 
 lp::VerifyParams verify_params(const SamplingCall& call, int64_t positions, const Tensor& target_logits,

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "../logits_processor/verify.h"
+#include "checks.h"
 #include "sampling_ops.h"
 
 HIDDEN_NAMESPACE_BEGIN(binding)
@@ -15,5 +16,15 @@ HIDDEN_NAMESPACE_BEGIN(binding)
 logits_processor::VerifyParams verify_params(const SamplingCall& call, int64_t positions, const Tensor& target_logits,
                                              const std::optional<Tensor>& bitmask, const Tensor& draft_token_ids,
                                              const std::optional<Tensor>& draft_probs);
+
+// `position_temperature` [rows, columns] float32 (the positions' or nodes' dynamic temperatures),
+// checked, into v; nothing when not given.
+void set_position_temperature(logits_processor::VerifyParams& v, const std::optional<Tensor>& position_temperature,
+                              const Tensor& target_logits, int64_t columns);
+
+// A [batch, positions, width] input of verify_draft (and of dynamic_temperature's positions):
+// dtype, device, shape (width < 0: any) and a contiguous last dimension.
+void check_position_tensor(const Tensor& t, const char* name, ScalarType dtype, const char* dtype_name,
+                           const Tensor& target, int64_t positions, int64_t width);
 
 HIDDEN_NAMESPACE_END(binding)

@@ -264,6 +264,10 @@ MUTANTS = [
     Mutant("dynatemp-block-sums", DYNATEMP, "block_sum(sums.terms.high, sh)", "sums.terms.high", "fibers", AGREEMENT,
            "dynamic_temperature_agrees",
            "tests/cuda_emulation/test_dynamic_temperature_cuda.py"),
+    # Dynamic temperature of verify_draft's positions: the drafts before a position not counted.
+    Mutant("dynatemp-position-path", DYNATEMP, "block_row_penalty_view(s, row, sh, dynatemp_path(p, row, j))",
+           "block_row_penalty_view(s, row, sh)", "fibers", AGREEMENT, "positions_and_verification_agree",
+           "tests/cuda_emulation/test_dynamic_temperature_cuda.py"),
     # The ids past a support: each thread's ids placed after its own slice instead of before it.
     Mutant("ids-fill-offset", LOGPROB_IDS, "next + static_cast<int64_t>(inclusive - mine)",
            "next + static_cast<int64_t>(inclusive)", "fibers", AGREEMENT, "ids_past_the_support",

@@ -69,3 +69,41 @@ def test_dynamic_temperature_with_penalties_and_sample_agree_with_cpu(emulation,
     assert torch.equal(got, expected)
     assert torch.equal(got_tokens, tokens)
     assert not math.isclose(float(expected[-1]), float(params["temperature"][-1]), rel_tol=1e-3)  # (a random row)
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("sms", [1, 8])
+def test_positions_and_verification_agree_with_cpu(emulation, lp_cpu, sms):
+    """3-D logits (verify_draft's positions: a bitmask each, penalties counting the drafts before
+    each), then verify_draft (point-mass drafts, draft probabilities, block verification) and
+    verify_tree (a chain, no penalties) at each position's T': the CPU's values and tokens."""
+    g = torch.Generator().manual_seed(1218)
+    rows, drafts_count, vocab = (4, 3, 700) if SANITIZED else (10, 4, 3000)
+    positions = drafts_count + 1
+    target = special_logits(rows * positions, vocab, torch.float32, g).view(rows, positions, vocab)
+    bitmask = special_bitmask(rows * positions, vocab, g).view(rows, positions, -1)
+    drafts = torch.randint(0, vocab, (rows, drafts_count), generator=g)
+    state = lp_cpu.penalty_state_from_tokens(torch.randint(0, vocab, (rows, 30), generator=g), drafts[:, :2], vocab)
+    values = dict(repetition_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1)
+    params = dynatemp_params(rows, g)
+    q = torch.softmax(torch.randn(rows, drafts_count, vocab, generator=g), -1)
+    expected = lp_cpu.dynamic_temperature(target, **params, bitmask=bitmask, penalties=lp_cpu.Penalties(*state, **values),
+                                          draft_token_ids=drafts)
+    verified = [lp_cpu.verify_draft(target, drafts, **params, **extra, bitmask=bitmask, seed=3,
+                                    penalties=lp_cpu.Penalties(*state, **values))
+                for extra in ({}, dict(draft_probs=q), dict(draft_probs=q, block_verification=True))]
+    chain = (torch.cat([torch.full((rows, 1), -1), drafts], 1), torch.tensor([list(range(1, positions)) + [-1]] * rows),
+             torch.full((rows, positions), -1))
+    tree = lp_cpu.verify_tree(target, *chain, **params, bitmask=bitmask, seed=3)
+    with emulation.gpu(sms) as lp:
+        got = lp.dynamic_temperature(target, **params, bitmask=bitmask, penalties=lp.Penalties(*state, **values),
+                                     draft_token_ids=drafts)
+        got_verified = [lp.verify_draft(target, drafts, **params, **extra, bitmask=bitmask, seed=3,
+                                        penalties=lp.Penalties(*state, **values))
+                        for extra in ({}, dict(draft_probs=q), dict(draft_probs=q, block_verification=True))]
+        got_tree = lp.verify_tree(target, *chain, **params, bitmask=bitmask, seed=3)
+    assert torch.equal(got, expected), (got - expected).abs().max()
+    for a, b in zip(got_verified, verified):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.num_accepted, b.num_accepted)
+    assert all(torch.equal(a, b) for a, b in zip(got_tree, tree))
+    assert not torch.equal(expected[:, 0], expected[:, -1])

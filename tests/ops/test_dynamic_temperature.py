@@ -141,13 +141,92 @@ def test_bad_arguments_name_the_argument(lp):
     with pytest.raises(TypeError, match="^dynatemp_range must be a number"):
         lp.dynamic_temperature(logits, 1.0, "wide")
     drafts = torch.randint(0, 100, (3, 2))
-    with pytest.raises(ValueError, match="^dynatemp_range is not taken by"):
-        lp.verify_draft(torch.randn(3, 3, 100), drafts, controls=lp.SamplingControls(dynatemp_range=0.5))
-    with pytest.raises(TypeError):
-        lp.verify_draft(torch.randn(3, 3, 100), drafts, dynatemp_range=0.5)
+    state = lp.penalty_state_from_tokens(drafts, drafts, 100)
+    tree = (torch.randn(3, 2, 100), torch.tensor([[-1, 5]] * 3), torch.tensor([[1, -1]] * 3), torch.full((3, 2), -1))
+    with pytest.raises(ValueError, match="^dynatemp_range is not taken by verify_tree with penalties"):
+        lp.verify_tree(*tree, dynatemp_range=0.5, penalties=lp.Penalties(*state, repetition_penalty=1.2))
+    with pytest.raises(ValueError, match="^dynatemp_range is not taken by sample_sharded"):
+        lp.SamplingControls(dynatemp_range=0.5).arguments("temperature")
+    with pytest.raises(RuntimeError, match="^draft_token_ids must have shape"):
+        lp.dynamic_temperature(torch.randn(3, 3, 100), 1.0, 0.5, draft_token_ids=drafts[:, :1])
+    with pytest.raises(RuntimeError, match="^draft_token_ids needs 3-D logits"):
+        lp.dynamic_temperature(logits, 1.0, 0.5, draft_token_ids=drafts)
+    with pytest.raises(RuntimeError, match="^bitmask must have shape"):
+        lp.dynamic_temperature(torch.randn(3, 3, 100), 1.0, 0.5, bitmask=torch.zeros(3, 4, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="^position_temperature must have shape"):
+        lp._ops.ops.verify_draft(torch.randn(3, 3, 100), drafts, None, None, None, 1.0, None, 0, None, 1.0, None, 0.0,
+                                 "joint", None, 0.0, None, 0.0, None, -1.0, None, math.inf, None, 0, None, 0, None,
+                                 None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None, torch.ones(3, 2),
+                                 False, torch.empty(3, 3, dtype=torch.int64), torch.empty(3, dtype=torch.int64))
     with pytest.raises(ValueError, match="^dynatemp_range cannot be given with support="):
         lp.token_logprobs(logits, torch.zeros(3, dtype=torch.int64), dynatemp_range=0.5,
                           support=torch.full((3, 4), -1, dtype=torch.int32))
+
+
+def test_positions_are_rows_of_their_own(lp):
+    """3-D logits (verify_draft's positions, with their bitmask): each position's T' is that of its
+    logits alone, and with penalties that of its logits over the state with the drafts before it
+    counted (verify.h's drafts_before), bit for bit."""
+    g = torch.Generator().manual_seed(1216)
+    rows, positions, vocab = 6, 4, 500
+    logits, temperature, dynatemp_range, exponent = random_case(g, rows=rows * positions, vocab=vocab)
+    logits = logits.view(rows, positions, vocab)
+    temperature, dynatemp_range, exponent = temperature[:rows], dynatemp_range[:rows], exponent[:rows]
+    bitmask = torch.randint(-2**31, 2**31 - 1, (rows, positions, 16), dtype=torch.int32, generator=g)
+    got = lp.dynamic_temperature(logits, temperature, dynatemp_range, exponent, bitmask=bitmask)
+    assert got.shape == (rows, positions)
+    for j in range(positions):
+        assert torch.equal(got[:, j], lp.dynamic_temperature(logits[:, j], temperature, dynatemp_range, exponent,
+                                                             bitmask=bitmask[:, j]))
+    prompt = torch.randint(0, vocab, (rows, 20), generator=g)
+    outputs = torch.randint(0, vocab, (rows, 6), generator=g)
+    drafts = torch.randint(0, vocab, (rows, positions - 1), generator=g)
+    drafts[:, 1] = drafts[:, 0]  # (a repeated draft counts twice)
+    values = dict(repetition_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.3)
+    penalties = lp.Penalties(*lp.penalty_state_from_tokens(prompt, outputs, vocab), **values)
+    got = lp.dynamic_temperature(logits, temperature, dynatemp_range, exponent, penalties=penalties,
+                                 draft_token_ids=drafts.int())
+    for j in range(positions):
+        after = lp.Penalties(*lp.penalty_state_from_tokens(prompt, torch.cat([outputs, drafts[:, :j]], 1), vocab),
+                             **values)
+        assert torch.equal(got[:, j], lp.dynamic_temperature(logits[:, j], temperature, dynatemp_range, exponent,
+                                                             penalties=after)), j
+    assert not torch.equal(got[:, 0], got[:, 3])
+
+
+def test_verification_runs_each_position_at_its_dynamic_temperature(lp):
+    """verify_draft and verify_tree with dynatemp_range: where every position of a row has the
+    same logits (so the same T'), the tokens and counts of the plain op given T' as the
+    temperature, for point-mass drafts, draft probabilities and block verification; and not those
+    of the plain temperature."""
+    g = torch.Generator().manual_seed(1217)
+    rows, drafts_count, vocab = 64, 3, 60
+    row = torch.randn(rows, 1, vocab, generator=g) * (torch.rand(rows, 1, 1, generator=g) * 3 + 0.5)
+    target = row.expand(rows, drafts_count + 1, vocab).contiguous()
+    temperature = torch.rand(rows, generator=g) + 0.3
+    given = dict(temperature=temperature, dynatemp_range=torch.rand(rows, generator=g), dynatemp_exponent=1.5)
+    dynamic = lp.dynamic_temperature(row[:, 0], **given)
+    probs = torch.softmax(target[:, :-1] / temperature.view(rows, 1, 1), -1)
+    drafts = torch.multinomial(probs.reshape(-1, vocab), 1, generator=g).view(rows, drafts_count)
+    q = torch.softmax(target[:, :-1] + torch.randn(rows, drafts_count, vocab, generator=g) * 0.5, -1)
+    common = dict(top_k=30, seed=torch.arange(rows), offset=4)
+    differs = False
+    for extra in [{}, dict(draft_probs=q), dict(draft_probs=q, block_verification=True)]:
+        got = lp.verify_draft(target, drafts, **given, **common, **extra)
+        expected = lp.verify_draft(target, drafts, **common, **extra, temperature=dynamic)
+        assert torch.equal(got.tokens, expected.tokens) and torch.equal(got.num_accepted, expected.num_accepted)
+        plain = lp.verify_draft(target, drafts, **common, **extra, temperature=temperature)
+        differs |= not torch.equal(got.tokens, plain.tokens)
+    assert differs
+    # A chain as a tree: node i's child is node i + 1, its token drafts[:, i].
+    nodes = drafts_count + 1
+    tree_tokens = torch.cat([torch.full((rows, 1), -1), drafts], 1)
+    next_token = torch.tensor([list(range(1, nodes)) + [-1]] * rows)
+    next_sibling = torch.full((rows, nodes), -1)
+    got = lp.verify_tree(target, tree_tokens, next_token, next_sibling, **given, **common)
+    expected = lp.verify_tree(target, tree_tokens, next_token, next_sibling, **common, temperature=dynamic)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert int(got.num_accepted.max()) >= 2
 
 
 def test_opcheck_and_compile(lp):
@@ -158,11 +237,19 @@ def test_opcheck_and_compile(lp):
     out = torch.empty(4)
     no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None)
     torch.library.opcheck(lp._ops.ops.dynamic_temperature,
-                          (logits, temperature, 0.0, None, 0.7, exponent, 0.0, None, *no_penalties, out))
+                          (logits, temperature, 0.0, None, 0.7, exponent, 0.0, None, *no_penalties, None, out))
     state = lp.penalty_state_from_tokens(torch.randint(0, 300, (4, 7), generator=g), torch.randint(0, 300, (4, 3)), 300)
     penalised = (*state, torch.rand(4) + 0.5, 0.0, None, 0.2, None, 0.1, None, None, "vllm", None)
     torch.library.opcheck(lp._ops.ops.dynamic_temperature,
-                          (logits, None, 0.9, dynatemp_range, 0.0, None, 1.5, None, *penalised, out))
+                          (logits, None, 0.9, dynatemp_range, 0.0, None, 1.5, None, *penalised, None, out))
+    # verify_draft's positions [B, P, V], penalties counting the drafts
+    positions = logits.view(4, 3, 100)
+    drafts = torch.randint(0, 100, (4, 2), generator=g)
+    state = lp.penalty_state_from_tokens(torch.randint(0, 100, (4, 7), generator=g), torch.randint(0, 100, (4, 3)), 100)
+    penalised = (*state, torch.rand(4) + 0.5, 0.0, None, 0.2, None, 0.1, None, None, "vllm", None)
+    torch.library.opcheck(lp._ops.ops.dynamic_temperature,
+                          (positions, None, 0.9, dynatemp_range, 0.0, None, 1.5, None, *penalised, drafts,
+                           torch.empty(4, 3)))
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def step(x, t, r):

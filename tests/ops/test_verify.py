@@ -304,7 +304,7 @@ def test_out_opcheck_and_compile(lp_cpu):
     no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None)
     args = (target, drafts, torch.tensor([2, 1, 0, 2]), q, torch.rand(rows) + 0.5, 1.0, None, 5, None, 0.9,
             None, 0.0, "top_k_first", None, 1e-4, None, 2e-3, torch.full((rows,), 2.0), -1.0, None, float("inf"), torch.arange(rows), 0, None,
-            3, bitmask, *no_penalties, False,
+            3, bitmask, *no_penalties, torch.rand(rows, 3) + 0.5, False,
             torch.empty(rows, 3, dtype=torch.int64), torch.empty(rows, dtype=torch.int64))
     torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args)
     # With penalties: the state, per-row values, biases and a row map.
@@ -316,7 +316,7 @@ def test_out_opcheck_and_compile(lp_cpu):
     args = args[:26] + penalties + args[38:]
     torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args)
     # Block verification.
-    torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args[:38] + (True,) + args[39:])
+    torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args[:39] + (True,) + args[40:])
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def step(x, d, p, m, offset):

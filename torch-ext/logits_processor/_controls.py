@@ -127,12 +127,13 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
         "(H / ln n) ** dynatemp_exponent, T_lo = max(0, temperature - dynatemp_range), T_hi = "
         "temperature + dynatemp_range, H the entropy (nats) of the softmax at temperature 1 of the "
         "row's n candidates (allowed, penalised, not -inf), before the filters "
-        "(`dynamic_temperature`, computed first); finite; 0 or less (default 0.0) disables it. Not "
-        "taken by `sample_sharded`, `verify_draft` or `verify_tree`."),
-        sharded=False, speculative=False, schema=False),
+        "(`dynamic_temperature`, computed first; in `verify_draft` and `verify_tree` each position's "
+        "own, penalties counting the drafts before it, not with penalties in `verify_tree`); finite; "
+        "0 or less (default 0.0) disables it. Not taken by `sample_sharded`."),
+        sharded=False, schema=False),
     Control("dynatemp_exponent", 1.0, "Param", number=float, positional=False, doc=(
         "the exponent of dynatemp_range's rule (llama.cpp's dynatemp_exponent), finite and >= 0; "
-        "default 1.0."), sharded=False, speculative=False, schema=False),
+        "default 1.0."), sharded=False, schema=False),
 )}
 
 
@@ -152,10 +153,14 @@ class SamplingControls(collections.namedtuple("_Controls", CONTROLS, defaults=[c
 
     __slots__ = ()
 
-    def arguments(self, *names: str, logits: Optional[torch.Tensor] = None) -> dict:
+    def arguments(self, *names: str, logits: Optional[torch.Tensor] = None, positions: bool = False,
+                  draft_token_ids: Optional[torch.Tensor] = None) -> dict:
         """The controls `names` as the schema's arguments, each checked in that order. With
         dynatemp_range on, the temperature is `dynamic_temperature`'s tensor for `logits` (the
-        sampler ops pass theirs; the others, which do not take it, raise)."""
+        sampler ops pass theirs; sample_sharded, which does not take it, raises); with
+        `positions` (verify_draft's and verify_tree's 3-D logits), it is each position's, as the
+        argument position_temperature (None when off), position j's penalties counting
+        draft_token_ids' first j."""
         arguments: dict = {}
         for name in names:
             control, value = CONTROLS[name], getattr(self, name)
@@ -167,13 +172,18 @@ class SamplingControls(collections.namedtuple("_Controls", CONTROLS, defaults=[c
                 arguments |= fused_penalty_arguments(value)
             else:
                 arguments[name] = value
+        if positions:
+            arguments["position_temperature"] = None
         if self.first_not_default("dynatemp_range") is not None:
             if logits is None or "dynatemp_range" not in names:
-                raise ValueError("dynatemp_range is not taken by sample_sharded, verify_draft or verify_tree "
-                                 "(leave it at 0)")
+                raise ValueError("dynatemp_range is not taken by sample_sharded (leave it at 0)")
             temperature = dynamic_temperature(logits, self.temperature, self.dynatemp_range, self.dynatemp_exponent,
-                                              bitmask=self.bitmask, penalties=self.penalties)
-            arguments |= number_or_tensor("temperature", temperature, float)
+                                              bitmask=self.bitmask, penalties=self.penalties,
+                                              draft_token_ids=draft_token_ids)
+            if positions:
+                arguments["position_temperature"] = temperature
+            else:
+                arguments |= number_or_tensor("temperature", temperature, float)
         return arguments
 
     def first_not_default(self, *names: str) -> Optional[str]:

@@ -1,7 +1,8 @@
 """Dynamic temperature (llama.cpp's "dynatemp"): each row's temperature from its candidates'
 entropy, computed by a kernel of its own (logits_processor/dynamic_temperature.h) into a
 ``[B]`` tensor that the sampler ops then read as their temperature: `sample(...,
-dynatemp_range=r)` is `sample(..., temperature=dynamic_temperature(...))`, token for token."""
+dynatemp_range=r)` is `sample(..., temperature=dynamic_temperature(...))`, token for token. For
+verify_draft's and verify_tree's positions (3-D logits), a ``[B, P]`` tensor, each position's."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ def dynamic_temperature(
     *,
     bitmask: Optional[torch.Tensor] = None,
     penalties: Optional[Penalties] = None,
+    draft_token_ids: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Each row's dynamic temperature, llama.cpp's ``llama_sampler_temp_ext``:
@@ -36,7 +38,10 @@ def dynamic_temperature(
     "Dynamic temperature", says where llama.cpp's chain differs).
 
     Args:
-        logits (torch.Tensor): ``[B, V]``, float32/float16/bfloat16; not modified.
+        logits (torch.Tensor): ``[B, V]``, float32/float16/bfloat16; not modified. Or ``[B, P,
+            V]``, verify_draft's target positions (verify_tree's nodes): T' for each, as the
+            verification reads them (bitmask ``[B, P, words]``, penalties as verify_draft takes
+            them).
         temperature (float or torch.Tensor): T, a number or a floating-point ``[B]`` tensor;
             default 1.0.
         dynatemp_range (float or torch.Tensor): the range r around T, finite; <= 0 (default 0.0)
@@ -45,18 +50,21 @@ def dynamic_temperature(
             default 1.0); per-row NaN or negative values count as 1.
         bitmask (torch.Tensor, optional): as in `sample`.
         penalties (Penalties, optional): as in `sample`.
-        out (torch.Tensor, optional): float32 ``[B]``; default a new tensor.
+        draft_token_ids (torch.Tensor, optional): with 3-D logits, verify_draft's drafts
+            ``[B, P - 1]`` (int64 or int32): position j's penalties count the first j, as there.
+        out (torch.Tensor, optional): float32 ``[B]`` (3-D logits: ``[B, P]``); default a new tensor.
 
     Returns:
-        torch.Tensor: float32 ``[B]`` (`out`), the temperatures.
+        torch.Tensor: float32 ``[B]`` or ``[B, P]`` (`out`), the temperatures.
     """
     arguments = {**number_or_tensor("temperature", temperature, float),
                  **number_or_tensor("dynatemp_range", dynatemp_range, float),
                  **number_or_tensor("dynatemp_exponent", dynatemp_exponent, float),
                  "bitmask": bitmask, **fused_penalty_arguments(penalties)}
     if out is None:
-        out = torch.empty(logits.shape[:1] if logits.dim() == 2 else (0,), dtype=torch.float32, device=logits.device)
-    call(ops, "dynamic_temperature", logits=logits, **arguments, out=out)
+        out = torch.empty(logits.shape[:-1] if logits.dim() in (2, 3) else (0,), dtype=torch.float32,
+                          device=logits.device)
+    call(ops, "dynamic_temperature", logits=logits, **arguments, draft_token_ids=draft_token_ids, out=out)
     return out
 
 

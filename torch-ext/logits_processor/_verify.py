@@ -102,7 +102,9 @@ def verify_draft(
         VerifiedDraft: ``(tokens int64 [B, S + 1], num_accepted int64 [B])`` (`out`'s tensors):
         ``tokens[b, :num_accepted[b] + 1]`` are the emitted tokens, the rest -1.
     """
-    arguments = controls.arguments(*DRAW_CONTROLS)  # (penalties checked before `out` is unpacked)
+    # (penalties checked before `out` is unpacked; dynamic temperature per position)
+    arguments = controls.arguments(*DRAW_CONTROLS, logits=target_logits, positions=True,
+                                   draft_token_ids=draft_token_ids)
     if out is None:
         shape = target_logits.shape if target_logits.dim() == 3 else (0, 1)
         out = VerifiedDraft(

@@ -135,7 +135,11 @@ def verify_tree(
     Returns:
         VerifiedTree: ``(tokens [B, D + 1], node_ids [B, D + 1], num_accepted [B])``, int64.
     """
-    arguments = controls.arguments(*DRAW_CONTROLS)  # (penalties checked before `out` is unpacked)
+    if controls.first_not_default("dynatemp_range") is not None and controls.penalties is not None:
+        raise ValueError("dynatemp_range is not taken by verify_tree with penalties (a node's penalties count its "
+                         "path, which the dynamic temperature's pass before the walk does not know)")
+    # (penalties checked before `out` is unpacked; dynamic temperature per node)
+    arguments = controls.arguments(*DRAW_CONTROLS, logits=target_logits, positions=True)
     if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int)
                                   or not 0 <= max_depth <= 255):
         raise ValueError(f"max_depth must be an int in [0, 255], got {max_depth!r}")
