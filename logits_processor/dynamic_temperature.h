@@ -41,13 +41,11 @@ struct DynamicTemperatureParams {
 // Row b's position j as `sample` reads it: its logits and bitmask rows, and its penalty path
 // (with its bias list j, where there is one per position).
 LP_HOST_DEVICE const void* dynatemp_logits(const DynamicTemperatureParams& p, int64_t b, int64_t j) {
-  return static_cast<const char*>(logits_row(p.sampling, b)) +
-         j * p.logits_position_stride * dtype_size(p.sampling.dtype);
+  return logits_at(p.sampling, b, j, p.logits_position_stride);
 }
 
 LP_HOST_DEVICE const int32_t* dynatemp_bitmask(const DynamicTemperatureParams& p, int64_t b, int64_t j) {
-  const int32_t* bitmask = row_bitmask(p.sampling, b);
-  return bitmask ? bitmask + j * p.bitmask_position_stride : nullptr;
+  return bitmask_at(p.sampling, b, j, p.bitmask_position_stride);
 }
 
 LP_HOST_DEVICE PenaltyPath dynatemp_path(const DynamicTemperatureParams& p, int64_t b, int64_t j) {

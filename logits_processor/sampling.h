@@ -197,6 +197,17 @@ LP_HOST_DEVICE const int32_t* row_bitmask(const SamplingParams& p, int64_t row) 
 
 constexpr float kNegInf = -__builtin_huge_valf();
 
+// Row `row`'s logits and bitmask row `position` strides further (verify_draft's positions, a
+// tree's nodes, dynamic_temperature's positions).
+LP_HOST_DEVICE const void* logits_at(const SamplingParams& p, int64_t row, int64_t position, int64_t stride) {
+  return static_cast<const char*>(logits_row(p, row)) + position * stride * dtype_size(p.dtype);
+}
+
+LP_HOST_DEVICE const int32_t* bitmask_at(const SamplingParams& p, int64_t row, int64_t position, int64_t stride) {
+  const int32_t* bitmask = row_bitmask(p, row);
+  return bitmask ? bitmask + position * stride : nullptr;
+}
+
 // The bitmask word holding token i's bit; all allowed without a bitmask or past its width.
 LP_HOST_DEVICE uint32_t allowed_word(const SamplingParams& p, const int32_t* bitmask_row, int64_t i) {
   return bitmask_row && (i >> 5) < p.bitmask_width ? static_cast<uint32_t>(bitmask_row[i >> 5]) : 0xffffffffu;

@@ -16,6 +16,8 @@
 //   scan:      picks  [greedy pack: pack_argmax(key(x), id) over the candidates    (all_gather)
 //                      | the raw maximum's pack over every logit]                 (raw logprobs)
 //              sums   [candidate count]                                           (all_reduce)
+//   truncate:  sums   [Z, its fine digits, the entropy's, sigma's four]  (epsilon, eta, top-n-sigma,
+//                                                                        mirostat: truncation_key)
 //   select s:  sums   [top-k count histogram, 2 bins a word | top-p Z, mass histogram]
 //              for s = 1 .. selects: the digits of the cutoff keys, most significant first
 //   draw:      picks  [drawn pack | its score key, the top-N packs                 (logprobs)
@@ -56,7 +58,14 @@ struct ShardPlan {
   bool raw_logprobs;
   int64_t kept_k;
   bool rank_ties_max;  // the rank stage counts rank_counts(..., true) (sampling.h's token_rank)
+  bool truncation;     // some row may have a floor decided on the whole row (sampling.h's truncation_key)
 };
+
+// The truncate stage (stage 1, where the plan has it): a candidate's part of truncation_key's sums.
+constexpr int64_t kTruncationWords = 9;
+
+LP_HOST_DEVICE int truncation_stages(const ShardPlan& plan) { return plan.truncation ? 1 : 0; }
+LP_HOST_DEVICE bool truncation_stage(const ShardPlan& plan, int stage) { return plan.truncation && stage == 1; }
 
 // The draw stage's words: its sums [ln Z's H, L (logprobs) | the kept size (return_kept)] and
 // picks [drawn pack | token key, top-N (logprobs) | K kept packs (return_kept)], from the
@@ -72,17 +81,17 @@ LP_HOST_DEVICE int select_stages(const ShardPlan& plan) {
   return sequential_selects(plan) ? 2 * kSelectLevels : (plan.top_k || plan.top_p ? kSelectLevels : 0);
 }
 
-LP_HOST_DEVICE int draw_stage(const ShardPlan& plan) { return 1 + select_stages(plan); }
+LP_HOST_DEVICE int draw_stage(const ShardPlan& plan) { return 1 + truncation_stages(plan) + select_stages(plan); }
 LP_HOST_DEVICE int shard_stages(const ShardPlan& plan) { return draw_stage(plan) + (plan.num_logprobs >= 0 ? 2 : 1); }
 
 // The digit each select works on at stage `stage`, or -1.
 LP_HOST_DEVICE int top_k_level(const ShardPlan& plan, int stage) {
-  const int level = stage - 1;
+  const int level = stage - 1 - truncation_stages(plan);
   return plan.top_k && level >= 0 && level < kSelectLevels ? level : -1;
 }
 
 LP_HOST_DEVICE int top_p_level(const ShardPlan& plan, int stage) {
-  const int level = stage - 1 - (sequential_selects(plan) ? kSelectLevels : 0);
+  const int level = stage - 1 - truncation_stages(plan) - (sequential_selects(plan) ? kSelectLevels : 0);
   return plan.top_p && level >= 0 && level < kSelectLevels ? level : -1;
 }
 
@@ -94,6 +103,7 @@ LP_HOST_DEVICE int64_t top_k_words(const ShardPlan& plan, int stage) {
 
 LP_HOST_DEVICE int64_t shard_sums_width(const ShardPlan& plan, int stage) {
   if (stage == 0) return 1;
+  if (truncation_stage(plan, stage)) return kTruncationWords;
   if (stage < draw_stage(plan)) {
     const int p_level = top_p_level(plan, stage);
     return top_k_words(plan, stage) + (p_level < 0 ? 0 : 1 + digit_bins(p_level));
@@ -126,9 +136,10 @@ struct ShardRow {
   ShardSelect top_k, top_p;
   float logprob_s_max;  // the log-probabilities' s_max (draw stage on; raw: stage 1 on)
   int64_t greedy_row;   // 1 if the row is greedy
+  uint32_t truncation_floor;  // truncation_key's (after the truncate stage; else kNoKey)
 };
 
-constexpr int64_t kShardStateWords = 12;
+constexpr int64_t kShardStateWords = 13;
 
 LP_HOST_DEVICE ShardRow load_shard_row(const int64_t* w) {
   ShardRow s;
@@ -138,6 +149,7 @@ LP_HOST_DEVICE ShardRow load_shard_row(const int64_t* w) {
   s.top_p = {static_cast<uint32_t>(w[6]), static_cast<uint64_t>(w[7]), static_cast<uint64_t>(w[8]), w[9]};
   s.logprob_s_max = bits_float(static_cast<uint32_t>(w[10]));
   s.greedy_row = w[11];
+  s.truncation_floor = static_cast<uint32_t>(w[12]);
   return s;
 }
 
@@ -150,6 +162,7 @@ LP_HOST_DEVICE void store_shard_row(int64_t* w, const ShardRow& s) {
   w[9] = s.top_p.status;
   w[10] = float_bits(s.logprob_s_max);
   w[11] = s.greedy_row;
+  w[12] = s.truncation_floor;
 }
 
 // Whether a key is in a select's domain at `level`: at least `lower`, and in the bin its
@@ -208,6 +221,22 @@ LP_HOST_DEVICE ShardScores shard_scores(const RowParams& r, uint64_t greedy, boo
   }
   s.lower = unit ? kNoKey : min_p_key(s.s_max, r.min_p);
   return s;
+}
+
+// The scores of a row in state s: with its floor from the truncate stage joined to t_minp.
+LP_HOST_DEVICE ShardScores stage_scores(const RowParams& r, const ShardRow& s, bool unit) {
+  ShardScores sc = shard_scores(r, s.greedy, unit);
+  if (!unit && s.truncation_floor > sc.lower) sc.lower = s.truncation_floor;
+  return sc;
+}
+
+// The truncate stage's merged sums absorbed: the floor of epsilon_cutoff, eta_cutoff,
+// top_n_sigma and mirostat (sampling.h's truncation_key, from the whole row's sums).
+LP_HOST_DEVICE void absorb_truncation_sums(ShardRow& s, const RowParams& r, const int64_t* sums) {
+  if (s.greedy == kNoToken || s.greedy_row) return;
+  const auto u = [&](int w) { return static_cast<uint64_t>(sums[w]); };
+  const TruncationSums t{u(0), {u(1), u(2)}, {u(3), u(4)}, {u(5), u(6), u(7), u(8)}};
+  s.truncation_floor = truncation_key(r, shard_scores(r, s.greedy, false).s_max, t);
 }
 
 // A logit's score in the raw distribution (logprobs_mode "raw": sampling_cpu.cpp's
@@ -323,7 +352,8 @@ LP_HOST_DEVICE ShardRow absorb_stage(const ShardStep& a, const RowParams& r, int
       s.logprob_s_max = raw == kNoToken ? 0.0f : row_max_score(static_cast<uint32_t>(raw >> 32));
     }
   } else if (a.stage <= draw) {
-    absorb_select_sums(s, a.plan, a.stage - 1, r, merged);
+    if (truncation_stage(a.plan, a.stage - 1)) absorb_truncation_sums(s, r, merged);
+    else absorb_select_sums(s, a.plan, a.stage - 1, r, merged);
   }
   if (a.stage == draw && !a.plan.raw_logprobs)
     s.logprob_s_max = s.greedy == kNoToken ? 0.0f : shard_scores(r, s.greedy, s.greedy_row != 0).s_max;
@@ -335,12 +365,20 @@ LP_HOST_DEVICE ShardRow absorb_stage(const ShardStep& a, const RowParams& r, int
   return s;
 }
 
-// A select stage: candidate score x's part of the shard's sums, as add(word, amount) (top-k's
-// count in its bin's half word, top-p's mass in Z and in its bin).
+// The truncate and select stages: candidate score x's part of the shard's sums, as add(word,
+// amount) (truncate: truncation_key's sums, every candidate's; select: top-k's count in its bin's
+// half word, top-p's mass in Z and in its bin).
 template <typename Add>
-LP_HOST_DEVICE void add_select_sums(const ShardRow& s, const ShardPlan& plan, int stage, const ShardScores& sc,
-                                    uint32_t p_lower, float x, Add&& add) {
+LP_HOST_DEVICE void add_stage_sums(const ShardRow& s, const ShardPlan& plan, int stage, const ShardScores& sc,
+                                   uint32_t p_lower, float x, Add&& add) {
   if (!(x > kNegInf)) return;
+  if (truncation_stage(plan, stage)) {
+    const TruncationSums t = truncation_terms(x, sc.s_max);
+    const SigmaSums g = sigma_terms(x, sc.s_max, sc.temperature);
+    add(0, t.mass), add(1, t.z.high), add(2, t.z.low), add(3, t.terms.high), add(4, t.terms.low);
+    add(5, g.count), add(6, g.distance), add(7, g.square_high), add(8, g.square_low);
+    return;
+  }
   const uint32_t key = score_key(x);
   const int k_level = top_k_level(plan, stage);
   if (k_level >= 0 && in_select(s.top_k, k_level, key, sc.lower)) {
@@ -374,7 +412,7 @@ LP_HOST_DEVICE ShardDrawRow shard_draw_row(const RowParams& r, const ShardRow& s
   d.raw = plan.raw_logprobs;
   d.logprob_s_max = s.logprob_s_max;
   d.greedy = s.greedy;
-  d.sc = shard_scores(r, s.greedy, d.unit);
+  d.sc = stage_scores(r, s, d.unit);
   const uint32_t threshold = d.unit ? kNoKey : shard_threshold(s, d.sc);
   d.floor = threshold == kNoKey ? kNegInf : key_score(threshold);
   d.origin = draw_origin(d.sc.s_max);

@@ -97,11 +97,11 @@ class ShardRowSampler {
     const int64_t width = shard_sums_width(plan, stage);
     std::fill(sums, sums + width, int64_t{0});
     if (s.greedy == kNoToken || s.greedy_row) return;
-    const ShardScores sc = shard_scores(r_, s.greedy, false);
+    const ShardScores sc = stage_scores(r_, s, false);
     const uint32_t p_lower = top_p_lower(s, sc, plan);
     score_values(values_, p_.vocab, sc.temperature, sc.x_origin, scores_);
     for (int64_t j = 0; j < p_.vocab; ++j)
-      add_select_sums(s, plan, stage, sc, p_lower, scores_[j], [&](int64_t w, uint64_t amount) {
+      add_stage_sums(s, plan, stage, sc, p_lower, scores_[j], [&](int64_t w, uint64_t amount) {
         sums[w] = static_cast<int64_t>(static_cast<uint64_t>(sums[w]) + amount);
       });
   }

@@ -92,10 +92,10 @@ __device__ void select_shard(const ShardRowView<D>& row, const ShardRow& s, int6
   for (int64_t w = threadIdx.x; w < width; w += kThreads) bins[w] = 0;
   __syncthreads();
   if (s.greedy != kNoToken && !s.greedy_row) {  // (the same for the whole block)
-    const ShardScores sc = shard_scores(row.r, s.greedy, false);
+    const ShardScores sc = stage_scores(row.r, s, false);
     const uint32_t p_lower = top_p_lower(s, sc, plan);
     row.each([&](int64_t, float v) {
-      add_select_sums(s, plan, stage, sc, p_lower, row.score_of(v, sc),
+      add_stage_sums(s, plan, stage, sc, p_lower, row.score_of(v, sc),
                       [&](int64_t w, uint64_t amount) { add_to_bin(&bins[w], amount); });
     });
   }

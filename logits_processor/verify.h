@@ -72,13 +72,11 @@ LP_HOST_DEVICE SamplingParams position_target(const VerifyParams& v, int64_t pos
 // Row `row`'s logits and bitmask row at `position`, which the CUDA kernels' row sampler over
 // v.target reads (a copy of the target's parameters per position would sit on their stack).
 LP_HOST_DEVICE const void* position_logits(const VerifyParams& v, int64_t row, int64_t position) {
-  return static_cast<const char*>(logits_row(v.target, row)) +
-         position * v.logits_position_stride * dtype_size(v.target.dtype);
+  return logits_at(v.target, row, position, v.logits_position_stride);
 }
 
 LP_HOST_DEVICE const int32_t* position_bitmask(const VerifyParams& v, int64_t row, int64_t position) {
-  const int32_t* bitmask = row_bitmask(v.target, row);
-  return bitmask ? bitmask + position * v.bitmask_position_stride : nullptr;
+  return bitmask_at(v.target, row, position, v.bitmask_position_stride);
 }
 
 // Row `row`'s parameters at `position`: sample's, with the position's stream (and temperature:

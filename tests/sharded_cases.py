@@ -52,7 +52,8 @@ def case_inputs(case: dict, lp) -> dict:
     rows, vocab = case["rows"], case["vocab"]
     g = torch.Generator().manual_seed(case["gen"] + 1)
     kwargs: dict = {}
-    for name in ("temperature", "top_k", "top_p", "min_p", "seed", "offset"):
+    for name in ("temperature", "top_k", "top_p", "min_p", "seed", "offset", "epsilon_cutoff", "eta_cutoff",
+                 "top_n_sigma", "mirostat_mu"):
         value = case.get(name)
         if value is None:
             continue

@@ -35,7 +35,7 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
                            const DrawArguments& draws, const std::optional<Tensor>& bitmask);
 
 // Raises unless mirostat_mu is at its default (+inf, off), naming `op`: verify_draft and
-// verify_tree (mu would change between the drafted positions) and sample_sharded do not take it.
+// verify_tree do not take it (mu would change between the drafted positions).
 void check_mirostat_off(const std::optional<Tensor>& mirostat_mu, double mirostat_mu_value, const char* op);
 
 // The sampler ops' fused penalties (and verify_draft's), validated against the [B, V] logits:

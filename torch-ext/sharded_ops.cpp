@@ -3,6 +3,8 @@
 
 #include <torch/csrc/stable/tensor.h>
 
+#include <limits>
+
 #include "../logits_processor/sharded.h"
 #include "checks.h"
 #include "dispatch.h"
@@ -30,9 +32,12 @@ void check_words(const Tensor& t, const Tensor& like, const char* name, std::ini
 
 lp::ShardPlan shard_plan(const FilterArguments& f, int64_t num_logprobs, bool raw_logprobs, int64_t kept_k,
                          bool rank_ties_max) {
+  const bool truncation = f.epsilon_cutoff.has_value() || f.epsilon_cutoff_value > 0.0 || f.eta_cutoff.has_value() ||
+                          f.eta_cutoff_value > 0.0 || f.top_n_sigma.has_value() || f.top_n_sigma_value > 0.0 ||
+                          f.mirostat_mu.has_value() || f.mirostat_mu_value < std::numeric_limits<double>::infinity();
   return {f.top_k.has_value() || f.top_k_value > 0, f.top_p.has_value() || f.top_p_value < 1.0,
           f.filter_apply_order == "top_k_first", num_logprobs, num_logprobs >= 0 && raw_logprobs, kept_k,
-          rank_ties_max};
+          rank_ties_max, truncation};
 }
 
 void check_num_logprobs(int64_t num_logprobs, int64_t vocab_size) {
@@ -57,15 +62,6 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
                        const Tensor& picks, const Tensor& kept_bitmask) {
   const FilterArguments filters{LP_FILTER_ARGUMENTS(LP_FORWARD)};
   SamplingCall call = sampling_call(logits, filters, {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask);
-  // (t_eps and t_sig need the row's Z or sigma before the cut: a collective round the protocol
-  // does not have yet.)
-  CHECK_ARG(!epsilon_cutoff.has_value() && epsilon_cutoff_value == 0.0,
-            "epsilon_cutoff is not supported by sample_sharded (leave it at 0)");
-  CHECK_ARG(!eta_cutoff.has_value() && eta_cutoff_value == 0.0,
-            "eta_cutoff is not supported by sample_sharded (leave it at 0)");
-  CHECK_ARG(!top_n_sigma.has_value() && !(top_n_sigma_value > 0.0),
-            "top_n_sigma is not supported by sample_sharded (leave it at -1)");
-  check_mirostat_off(mirostat_mu, mirostat_mu_value, "sample_sharded");
   CHECK_ARG(vocab_size >= 1 && vocab_size < (int64_t{1} << 31), "vocab_size must be in [1, 2^31), got ",
             vocab_size);
   const int64_t shard = logits.size(1);

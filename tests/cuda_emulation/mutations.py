@@ -272,6 +272,9 @@ MUTANTS = [
     Mutant("ids-fill-offset", LOGPROB_IDS, "next + static_cast<int64_t>(inclusive - mine)",
            "next + static_cast<int64_t>(inclusive)", "fibers", AGREEMENT, "ids_past_the_support",
            "tests/cuda_emulation/test_logprobs_cuda.py"),
+    # The truncate stage's floor left out of the CUDA select stages' domain.
+    Mutant("shard-truncation-floor", SHARDED, "stage_scores(row.r, s, false)", "shard_scores(row.r, s.greedy, false)",
+           "fibers", AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py"),
     Mutant("shard-noise-id", SHARDED, "noise(row.r, id)", "noise(row.r, j)",
            "fibers", AGREEMENT, "shard_kernels", "tests/cuda_emulation/test_sharded_cuda.py",
            within="[&] { return noise(row.r, id); }"),

@@ -96,6 +96,11 @@ CASES = [
                              "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "top_p": 0.5, "return_kept": 40,
                              "ids_dtype": "int32"},
      2, -1),
+    # The truncate stage: epsilon, eta, top-n-sigma and mirostat per row, then the selects.
+    ("truncation", {"gen": 33, "rows": 6, "vocab": 3001, "epsilon_cutoff": [0.0, 1e-3, 0.0, 0.02, 0.0, 3e-4],
+                    "eta_cutoff": [0.0, 0.0, 5e-3, 0.0, 0.0, 2e-3], "top_n_sigma": [-1.0, 0.0, 1.5, 0.5, 2.0, 1.0],
+                    "mirostat_mu": [float("inf"), 4.0, float("inf"), 9.0, 0.0, 6.0], "top_k": 50, "top_p": 0.9,
+                    "filter_apply_order": "top_k_first", "bitmask": True, "penalties": True, "return_kept": 45}, 3, 3),
     ("kept_two_passes", {"gen": 32, "rows": 3, "vocab": 700, "top_k": 45, "return_kept": 45,  # 20 + 20 + 5
                          "logprobs_mode": "raw"}, 1, 2),
 ]
@@ -104,7 +109,7 @@ if SANITIZED:
     CASES = [(name, {**case, "rows": min(case["rows"], 6), "vocab": min(case["vocab"], 700)}, world, n)
              for name, case, world, n in CASES
              if name in ("per_row", "top_k_first", "ties_bf16", "special_fp16", "bitmask_penalties",
-                         "raw_special_fp16", "kept_per_row", "kept_special_tokens", "kept_two_passes")]
+                         "raw_special_fp16", "kept_per_row", "kept_special_tokens", "kept_two_passes", "truncation")]
 
 
 @pytest.mark.emulation

@@ -68,6 +68,17 @@ CASES = [
     {"name": "kept_bitmask_penalties_raw", "gen": 18, "rows": 5, "vocab": 2500, "bitmask": True, "penalties": True,
      "top_k": 20, "top_p": 0.9, "filter_apply_order": "top_k_first", "logprobs_mode": "raw", "num_logprobs": 3,
      "return_kept": 20},
+    # The whole-row floors (the truncate stage): epsilon, eta (the entropy's sums), top-n-sigma
+    # (sigma's) and mirostat's 2^-mu, per row and joined to min-p, top-k and top-p in both orders.
+    {"name": "truncation_per_row", "gen": 20, "rows": 6, "vocab": 3001, "epsilon_cutoff": [0.0, 1e-3, 0.0, 0.02, 0.0, 3e-4],
+     "eta_cutoff": [0.0, 0.0, 5e-3, 0.0, 0.0, 2e-3], "top_n_sigma": [-1.0, 0.0, 1.5, 0.5, 2.0, 1.0],
+     "mirostat_mu": [float("inf"), 4.0, float("inf"), 9.0, 0.0, 6.0], "num_logprobs": 3},
+    {"name": "truncation_top_k_first", "gen": 21, "rows": 6, "vocab": 3001, "top_k": 40, "top_p": 0.8, "min_p": 0.01,
+     "filter_apply_order": "top_k_first", "epsilon_cutoff": 3e-3, "top_n_sigma": 2.0, "return_kept": 64,
+     "num_logprobs": 2},
+    {"name": "truncation_special", "gen": 22, "rows": 6, "vocab": 1500, "kind": "special", "dtype": "float16",
+     "temperature": [1.0, 0.0, 1e-30, 0.5, 1.0, 1e-3], "eta_cutoff": 0.01, "top_n_sigma": 1.0, "top_p": 0.9,
+     "bitmask": True, "penalties": True, "num_logprobs": 2},
     {"name": "llama_vocab", "gen": 13, "rows": 2, "vocab": 128256, "top_k": 50, "top_p": 0.95, "num_logprobs": 1},
 ]
 

@@ -100,28 +100,26 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("epsilon_cutoff", 0.0, "Param", number=float, positional=False, doc=(
         "keep the tokens with p >= epsilon_cutoff (transformers' EpsilonLogitsWarper, Hewitt et "
         "al. 2022), p over the whole row, and always the most likely; in [0, 1]; 0.0 (default) "
-        "disables the filter. Like min-p it is decided before top-p in either order; "
-        "not taken by `sample_sharded` yet."), sharded=False),
+        "disables the filter. Like min-p it is decided before top-p in either order.")),
     Control("eta_cutoff", 0.0, "Param", number=float, positional=False, doc=(
         "keep the tokens with p >= min(eta_cutoff, sqrt(eta_cutoff) * e^-H), H the entropy of the "
         "whole row in nats (transformers' EtaLogitsWarper, Hewitt et al. 2022), and always the most "
         "likely; in [0, 1]; 0.0 (default) disables it. Decided as epsilon_cutoff is (with both, the "
-        "larger floor); not taken by `sample_sharded` yet."), sharded=False),
+        "larger floor).")),
     Control("top_n_sigma", -1.0, "Param", number=float, positional=False, doc=(
         "keep the tokens whose logit is within top_n_sigma standard deviations of the largest, "
         "the deviation over the whole row's allowed logits (llama.cpp's top_n_sigma, Tang et al. "
         "2024; the kept set does not depend on the temperature, but where the scores overflow or "
         "T is +inf); 0 or less (default -1.0, "
-        "llama.cpp's) disables it. Decided as epsilon_cutoff is (the highest floor wins); not "
-        "taken by `sample_sharded` yet."), sharded=False),
+        "llama.cpp's) disables it. Decided as epsilon_cutoff is (the highest floor wins).")),
     Control("mirostat_mu", math.inf, "Param", number=float, positional=False, doc=(
         "mirostat v2's state mu, in bits (llama.cpp's mirostat = 2, Basu et al. 2021): keep the "
         "tokens whose surprise -log2 p is at most mu, p over the whole row at the temperature, and "
         "always the most likely; a number or a float32 ``[B]`` tensor, each request's mu (start at "
         "2 * mirostat_tau) advanced after each draw by `update_mirostat_mu_`. +inf (default) "
         "disables it, 0 or less keeps the top alone. Decided as epsilon_cutoff is, with the floor "
-        "2^-mu (the highest floor wins); not taken by `sample_sharded`, `verify_draft` or "
-        "`verify_tree` (mu changes between drafted positions)."), sharded=False, speculative=False),
+        "2^-mu (the highest floor wins); not taken by `verify_draft` or `verify_tree` (mu changes "
+        "between drafted positions)."), speculative=False),
     Control("dynatemp_range", 0.0, "Param", number=float, positional=False, doc=(
         "llama.cpp's dynamic temperature: the row's temperature becomes T_lo + (T_hi - T_lo) * "
         "(H / ln n) ** dynatemp_exponent, T_lo = max(0, temperature - dynatemp_range), T_hi = "

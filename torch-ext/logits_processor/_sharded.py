@@ -4,6 +4,7 @@ logits_processor/sharded.h; what each stage exchanges: docs/sharded-sampling.md)
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import NamedTuple, Optional, Union
 
@@ -26,7 +27,7 @@ _DOCS = {
 
 # sharded.h's layout of the exchanged words (the op checks every shape against its own).
 _SELECT_LEVELS = 5
-_STATE_WORDS = 12
+_STATE_WORDS = 13
 
 
 def _digit_bins(level: int) -> int:
@@ -44,6 +45,7 @@ class _Plan(NamedTuple):
     kept_k: int = 0  # return_kept's K; 0: no kept set
     rank_ties_max: bool = False  # rank_ties="max" (read at the rank stage and in finish only; a bool, as
     # the plan's hash is compared across processes and a str's hash is salted per process)
+    truncation: bool = False  # epsilon_cutoff, eta_cutoff, top_n_sigma or mirostat_mu: the truncate stage
 
     @property
     def selects(self) -> int:
@@ -53,20 +55,22 @@ class _Plan(NamedTuple):
 
     @property
     def draw(self) -> int:
-        return 1 + self.selects
+        return 1 + self.truncation + self.selects
 
     @property
     def stages(self) -> int:
         return self.draw + (2 if self.num_logprobs >= 0 else 1)
 
     def _level(self, stage: int, first: int, planned: bool) -> int:
-        level = stage - 1 - first
+        level = stage - 1 - self.truncation - first
         return level if planned and 0 <= level < _SELECT_LEVELS else -1
 
     def widths(self, stage: int) -> tuple[int, int]:
         """(sums, picks) words per row at `stage`."""
         if stage == 0:
             return 1, 2 if self.raw_logprobs else 1
+        if stage == 1 and self.truncation:  # (sharded.h's kTruncationWords)
+            return 9, 0
         if stage < self.draw:
             k = self._level(stage, 0, self.top_k)
             p = self._level(stage, _SELECT_LEVELS if self.selects == 2 * _SELECT_LEVELS else 0, self.top_p)
@@ -83,7 +87,10 @@ def _plan(arguments: dict, num_logprobs: int, logprobs_mode: str, kept_k: int = 
                  arguments["top_p"] is not None or arguments["top_p_value"] < 1.0,
                  arguments["filter_apply_order"] == "top_k_first", num_logprobs,
                  num_logprobs >= 0 and logprobs_mode == "raw",
-                 kept_k, rank_ties == "max")
+                 kept_k, rank_ties == "max",
+                 any(arguments[name] is not None for name in ("epsilon_cutoff", "eta_cutoff", "top_n_sigma", "mirostat_mu"))
+                 or arguments["epsilon_cutoff_value"] > 0 or arguments["eta_cutoff_value"] > 0
+                 or arguments["top_n_sigma_value"] > 0 or arguments["mirostat_mu_value"] < math.inf)  # (sharded_ops.cpp's)
 
 
 def _world(group) -> tuple[int, int]:
