@@ -274,6 +274,35 @@ def test_mirostat_is_an_argument_of_the_loop(lp, pair, inputs):
             ours(model, lp, inputs, do_sample=True, max_new_tokens=2, **bad)
 
 
+def test_dynamic_temperature_is_an_argument_of_the_loop(lp, pair, inputs):
+    """dynatemp_range / dynatemp_exponent (llama.cpp's dynamic temperature; transformers has none):
+    each step's reported scores are the logits over that step's T', computed in float64 from the
+    reported logits (the entropy of their softmax at temperature 1), and the run differs from the
+    one without it; greedy search ignores it; a bad value raises naming it."""
+    _, model = pair
+    temperature, spread, exponent = 1.1, 0.8, 1.5
+    kwargs = dict(do_sample=True, top_k=0, temperature=temperature, max_new_tokens=6, seed=9,
+                  return_dict_in_generate=True, output_scores=True, output_logits=True)
+    out = ours(model, lp, inputs, dynatemp_range=spread, dynatemp_exponent=exponent, **kwargs)
+    moved = 0.0
+    for step, (scores, logits) in enumerate(zip(out.scores, out.logits)):
+        x = logits.double()
+        p = torch.softmax(x, -1)
+        entropy = -(p * p.clamp(min=1e-300).log()).sum(-1)
+        low, high = max(0.0, temperature - spread), temperature + spread
+        dynamic = low + (high - low) * (entropy / math.log(x.shape[-1])) ** exponent
+        assert torch.allclose(scores.double(), x / dynamic[:, None], rtol=1e-5, atol=1e-5), step
+        moved = max(moved, float((dynamic - temperature).abs().max()))
+    assert moved > 0.05
+    plain = ours(model, lp, inputs, **kwargs)
+    assert not torch.equal(plain.sequences, out.sequences)
+    greedy = dict(do_sample=False, max_new_tokens=6)
+    assert torch.equal(ours(model, lp, inputs, **greedy, dynatemp_range=spread), ours(model, lp, inputs, **greedy))
+    for bad in (dict(dynatemp_range=math.inf), dict(dynatemp_range=0.5, dynatemp_exponent=-1.0)):
+        with pytest.raises(ValueError, match=list(bad)[-1]):
+            ours(model, lp, inputs, do_sample=True, max_new_tokens=2, **bad)
+
+
 def test_seeded_sampling_reproducible_and_batch_invariant(lp, pair):
     """seed= one per row: the same tokens again, and the same per prompt in another batch order."""
     tokenizer, model = pair

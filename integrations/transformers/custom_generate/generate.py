@@ -317,6 +317,8 @@ def decode(
     top_n_sigma: float = -1.0,
     mirostat_tau: Optional[float] = None,
     mirostat_eta: float = 0.1,
+    dynatemp_range: float = 0.0,
+    dynatemp_exponent: float = 1.0,
     output_logprobs: bool = False,
     num_logprobs: int = 0,
     return_kept: Optional[int] = None,
@@ -339,6 +341,10 @@ def decode(
         keeps the tokens of surprise -log2 p <= mu (mu starts at 2 tau), and after each draw
         mu -= eta (surprise of the token drawn - tau) (`update_mirostat_mu_`); None (the
         default): off; ignored by greedy search.
+    dynatemp_range, dynatemp_exponent: llama.cpp's dynamic temperature (transformers has none):
+        each step's temperature T_lo + (T_hi - T_lo) (H / ln n)^exponent, T_lo = max(0, T - range),
+        T_hi = T + range, H the entropy of the row's softmax at temperature 1 (`dynamic_temperature`,
+        before the filters); range 0 (the default): off; ignored by greedy search.
     output_logprobs, num_logprobs, return_kept: per-step log-probabilities and kept sets in the
         output (return_dict_in_generate=True).
     kernel: the loaded package (default: LOGITS_PROCESSOR_KERNEL's, see load_kernel).
@@ -350,8 +356,15 @@ def decode(
         raise ValueError("custom_generate (logits-processor): output_logprobs / return_kept need "
                          "return_dict_in_generate=True")
     sampling = sampling_arguments(config, logits_processor, filter_apply_order)
+    for name, value in (("dynatemp_range", dynatemp_range), ("dynatemp_exponent", dynatemp_exponent)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
+                name == "dynatemp_exponent" and value < 0):
+            raise ValueError(f"custom_generate (logits-processor): {name} must be a finite number"
+                             f"{' >= 0' if name == 'dynatemp_exponent' else ''}, got {value!r}")
     if sampling["temperature"] > 0:
         sampling["top_n_sigma"] = top_n_sigma
+        if dynatemp_range > 0:  # (every op below, reported scores included, runs at T')
+            sampling.update(dynatemp_range=float(dynatemp_range), dynatemp_exponent=float(dynatemp_exponent))
     rows, device = input_ids.shape[0], input_ids.device
     mirostat = mirostat_tau is not None and sampling["temperature"] > 0
     if mirostat_tau is not None:
