@@ -237,6 +237,19 @@ def test_top_n_sigma_is_an_argument_of_the_loop(lp, pair, inputs):
     assert torch.equal(ours(model, lp, inputs, **greedy, top_n_sigma=1.0), ours(model, lp, inputs, **greedy))
 
 
+def assert_a_sampling_argument(model, lp, inputs, kwargs, out, given, bad):
+    """A loop argument of the sampler: the run `out` (made with `kwargs` and it) differs from the
+    one with `kwargs` alone, greedy search ignores `given`, and each of `bad` raises a ValueError
+    naming its last key."""
+    plain = ours(model, lp, inputs, **kwargs)
+    assert not torch.equal(plain.sequences, out.sequences)
+    greedy = dict(do_sample=False, max_new_tokens=6)
+    assert torch.equal(ours(model, lp, inputs, **greedy, **given), ours(model, lp, inputs, **greedy))
+    for arguments in bad:
+        with pytest.raises(ValueError, match=list(arguments)[-1]):
+            ours(model, lp, inputs, do_sample=True, max_new_tokens=2, **arguments)
+
+
 def test_mirostat_is_an_argument_of_the_loop(lp, pair, inputs):
     """mirostat_tau / mirostat_eta (llama.cpp's mirostat v2; transformers has none): mu starts at
     2 tau and moves by llama.cpp's rule after each token (a float64 transcription, from the
@@ -264,14 +277,8 @@ def test_mirostat_is_an_argument_of_the_loop(lp, pair, inputs):
         q = torch.where(kept, p, 0)
         mu -= eta * (-torch.log2(q.gather(1, drawn[:, None])[:, 0] / q.sum(-1)) - tau)
     assert cut > 0
-    plain = ours(model, lp, inputs, **kwargs)
-    assert not torch.equal(plain.sequences, out.sequences)
-    greedy = dict(do_sample=False, max_new_tokens=6)
-    assert torch.equal(ours(model, lp, inputs, **greedy, mirostat_tau=tau), ours(model, lp, inputs, **greedy))
-    for bad in (dict(mirostat_tau=math.nan), dict(mirostat_tau=1.0, mirostat_eta=-0.1)):
-        name = next(k for k, v in bad.items() if k == "mirostat_eta" or v != v)
-        with pytest.raises(ValueError, match=name):
-            ours(model, lp, inputs, do_sample=True, max_new_tokens=2, **bad)
+    assert_a_sampling_argument(model, lp, inputs, kwargs, out, dict(mirostat_tau=tau),
+                               [dict(mirostat_tau=math.nan), dict(mirostat_tau=1.0, mirostat_eta=-0.1)])
 
 
 def test_dynamic_temperature_is_an_argument_of_the_loop(lp, pair, inputs):
@@ -294,13 +301,8 @@ def test_dynamic_temperature_is_an_argument_of_the_loop(lp, pair, inputs):
         assert torch.allclose(scores.double(), x / dynamic[:, None], rtol=1e-5, atol=1e-5), step
         moved = max(moved, float((dynamic - temperature).abs().max()))
     assert moved > 0.05
-    plain = ours(model, lp, inputs, **kwargs)
-    assert not torch.equal(plain.sequences, out.sequences)
-    greedy = dict(do_sample=False, max_new_tokens=6)
-    assert torch.equal(ours(model, lp, inputs, **greedy, dynatemp_range=spread), ours(model, lp, inputs, **greedy))
-    for bad in (dict(dynatemp_range=math.inf), dict(dynatemp_range=0.5, dynatemp_exponent=-1.0)):
-        with pytest.raises(ValueError, match=list(bad)[-1]):
-            ours(model, lp, inputs, do_sample=True, max_new_tokens=2, **bad)
+    assert_a_sampling_argument(model, lp, inputs, kwargs, out, dict(dynatemp_range=spread),
+                               [dict(dynatemp_range=math.inf), dict(dynatemp_range=0.5, dynatemp_exponent=-1.0)])
 
 
 def test_seeded_sampling_reproducible_and_batch_invariant(lp, pair):
