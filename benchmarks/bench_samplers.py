@@ -1,12 +1,12 @@
-"""Truncation samplers beyond top-k, top-p and min-p (epsilon_cutoff, eta_cutoff, top_n_sigma and mirostat v2's
-mirostat_mu so far) and llama.cpp's dynamic temperature beside plain `sample`, and the torch chain a user writes
-instead: transformers' warpers (for top-n-sigma, mirostat and dynatemp, which transformers lacks, their definitions
-in torch), softmax, torch.multinomial (`make bench`).
+"""Truncation samplers beyond top-k, top-p and min-p (epsilon_cutoff, eta_cutoff, top_n_sigma, mirostat v2's
+mirostat_mu, typical_p and XTC) and llama.cpp's dynamic temperature beside plain `sample`, and the torch chain a user
+writes instead: transformers' warpers (for top-n-sigma, mirostat, XTC and dynatemp, which transformers lacks, their
+definitions in torch), softmax, torch.multinomial (`make bench`).
 
 V = 128256, B in {1, 32}, bfloat16 logits (randn * 3), temperature 0.8, on the GPU where there
 is one, else the CPU. Each time is the median of interleaved calls (the machine is shared:
 ratios, measured side by side, are the figures to read). The kept sets are checked equal to the
-warpers' (their finite scores against `filtered_logits`') on the way.
+warpers' in float64 (their finite scores against `filtered_logits`') on the way.
 
   python benchmarks/bench_samplers.py [--quick] [--json PATH]
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from timing import bench_arguments, local_package, median_times, write_report
 from transformers.generation.logits_process import (EpsilonLogitsWarper, EtaLogitsWarper, LogitsProcessorList,
-                                                    TemperatureLogitsWarper)
+                                                    TemperatureLogitsWarper, TypicalLogitsWarper)
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 128256
@@ -52,6 +52,20 @@ class MirostatV2:
         return scores.masked_fill(~keep, float("-inf"))
 
 
+class ExcludeTopChoices:
+    """XTC with its coin fallen as a user writes it in torch (llama.cpp's llama_sampler_xtc): where
+    two or more tokens have p >= threshold, -inf above the least likely of them."""
+
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+
+    def __call__(self, input_ids, scores: torch.Tensor) -> torch.Tensor:
+        p = scores.softmax(-1)
+        top = p >= self.threshold
+        lowest = torch.where(top, scores, torch.inf).amin(-1, keepdim=True)
+        return scores.masked_fill((top.sum(-1, keepdim=True) >= 2) & (scores > lowest), float("-inf"))
+
+
 class DynamicTemperature:
     """llama.cpp's dynamic temperature as a user writes it in torch, after the temperature warper
     (so on x / T): the entropy of softmax(x) over ln V, then x / T'."""
@@ -74,6 +88,8 @@ SAMPLERS = {
     "eta_cutoff": (dict(eta_cutoff=2e-3), [EtaLogitsWarper(2e-3)]),
     "top_n_sigma": (dict(top_n_sigma=1.5), [TopNSigma(1.5)]),
     "mirostat_mu": (dict(mirostat_mu=10.0), [MirostatV2(10.0)]),
+    "typical_p": (dict(typical_p=0.9), [TypicalLogitsWarper(0.9)]),
+    "xtc": (dict(xtc_probability=1.0, xtc_threshold=0.001), [ExcludeTopChoices(0.001)]),
     "dynatemp_range": (dict(dynatemp_range=0.5), [DynamicTemperature(TEMPERATURE, 0.5)]),
 }
 
@@ -95,8 +111,9 @@ def main() -> int:
             def theirs():
                 return torch.multinomial(chain(None, logits.float()).softmax(-1), 1)
 
-            # (the warpers on the kernels' float32 scores x / T, so that rounding cannot differ)
-            kept = torch.isfinite(LogitsProcessorList(warpers)(None, logits.float() / TEMPERATURE))
+            # (the warpers on the kernels' float32 scores x / T, in float64: transformers' float32
+            # typical warper sums 128k probabilities in float32, whose rounding moves its cut)
+            kept = torch.isfinite(LogitsProcessorList(warpers)(None, (logits.float() / TEMPERATURE).double()))
             ours = lp.filtered_logits(logits, temperature=TEMPERATURE, **kwargs) > float("-inf")
             same = bool(torch.equal(kept, ours))
             calls = {"sample": lambda: lp.sample(logits, temperature=TEMPERATURE, seed=1, out=out),

@@ -131,12 +131,16 @@ __device__ int boundary_bin(uint32_t lower, const BinCut& k_cut, const BinCut& p
 
 constexpr int kAllKeys = -1;  // radix_select's bin for a select over every key
 
-// The largest key t in bin `bin` whose stat (the count of keys, or with kMass their
-// token_mass sum) over the keys >= t in that bin, plus `above`, reaches `target`; kNoKey if
-// none does. for_each_key(f) calls f(key) for each key of the source (any bin): the row's
-// candidates (a pass over the row per digit) or gathered entries (shared memory). A radix
-// select on the 20 bits below the bin's, 8 at a time (bin kAllKeys: on all 32 bits).
-template <bool kMass, typename ForEachKey, typename Shared>
+// What radix_select sums over the keys: their count, their score's token_mass, or the weight
+// the source gives with each key (f(key, weight): typical_p's distance keys).
+constexpr int kCountKeys = 0, kScoreMasses = 1, kGivenWeights = 2;
+
+// The largest key t in bin `bin` whose stat (kWeights') over the keys >= t in that bin, plus
+// `above`, reaches `target`; kNoKey if none does. for_each_key(f) calls f(key) (or f(key,
+// weight)) for each key of the source (any bin): the row's candidates (a pass over the row per
+// digit) or gathered entries (shared memory). A radix select on the 20 bits below the bin's, 8
+// at a time (bin kAllKeys: on all 32 bits).
+template <int kWeights, typename ForEachKey, typename Shared>
 __device__ uint32_t radix_select(ForEachKey&& for_each_key, int bin, uint64_t above, uint64_t target,
                                  float s_max, Shared& sh) {
   uint32_t prefix = bin == kAllKeys ? 0u : static_cast<uint32_t>(bin_start(bin));
@@ -147,10 +151,11 @@ __device__ uint32_t radix_select(ForEachKey&& for_each_key, int bin, uint64_t ab
     const uint32_t decided = low < 32 ? ~0u << low : 0u;
     sh.histogram[threadIdx.x] = 0;
     __syncthreads();
-    for_each_key([&](uint32_t key) {
+    for_each_key([&](uint32_t key, uint64_t weight = 0) {
       if ((key & decided) != prefix) return;
       unsigned long long* digit_bin = &sh.histogram[(key >> shift) & (kThreads - 1)];
-      if constexpr (kMass) add_to_bin(digit_bin, token_mass(key_score(key), s_max));
+      if constexpr (kWeights == kScoreMasses) add_to_bin(digit_bin, token_mass(key_score(key), s_max));
+      else if constexpr (kWeights == kGivenWeights) add_to_bin(digit_bin, weight);
       else add_one_to_bin(digit_bin);
     });
     __syncthreads();

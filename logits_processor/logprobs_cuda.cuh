@@ -51,7 +51,7 @@ __device__ KeptPass kept_pass(const RowSampler& row, float s_token, bool ties_ma
   if (n > 0) top->clear();
   row.for_each_candidate([&](int64_t i, float s) {
     const uint32_t key = score_key(s);
-    if (key < row.threshold) return;
+    if (!row.kept(key)) return;
     const FineMass m = fine_mass(s, row.s_max);
     k.z.high += m.high;
     k.z.low += m.low;
@@ -156,7 +156,7 @@ __device__ void finish_kept(const LogprobsParams& out, int64_t row, KeptSet& set
       list.clear();
       sampler.for_each_candidate([&](int64_t i, float s) {
         const uint32_t key = score_key(s);
-        if (key < sampler.threshold) return;
+        if (key < sampler.threshold || key > sampler.ceiling) return;
         const uint64_t packed = pack_argmax(key, i);
         if (packed < bound) list.offer(packed, n);
       });
@@ -196,7 +196,7 @@ __device__ void row_filtered(const SamplingParams& p, RowSampler& sampler, int64
   }
   sampler.for_each_logit(0, p.vocab, [&](int64_t i, float x) {
     const float s = x > kNegInf ? score(x, sampler.r.temperature, sampler.x_origin) : kNegInf;
-    values[i] = filtered_value(as_logits, s, sampler.threshold, sampler.s_max, scale);
+    values[i] = filtered_value(as_logits, s, sampler.threshold, sampler.ceiling, sampler.s_max, scale);
   });
 }
 
@@ -237,7 +237,7 @@ __device__ void row_logprobs(const SamplingParams& p, RowSampler& sampler, int64
     list.clear();
     sampler.for_each_candidate([&](int64_t i, float s) {
       const uint32_t key = score_key(s);
-      if (key >= sampler.threshold) collect(i, key), list.offer(pack_argmax(key, i), n);
+      if (sampler.kept(key)) collect(i, key), list.offer(pack_argmax(key, i), n);
     });
     finish_kept(out, row, set, sampler, list, true, sh);
     collecting = false;

@@ -14,6 +14,7 @@
 #include "block_primitives.cuh"
 #include "key_bins.cuh"
 #include "sampling.h"
+#include "truncation.h"
 
 namespace logits_processor {
 namespace {
@@ -104,9 +105,9 @@ __device__ RowPenaltyView block_row_penalty_view(const SamplingParams& p, int64_
   return q;
 }
 
-// A draw's drawn(i, key): the candidates at or above `threshold`.
-__device__ auto at_least(uint32_t threshold) {
-  return [threshold](int64_t, uint32_t key) { return key >= threshold; };
+// A draw's drawn(i, key): the candidates with keys in [threshold, ceiling] (RowSampler::kept).
+__device__ auto kept_between(uint32_t threshold, uint32_t ceiling = kNoCeiling) {
+  return [threshold, ceiling](int64_t, uint32_t key) { return key >= threshold && key <= ceiling; };
 }
 
 // A last pass's drawn(i, key): true above the boundary bin (kept: drawn in this pass); the
@@ -161,6 +162,7 @@ struct RowSampler {
   uint32_t* staged_words;  // the block's SharedState::staged_words
   float origin = 0.0f;     // the draw's: draw_origin(s_max) once s_max is known, else 0
   float x_origin = 0.0f;   // the scores': score_origin (sampling.h), found by rebase
+  uint32_t ceiling = kNoCeiling;  // the kept set's top key (typical_p's, XTC's), once `cut` ran
 
   // f(i, x) for each token i of this thread's share of [begin, end), x its candidate_logit,
   // by 16-byte loads (8 tokens each, 4 in float32) where the row is aligned: rows need only be
@@ -225,7 +227,8 @@ struct RowSampler {
 
   // Whether one pass decides the row: greedy, or no filter that could drop a candidate.
   __device__ bool single_pass() const {
-    return r.greedy || (!has_top_k() && r.top_p >= 1.0f && r.min_p <= 0.0f && !has_truncation(r));
+    return r.greedy || (!has_top_k() && r.top_p >= 1.0f && r.min_p <= 0.0f && !has_truncation(r) &&
+                        r.typical_p >= 1.0f && !xtc_falls(r));
   }
 
   __device__ uint64_t greedy_argmax(SharedState& sh, int64_t begin, int64_t end) const {
@@ -263,7 +266,7 @@ struct RowSampler {
     if (r.greedy) return unpack_or_none(greedy_argmax(sh, 0, p.vocab));
     const bool unfiltered = single_pass();
     if (unfiltered) {
-      threshold = kNoKey;
+      threshold = kNoKey, ceiling = kNoCeiling;
     } else {
       Draw draw{false, kNoToken};
       if (!cut(sh, &draw)) return -1;
@@ -273,7 +276,8 @@ struct RowSampler {
 #pragma unroll 1
     for (int round = 0;; ++round) {
       const bool find_max = unfiltered && round == 0;
-      const uint64_t winner = gumbel_argmax(at_least(threshold), sh, 0, p.vocab, find_max ? &max_key : nullptr);
+      const uint64_t winner =
+          gumbel_argmax(kept_between(threshold, ceiling), sh, 0, p.vocab, find_max ? &max_key : nullptr);
       if (!find_max || winner == kNoToken || !redraw_from_origin(row_max_score(static_cast<uint32_t>(max_key))))
         return unpack_or_none(winner);
       s_max = row_max_score(static_cast<uint32_t>(max_key));
@@ -300,6 +304,71 @@ struct RowSampler {
   // with one, top_k_set resolves the row in 2 passes when t_k's bin and those above it fit in
   // shared memory, else t_k is selected first (select_top_k, 1 pass or more) and raises t_minp.
   __device__ bool cut(SharedState& sh, Draw* draw = nullptr) {
+    // (typical_p's band and XTC's ceiling come after the floor: a draw made in the floor's last
+    // pass would miss them.)
+    const bool typical = r.typical_p < 1.0f, xtc = xtc_falls(r);
+    ceiling = kNoCeiling;
+    if (!cut_floor(sh, typical || xtc ? nullptr : draw)) return false;
+    if (typical) keep_typical(sh);
+    if (xtc) exclude_top_choices(sh);
+    return true;
+  }
+
+  // typical_p's band (truncation.h's typical_center, typical_key) over the kept set: its sums in
+  // one pass, the distance keys' radix select in 4 (8 bits each), the band's lowest and highest
+  // scores in one, which become the kept set's threshold and ceiling (s_max the highest).
+  __device__ void keep_typical(SharedState& sh) {
+    uint64_t mass = 0, z_high = 0, z_low = 0, terms_high = 0, terms_low = 0;
+    for_each_candidate([&](int64_t, float s) {
+      if (!kept(score_key(s))) return;
+      const TruncationSums t = truncation_terms(s, s_max);
+      mass += t.mass, z_high += t.z.high, z_low += t.z.low, terms_high += t.terms.high, terms_low += t.terms.low;
+    });
+    const uint64_t total = block_sum(mass, sh);
+    const FineMass z{block_sum(z_high, sh), block_sum(z_low, sh)};
+    const float center = typical_center(z, {block_sum(terms_high, sh), block_sum(terms_low, sh)});
+    const auto distances = [&](auto&& f) {
+      for_each_candidate([&](int64_t, float s) {
+        if (kept(score_key(s))) f(typical_key(s, s_max, center), token_mass(s, s_max));
+      });
+    };
+    const uint32_t nearest =
+        radix_select<kGivenWeights>(distances, kAllKeys, 0, top_p_target(r.typical_p, total), s_max, sh);
+    uint64_t lowest = 0, highest = 0;  // (~key of the lowest: both block maxima)
+    for_each_candidate([&](int64_t, float s) {
+      const uint32_t key = score_key(s);
+      if (!kept(key) || typical_key(s, s_max, center) < nearest) return;
+      lowest = max(lowest, static_cast<uint64_t>(~key)), highest = max(highest, static_cast<uint64_t>(key));
+    });
+    threshold = ~static_cast<uint32_t>(block_max(lowest, sh));
+    ceiling = static_cast<uint32_t>(block_max(highest, sh));
+    s_max = row_max_score(ceiling);
+    origin = draw_origin(s_max);
+  }
+
+  // XTC's ceiling (truncation.h's xtc_ceiling), over the kept set: one pass for its mass
+  // Z_K, one for the lowest key at or above the top choices' key. The kept set's top becomes
+  // s_max (the draw's origin with it).
+  __device__ void exclude_top_choices(SharedState& sh) {
+    uint64_t mass = 0;
+    for_each_candidate([&](int64_t, float s) {
+      if (kept(score_key(s))) mass += token_mass(s, s_max);
+    });
+    const uint32_t from = max(threshold, epsilon_key(s_max, r.xtc_threshold, block_sum(mass, sh)));
+    uint64_t inverted = 0;  // ~key of the lowest (a block maximum)
+    for_each_candidate([&](int64_t, float s) {
+      const uint32_t key = score_key(s);
+      if (key >= from && key <= ceiling) inverted = max(inverted, static_cast<uint64_t>(~key));
+    });
+    const uint32_t top = xtc_ceiling(~static_cast<uint32_t>(block_max(inverted, sh)), s_max);
+    if (top == kNoCeiling) return;  // (typical_p's ceiling, if any, stays)
+    ceiling = top;
+    s_max = row_max_score(ceiling);
+    origin = draw_origin(s_max);
+  }
+
+  // `cut` but for XTC.
+  __device__ bool cut_floor(SharedState& sh, Draw* draw) {
     const bool top_k = has_top_k();
     KeyCount first;
 #pragma unroll 1
@@ -347,8 +416,8 @@ struct RowSampler {
     const bool fits = gathered <= kBinCapacity;
     auto resolve = [&](const BinCut& c, uint64_t target, auto mass) {
       if (c.bin != bin) return;
-      const uint32_t t = fits ? radix_select<decltype(mass)::value>(entry_keys(gathered, sh), bin, c.above, target, s_max, sh)
-                              : radix_select<decltype(mass)::value>(candidate_keys(), bin, c.above, target, s_max, sh);
+      const uint32_t t = fits ? radix_select<decltype(mass)::value ? kScoreMasses : kCountKeys>(entry_keys(gathered, sh), bin, c.above, target, s_max, sh)
+                              : radix_select<decltype(mass)::value ? kScoreMasses : kCountKeys>(candidate_keys(), bin, c.above, target, s_max, sh);
       threshold = max(threshold, t);
     };
     resolve(k_cut, static_cast<uint64_t>(r.top_k), std::false_type());
@@ -358,7 +427,7 @@ struct RowSampler {
     return true;
   }
 
-  // The floor key of epsilon_cutoff, eta_cutoff and top_n_sigma (sampling.h's truncation_key):
+  // The floor key of epsilon_cutoff, eta_cutoff and top_n_sigma (truncation.h's truncation_key):
   // Z, with eta the entropy's sums, with top_n_sigma sigma's, in one pass over the candidates.
   __device__ uint32_t truncation_floor(SharedState& sh) const {
     const bool epsilon = has_mass_floor(r), eta = r.eta > 0.0f, sigma = r.top_n_sigma > 0.0f;
@@ -401,12 +470,12 @@ struct RowSampler {
     __syncthreads();
     const unsigned int gathered = sh.entry_count;
     const auto keys = entry_keys(gathered, sh);
-    const uint32_t t_k = radix_select<false>(keys, k_cut.bin, k_cut.above, static_cast<uint64_t>(r.top_k), s_max, sh);
+    const uint32_t t_k = radix_select<kCountKeys>(keys, k_cut.bin, k_cut.above, static_cast<uint64_t>(r.top_k), s_max, sh);
     const uint32_t floor = max(lower, t_k);
     uint64_t mass = 0;
     keys([&](uint32_t key) { mass += key >= floor ? token_mass(key_score(key), s_max) : 0; });
     const uint64_t p_target = top_p_target(r.top_p, block_sum(mass, sh));
-    threshold = max(floor, radix_select<true>(keys, kAllKeys, 0, p_target, s_max, sh));
+    threshold = max(floor, radix_select<kScoreMasses>(keys, kAllKeys, 0, p_target, s_max, sh));
     if (draw) *draw = {true, entries_argmax(gathered, kNoToken, sh)};
     return true;
   }
@@ -420,8 +489,8 @@ struct RowSampler {
     const unsigned int gathered = sh.entry_count;
     const uint64_t k = static_cast<uint64_t>(r.top_k);
     return gathered <= kBinCapacity
-               ? radix_select<false>(entry_keys(gathered, sh), k_cut.bin, k_cut.above, k, s_max, sh)
-               : radix_select<false>(candidate_keys(), k_cut.bin, k_cut.above, k, s_max, sh);
+               ? radix_select<kCountKeys>(entry_keys(gathered, sh), k_cut.bin, k_cut.above, k, s_max, sh)
+               : radix_select<kCountKeys>(candidate_keys(), k_cut.bin, k_cut.above, k, s_max, sh);
   }
 
   // Where s_max saturates, the pass that finds x_max and, if x_max / T overflows, moves the
@@ -464,7 +533,7 @@ struct RowSampler {
   __device__ uint64_t entries_argmax(unsigned int gathered, uint64_t best, SharedState& sh) const {
     for (unsigned int e = threadIdx.x; e < gathered; e += kThreads) {
       const BinEntry c = sh.wide.entries[e];
-      if (c.key < threshold) continue;
+      if (!kept(c.key)) continue;
       const uint32_t bits = noise_bits(r, c.index >> 2).v[c.index & 3];
       const float g = perturbed_score(key_score(c.key), origin, token_gumbel(r, c.index, bits));
       best = max(best, pack_argmax(score_key(g), c.index));
@@ -472,14 +541,16 @@ struct RowSampler {
     return block_max(best, sh);
   }
 
-  // Token i's score if it is in the kept set {key >= threshold}, else -inf (i may be any id).
+  // Token i's score if it is in the kept set (keys in [threshold, ceiling]), else -inf (i may be any id).
   __device__ float kept_score(int64_t i) const {
     if (i < 0 || i >= p.vocab) return kNegInf;
     const float x = candidate_logit(p, logits, bitmask, penalty, i);
     if (!(x > kNegInf)) return kNegInf;
     const float s = score(x, r.temperature, x_origin);
-    return score_key(s) >= threshold ? s : kNegInf;
+    return kept(score_key(s)) ? s : kNegInf;
   }
+
+  __device__ bool kept(uint32_t key) const { return threshold <= key && key <= ceiling; }
 
   // Makes this the row the log-probabilities are taken under (sampling.h): unchanged for a
   // processed, non-greedy row; the allowed logits at temperature 1 without filters for a
@@ -496,6 +567,8 @@ struct RowSampler {
     r.epsilon = 0.0f;
     r.eta = 0.0f;
     r.top_n_sigma = 0.0f;
+    r.typical_p = 1.0f;
+    r.xtc_probability = 0.0f;
     if (raw) bitmask = nullptr, penalty.enabled = false;
   }
 

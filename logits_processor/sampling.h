@@ -14,12 +14,16 @@
 //            at most s_max, eps = max(epsilon, eta's floor,
 //            mirostat's 2^-mu)                                    (epsilon_cutoff, eta_cutoff > 0, mu < inf)
 //   t_sig  = s_max - n sigma / T, sigma the candidates' logits'
-//            standard deviation (sigma_key)                        (top_n_sigma = n > 0)
+//            standard deviation                                    (top_n_sigma = n > 0)
+//   typical_p's band and XTC's ceiling, decided in that order over what
+//            the others keep                                       (typical_p < 1, xtc_probability > 0)
+// (t_eps, t_sig, the band and the ceiling: truncation.h)
 // where mass_i = floor(2^32 * e^(s_i - s_max)) is an integer, M(t) the mass of the scores
 // >= t and Z the total, so sums are exact and independent of their order. The kept set is
 // {s_i >= max(t_k, t_minp, t_p, t_eps, t_sig)} (ties at the cutoff all kept, the maximum always kept; with
-// FilterOrder::kTopKFirst, Z is the mass that top-k and min-p keep: see FilterOrder), and
-// the token is argmax over it of (s_i - o) + G_i (lowest index on ties; o = draw_origin(s_max),
+// FilterOrder::kTopKFirst, Z is the mass that top-k and min-p keep: see FilterOrder), then
+// narrowed to typical_p's band and below XTC's ceiling where its coin falls (s_max then the
+// kept set's top score, from which the masses are taken). The token is argmax over it of (s_i - o) + G_i (lowest index on ties; o = draw_origin(s_max),
 // 0 unless |s_max| >= 2^8), G_i = -ln(-ln U_i) with
 // U_i from Philox keyed by the seed and counted by (i, stream, offset): a draw in
 // proportion to e^(s_i), exact for tokens up to about 40 nats below the top (gumbel_noise). Scores are compared through order-preserving integer keys.
@@ -96,6 +100,12 @@ struct SamplingParams : LogitsView {
   float top_n_sigma_value;
   FloatArray mirostat_mu;  // mirostat v2's mu, in bits: a floor 2^-mu on p, joined to epsilon's
   float mirostat_mu_value;
+  FloatArray typical_p;  // locally typical sampling's mass (truncation.h)
+  float typical_p_value;
+  FloatArray xtc_probability;  // XTC: the chance its coin falls (truncation.h)
+  float xtc_probability_value;
+  FloatArray xtc_threshold;
+  float xtc_threshold_value;
   FilterOrder filter_order;  // one for the whole call
   // With per-row seeds, row b's stream is keyed by (seed[b], offset[b]) alone; with one
   // seed it is keyed by (seed, b, offset).
@@ -127,6 +137,9 @@ struct RowParams {
   float epsilon;            // epsilon_cutoff
   float eta;                // eta_cutoff
   float top_n_sigma;        // 0: off
+  float typical_p;          // 1: off
+  float xtc_probability;    // 0: off
+  float xtc_threshold;      // above 0.5: off
   bool top_k_first;         // FilterOrder::kTopKFirst
   uint32_t key0, key1;      // Philox key: the seed
   uint32_t stream;          // row for a shared seed, 0 for per-row seeds
@@ -143,8 +156,9 @@ LP_HOST_DEVICE float mirostat_floor(float mu) {
 }
 
 // Per-row values that no host check has seen (device tensors) are made safe here: NaN or
-// non-positive temperature is greedy, top_p, min_p, epsilon and eta clamp to [0, 1] (NaN
-// disables them), top_n_sigma to [0, FLT_MAX] (0, NaN or less disables it).
+// non-positive temperature is greedy, top_p, min_p, epsilon, eta, typical_p and xtc_probability
+// clamp to [0, 1] (NaN disables them), top_n_sigma to [0, FLT_MAX] (0, NaN or less disables it),
+// xtc_threshold to [0, inf) (NaN, as above 0.5, disables XTC).
 LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   RowParams r;
   r.temperature = p.temperature.get_or(row, p.temperature_value);
@@ -164,6 +178,12 @@ LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   r.eta = eta > 0.0f ? (eta < 1.0f ? (eta > 1.17549435e-38f ? eta : 1.17549435e-38f) : 1.0f) : 0.0f;
   const float n_sigma = p.top_n_sigma.get_or(row, p.top_n_sigma_value);
   r.top_n_sigma = n_sigma > 0.0f ? (n_sigma < 3.402823466e38f ? n_sigma : 3.402823466e38f) : 0.0f;
+  const float typical_p = p.typical_p.get_or(row, p.typical_p_value);
+  r.typical_p = typical_p >= 0.0f ? (typical_p < 1.0f ? typical_p : 1.0f) : (typical_p < 0.0f ? 0.0f : 1.0f);
+  const float xtc_probability = p.xtc_probability.get_or(row, p.xtc_probability_value);
+  r.xtc_probability = xtc_probability > 0.0f ? (xtc_probability < 1.0f ? xtc_probability : 1.0f) : 0.0f;
+  const float xtc_threshold = p.xtc_threshold.get_or(row, p.xtc_threshold_value);
+  r.xtc_threshold = xtc_threshold >= 0.0f ? xtc_threshold : (xtc_threshold < 0.0f ? 0.0f : 1.0f);
   r.top_k_first = p.filter_order == FilterOrder::kTopKFirst;
   const uint64_t seed = static_cast<uint64_t>(p.seed.get_or(row, p.seed_value));
   const uint64_t offset = static_cast<uint64_t>(p.offset.get_or(row, p.offset_value));
@@ -439,93 +459,6 @@ LP_HOST_DEVICE float row_entropy(double log_z, FineMass z, FineMass terms) {
   return lp_double_to_float(lp_dadd(log_z, lp_ddiv(normaliser_units(terms), normaliser_units(z))));
 }
 
-// --- top_n_sigma -----------------------------------------------------------------------------
-// Keep the scores within n standard deviations of the top (Tang et al. 2024, "Top-n sigma: not
-// all logits are you need"; llama.cpp's top_n_sigma): s_i >= s_max - n sigma / T, sigma the
-// population standard deviation of the candidates' logits (x_i, penalised and biased; masked and
-// -inf ones left out). The kept set does not depend on T, so sigma is taken in logit units, from
-// the distances u_i = (s_max - s_i) T. Its sums are order-free integers: u_i rounded down to a
-// multiple of 2^-8 and capped at 2^15 (a candidate further below counts as 2^15 below: only
-// biases of that size reach it), q_i = 2^8 u_i < 2^24, q_i^2 in two 2^23 digits, each sum below
-// 2^55 for any V < 2^31. Rounding each u_i down (by less than 2^-8) moves the mean by up to
-// 2^-8 but sigma^2 by about 2^-16 / 12 only.
-constexpr float kSigmaSteps = 256.0f;  // per logit
-constexpr float kSigmaCap = 32768.0f;  // logits
-
-struct SigmaSums {
-  uint64_t count;
-  uint64_t distance;  // sum q_i
-  uint64_t square_high, square_low;  // sum q_i^2 = high 2^23 + low
-};
-
-// A candidate's part of the sums (s <= s_max). A NaN distance (T = +inf: every score 0, times
-// inf) counts as the cap.
-LP_HOST_DEVICE SigmaSums sigma_terms(float s, float s_max, float temperature) {
-  const float u = lp_mul(lp_add(s_max, -s), temperature);
-  const uint64_t q = static_cast<uint32_t>(lp_mul(u < kSigmaCap ? u : kSigmaCap, kSigmaSteps));
-  const uint64_t square = q * q;
-  return {1, q, square >> 23, square & 0x7fffffu};
-}
-
-// t_sig's key: s_max - n sigma / T in double, rounded once to float (kNoKey below -FLT_MAX).
-LP_HOST_DEVICE uint32_t sigma_key(float s_max, float n, float temperature, const SigmaSums& t) {
-  if (t.count == 0) return kNoKey;
-  const double count = static_cast<double>(t.count);
-  const double mean = lp_ddiv(static_cast<double>(t.distance), count);
-  const double squares = lp_dadd(lp_dmul(static_cast<double>(t.square_high), 8388608.0),  // 2^23
-                                 static_cast<double>(t.square_low));
-  const double variance = lp_dadd(lp_ddiv(squares, count), -lp_dmul(mean, mean));
-  const double sigma = variance > 0.0 ? lp_dmul(lp_dsqrt(variance), 1.0 / 256.0) : 0.0;  // logits
-  const double floor = lp_dadd(static_cast<double>(s_max),
-                               -lp_ddiv(lp_dmul(static_cast<double>(n), sigma), static_cast<double>(temperature)));
-  return floor >= -static_cast<double>(kMaxFinite) ? score_key(lp_double_to_float(floor)) : kNoKey;
-}
-
-// --- epsilon_cutoff and eta_cutoff ----------------------------------------------------------
-// Both keep p_i >= a floor over the whole row: epsilon itself, or eta's min(eta, sqrt(eta) e^-H),
-// H the row's entropy (Hewitt et al. 2022; transformers' EpsilonLogitsWarper and
-// EtaLogitsWarper). The floor's key is epsilon_key's; its sums, over every candidate once s_max
-// is known, are order-free integers.
-struct TruncationSums {
-  uint64_t mass;   // Z, token_mass's sum (with epsilon or eta)
-  FineMass z;      // with eta: Z's fine digits and the entropy terms (else zero)
-  FineMass terms;
-  SigmaSums sigma;  // with top_n_sigma
-};
-
-// A candidate's part of the sums eta needs, from one exponential: token_mass, fine_mass and
-// entropy_mass of s, bit for bit.
-LP_HOST_DEVICE TruncationSums truncation_terms(float s, float s_max) {
-  const float d = lp_add(s, -s_max);
-  const float e = lp_exp_nonpositive(d);
-  return {static_cast<uint64_t>(lp_mul(e, kMassScale)), fine_mass_of_term(e), entropy_mass_of_term(e, d)};
-}
-
-// Whether a row has a floor decided on the whole row once s_max is known: t_eps (a floor on p,
-// from Z: has_mass_floor) or t_sig.
-LP_HOST_DEVICE bool has_mass_floor(const RowParams& r) { return r.epsilon > 0.0f || r.eta > 0.0f; }
-LP_HOST_DEVICE bool has_truncation(const RowParams& r) { return has_mass_floor(r) || r.top_n_sigma > 0.0f; }
-
-// eta_cutoff's floor for a row of entropy H: min(eta, e^(ln(eta) / 2 - H)), sqrt(eta) e^-H
-// through lp_log and lp_exp_nonpositive (identical on both devices; the exponent is <= 0).
-LP_HOST_DEVICE float eta_epsilon(float eta, float entropy) {
-  const float e = lp_exp_nonpositive(lp_add(lp_mul(lp_log(eta), 0.5f), -entropy));
-  return e < eta ? e : eta;
-}
-
-// The key of the highest floor of the three (kNoKey for none).
-LP_HOST_DEVICE uint32_t truncation_key(const RowParams& r, float s_max, const TruncationSums& t) {
-  float epsilon = r.epsilon;
-  if (r.eta > 0.0f) {
-    const float eta = eta_epsilon(r.eta, row_entropy(log_normaliser(t.z), t.z, t.terms));
-    epsilon = eta > epsilon ? eta : epsilon;
-  }
-  const uint32_t key = epsilon_key(s_max, epsilon, t.mass);
-  if (!(r.top_n_sigma > 0.0f)) return key;
-  const uint32_t sigma = sigma_key(s_max, r.top_n_sigma, r.temperature, t.sigma);
-  return sigma > key ? sigma : key;
-}
-
 // Finite for every token of the support: a value below -FLT_MAX (scores 2 FLT_MAX apart) is
 // clamped to it, as -inf means "outside the support". s is read as its key reads it, -0.0 as
 // +0.0 (s_max is, too): a top token of -0.0 then gets (+0) - (+0) = +0.0, not -0.0.
@@ -549,10 +482,11 @@ LP_HOST_DEVICE float kept_probability(float term, double scale) {
   return lp_double_to_float(lp_dmul(static_cast<double>(term), scale));
 }
 
-// The filtered value of a candidate of score s (-inf: not a candidate) at or above the kept
-// set's floor `threshold` key, in a row that is not greedy (scale: filtered_scale).
-LP_HOST_DEVICE float filtered_value(bool as_logits, float s, uint32_t threshold, float s_max, double scale) {
-  if (!(s > kNegInf) || score_key(s) < threshold) return as_logits ? kNegInf : 0.0f;
+// The filtered value of a candidate of score s (-inf: not a candidate) within the kept set's
+// keys [threshold, ceiling], in a row that is not greedy (scale: filtered_scale).
+LP_HOST_DEVICE float filtered_value(bool as_logits, float s, uint32_t threshold, uint32_t ceiling, float s_max,
+                                    double scale) {
+  if (!(s > kNegInf) || score_key(s) < threshold || score_key(s) > ceiling) return as_logits ? kNegInf : 0.0f;
   return as_logits ? s : kept_probability(mass_term(s, s_max), scale);
 }
 

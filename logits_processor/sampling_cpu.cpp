@@ -11,18 +11,12 @@
 #include <vector>
 
 #include "ieee_float_mode.h"
+#include "row_loops_cpu.h"
 #include "sampling.h"
+#include "truncation.h"
 
 namespace logits_processor {
 namespace {
-
-constexpr int kCoarseShift = 21;  // 2048 bins on the top 11 bits of a score key
-constexpr int kCoarseBins = 1 << (32 - kCoarseShift);
-
-struct Candidate {
-  uint32_t key;
-  uint32_t index;
-};
 
 // Scratch reused across the rows one thread samples; each vector is one value per token.
 struct Scratch {
@@ -56,174 +50,6 @@ bool ranks_before(const Candidate& a, const Candidate& b) {
   return a.key != b.key ? a.key > b.key : a.index < b.index;
 }
 
-// The vectorised loops over a row are free functions on restrict pointers: inside RowSampler
-// gcc falls back to their scalar versions, several times slower.
-
-// perturbed[i] = (s_i - origin) + G_i for the candidates with s_i >= floor, -inf for the
-// others, with G_i from word k_i below the top cell (the caller refines the top cells, which
-// it counts); returns the largest.
-float perturb(const float* __restrict scores, const uint32_t* __restrict noise, float floor, float origin,
-              int64_t vocab, float* __restrict perturbed, int64_t& top_cells) {
-  float best = kNegInf;
-  int64_t top = 0;
-#pragma omp simd reduction(max : best) reduction(+ : top)
-  for (int64_t i = 0; i < vocab; ++i) {
-    // (& rather than &&, and a ternary rather than std::max: either would stop gcc from
-    // vectorising this loop, which then runs 5x slower.)
-    top += noise[i] == kTopCell;
-    const float g = perturbed_score(scores[i], origin, gumbel_noise(noise[i]));
-    const bool kept = (scores[i] >= floor) & (scores[i] > kNegInf);
-    perturbed[i] = kept ? lp_add(g, 0.0f) : kNegInf;
-    best = perturbed[i] > best ? perturbed[i] : best;
-  }
-  top_cells = top;
-  return best;
-}
-
-// filtered_value over a row, vectorised: the kept scores (s >= floor: key(s) >= threshold), -inf
-// elsewhere; or their probabilities, 0 elsewhere.
-void filtered_scores(const float* __restrict scores, int64_t vocab, float floor, float* __restrict out) {
-#pragma omp simd
-  for (int64_t i = 0; i < vocab; ++i) {
-    const bool kept = (scores[i] >= floor) & (scores[i] > kNegInf);
-    out[i] = kept ? scores[i] : kNegInf;
-  }
-}
-
-// `terms` holds mass_term of each kept token, 0 elsewhere (kept_terms_sum).
-void filtered_probabilities(const float* __restrict terms, int64_t vocab, double scale, float* __restrict out) {
-#pragma omp simd
-  for (int64_t i = 0; i < vocab; ++i) out[i] = kept_probability(terms[i], scale);
-}
-
-// The noise words of tokens [0, vocab): one Philox call per 4 tokens. (The parameters are a
-// copy: stores through `noise` could otherwise alias them, and reload them every call.)
-void fill_noise(const RowParams r, int64_t vocab, uint32_t* __restrict noise) {
-  for (int64_t group = 0; 4 * group < vocab; ++group) {
-    const Philox4 bits = noise_bits(r, group);
-    std::memcpy(noise + 4 * group, bits.v, sizeof(bits.v));
-  }
-}
-
-struct RowMax {
-  float s_max;
-  int64_t candidates;
-};
-
-RowMax max_and_count(const float* __restrict scores, int64_t vocab) {
-  float s_max = kNegInf;
-  int64_t candidates = 0;
-#pragma omp simd reduction(max : s_max) reduction(+ : candidates)
-  for (int64_t i = 0; i < vocab; ++i) {
-    s_max = scores[i] > s_max ? scores[i] : s_max;  // (std::max would not vectorise)
-    candidates += scores[i] > kNegInf;
-  }
-  return {s_max, candidates};
-}
-
-// The sum of fine_mass over the candidates with score >= floor.
-FineMass fine_mass_sum(const float* __restrict scores, int64_t vocab, float floor, float s_max) {
-  uint64_t high = 0, low = 0;
-#pragma omp simd reduction(+ : high, low)
-  for (int64_t i = 0; i < vocab; ++i) {
-    const FineMass m = fine_mass(scores[i], s_max);
-    const bool kept = (scores[i] >= floor) & (scores[i] > kNegInf);
-    high += kept ? m.high : 0;
-    low += kept ? m.low : 0;
-  }
-  return {high, low};
-}
-
-// The fine digits of Z and the entropy terms of every candidate (truncation_terms' z and terms:
-// eta_cutoff's entropy), from each token's e^(s - s_max) 2^32 as masses() leaves it in `scaled`
-// (exact, so e is truncation_terms' bit for bit; 0 for the -inf of a non-candidate).
-void add_entropy_sums(const float* __restrict scores, const float* __restrict scaled, int64_t vocab, float s_max,
-                      TruncationSums& sums) {
-  uint64_t z_high = 0, z_low = 0, terms_high = 0, terms_low = 0;
-#pragma omp simd reduction(+ : z_high, z_low, terms_high, terms_low)
-  for (int64_t i = 0; i < vocab; ++i) {
-    const float e = lp_mul(scaled[i], 2.3283064365386963e-10f);  // 2^-32
-    const FineMass z = fine_mass_of_term(e), t = entropy_mass_of_term(e, lp_add(scores[i], -s_max));
-    z_high += z.high;
-    z_low += z.low;
-    terms_high += t.high;
-    terms_low += t.low;
-  }
-  sums.z = {z_high, z_low};
-  sums.terms = {terms_high, terms_low};
-}
-
-// top_n_sigma's sums over the candidates (sigma_terms of each, 0 for the -inf of the others).
-SigmaSums sigma_sums(const float* __restrict scores, int64_t vocab, float s_max, float temperature) {
-  uint64_t count = 0, distance = 0, square_high = 0, square_low = 0;
-#pragma omp simd reduction(+ : count, distance, square_high, square_low)
-  for (int64_t i = 0; i < vocab; ++i) {
-    const bool candidate = scores[i] > kNegInf;
-    const SigmaSums t = sigma_terms(candidate ? scores[i] : s_max, s_max, temperature);
-    count += candidate ? t.count : 0;
-    distance += candidate ? t.distance : 0;
-    square_high += candidate ? t.square_high : 0;
-    square_low += candidate ? t.square_low : 0;
-  }
-  return {count, distance, square_high, square_low};
-}
-
-// fine_mass_sum, keeping each kept candidate's mass_term in `terms` (0 for the others).
-FineMass kept_terms_sum(const float* __restrict scores, int64_t vocab, float floor, float s_max,
-                        float* __restrict terms) {
-  uint64_t high = 0, low = 0;
-#pragma omp simd reduction(+ : high, low)
-  for (int64_t i = 0; i < vocab; ++i) {
-    const bool kept = (scores[i] >= floor) & (scores[i] > kNegInf);
-    const float e = mass_term(scores[i], s_max);
-    const FineMass m = fine_mass_of_term(e);
-    terms[i] = kept ? e : 0.0f;
-    high += kept ? m.high : 0;
-    low += kept ? m.low : 0;
-  }
-  return {high, low};
-}
-
-// The largest score >= floor among n, or -inf.
-float kept_max(const float* __restrict scores, int64_t n, float floor) {
-  float best = kNegInf;
-#pragma omp simd reduction(max : best)
-  for (int64_t i = 0; i < n; ++i) {
-    const float s = scores[i] >= floor ? scores[i] : kNegInf;
-    best = s > best ? s : best;
-  }
-  return best;
-}
-
-constexpr int64_t kTopBlock = 256;  // tokens a top-N block skip covers
-
-// The count token_rank takes: the scores that rank_counts against s.
-int64_t rank_count(const float* __restrict scores, int64_t vocab, float s, bool ties_max) {
-  int64_t count = 0;
-#pragma omp simd reduction(+ : count)
-  for (int64_t i = 0; i < vocab; ++i) count += rank_counts(scores[i], s, ties_max);
-  return count;
-}
-
-// A token's score from its logit x (greedy: x itself), -inf for a NaN or -inf logit.
-inline float row_score(float x, bool greedy, float temperature, float x_origin) {
-  const float s = greedy ? x : score(x, temperature, x_origin);
-  return x > kNegInf ? s : kNegInf;  // NaN fails the compare
-}
-
-template <Dtype D>
-void score_logits(const void* logits, int64_t vocab, bool greedy, float temperature, float x_origin,
-                  float* __restrict scores) {
-#pragma omp simd
-  for (int64_t i = 0; i < vocab; ++i) scores[i] = row_score(load_logit<D>(logits, i), greedy, temperature, x_origin);
-}
-
-// In place, from the logits as apply_penalties_ stores them (penalize_span_cpu).
-void score_values(float* __restrict scores, int64_t vocab, bool greedy, float temperature, float x_origin) {
-#pragma omp simd
-  for (int64_t i = 0; i < vocab; ++i) scores[i] = row_score(scores[i], greedy, temperature, x_origin);
-}
-
 // Which scores a row's buffer holds: the draw's (greedy: the logits themselves, for the
 // argmax; sampling: x / T), or temperature 1 with the bitmask (a greedy row's processed
 // distribution, unfiltered) or without it (raw).
@@ -248,7 +74,7 @@ class RowSampler {
   int64_t sample() {
     if (!load(r_.greedy ? Scores::Greedy : Scores::Sampling)) return -1;
     if (r_.greedy) return first_index_of(s_max_);
-    cutoff_ = cutoff();
+    cut();
     return cutoff_.gathered ? gumbel_over_kept(cutoff_.threshold) : gumbel_over_row(cutoff_.threshold);
   }
 
@@ -341,7 +167,7 @@ class RowSampler {
       for (int64_t i = 0; i < p_.vocab; ++i) values[i] = greedy_filtered_value(as_logits, i, token, scores_[i]);
       return;
     }
-    cutoff_ = cutoff();
+    cut();
     if (as_logits) return filtered_scores(scores_, p_.vocab, floor_score(), values);
     float* terms = scratch_.scaled_mass.data();
     const double units = normaliser_units(kept_terms_sum(scores_, p_.vocab, floor_score(), s_max_, terms));
@@ -359,7 +185,8 @@ class RowSampler {
     }
     if (drawn && !r_.greedy) return true;
     if (!load(r_.greedy ? Scores::Unit : Scores::Sampling)) return false;
-    cutoff_ = r_.greedy ? Cutoff{kNoKey, false} : cutoff();
+    if (r_.greedy) cutoff_ = {kNoKey, false};
+    else cut();
     return true;
   }
 
@@ -383,6 +210,44 @@ class RowSampler {
     s_max_ = row_max_score(score_key(m.s_max));
     candidates_ = m.candidates;
     return candidates_ > 0;
+  }
+
+  // The draw's kept set: the filters' cutoff, then typical_p's band and XTC's ceiling where its
+  // coin falls (sampling.h): the scores above a ceiling leave the buffer, and s_max becomes the
+  // kept set's top.
+  void cut() {
+    cutoff_ = cutoff();
+    if (r_.typical_p < 1.0f) keep_typical();
+    if (xtc_falls(r_)) exclude_top_choices();
+  }
+
+  // typical_p's band (sampling.h): the kept set's sums, the select over its distance keys, the
+  // band's bounds.
+  void keep_typical() {
+    const float floor = floor_score();
+    float* masses = scratch_.scaled_mass.data();
+    TruncationSums sums{kept_masses(scores_, p_.vocab, floor, s_max_, masses), {0, 0}, {0, 0}, {0, 0, 0, 0}};
+    add_entropy_sums(scores_, masses, p_.vocab, s_max_, sums);  // (a 0 mass adds nothing)
+    uint32_t* keys = scratch_.noise.data();  // (the draw fills the noise later)
+    typical_keys(scores_, p_.vocab, floor, s_max_, typical_center(sums.z, sums.terms), keys);
+    const uint32_t nearest = weighted_select(keys, masses, p_.vocab, top_p_target(r_.typical_p, sums.mass),
+                                             scratch_.histogram, scratch_.kept);
+    float lowest, highest;
+    band_bounds(scores_, keys, p_.vocab, floor, nearest, lowest, highest);
+    cutoff_ = {std::max(cutoff_.threshold, score_key(lowest)), false};  // (Scratch::kept may hold dropped scores)
+    drop_above(scores_, p_.vocab, highest);
+    s_max_ = row_max_score(score_key(highest));
+  }
+
+  void exclude_top_choices() {
+    const uint64_t kept_mass = kept_masses(scores_, p_.vocab, floor_score(), s_max_, scratch_.scaled_mass.data());
+    const uint32_t from = std::max(cutoff_.threshold, epsilon_key(s_max_, r_.xtc_threshold, kept_mass));
+    const float lowest = lowest_at_least(scores_, p_.vocab, from == kNoKey ? kNegInf : key_score(from));
+    const uint32_t ceiling = xtc_ceiling(score_key(lowest), s_max_);
+    if (ceiling == kNoCeiling) return;
+    drop_above(scores_, p_.vocab, key_score(ceiling));
+    s_max_ = row_max_score(ceiling);
+    cutoff_.gathered = false;  // (Scratch::kept holds dropped scores)
   }
 
   // (t_eps and t_sig, like t_minp floors decided on the whole row, raise `lower`.)
@@ -574,7 +439,7 @@ class RowSampler {
     return {threshold, true};
   }
 
-  // The key of t_eps and t_sig from the whole row's sums (sampling.h's truncation_key).
+  // The key of t_eps and t_sig from the whole row's sums (truncation.h's truncation_key).
   uint32_t truncation_floor() {
     TruncationSums sums{has_mass_floor(r_) ? masses() : 0, {0, 0}, {0, 0}, {0, 0, 0, 0}};
     if (r_.eta > 0.0f) add_entropy_sums(scores_, scratch_.scaled_mass.data(), p_.vocab, s_max_, sums);

@@ -35,6 +35,7 @@
 #pragma once
 
 #include "sampling.h"
+#include "truncation.h"
 
 namespace logits_processor {
 
@@ -58,7 +59,7 @@ struct ShardPlan {
   bool raw_logprobs;
   int64_t kept_k;
   bool rank_ties_max;  // the rank stage counts rank_counts(..., true) (sampling.h's token_rank)
-  bool truncation;     // some row may have a floor decided on the whole row (sampling.h's truncation_key)
+  bool truncation;     // some row may have a floor decided on the whole row (truncation.h's truncation_key)
 };
 
 // The truncate stage (stage 1, where the plan has it): a candidate's part of truncation_key's sums.
@@ -231,7 +232,7 @@ LP_HOST_DEVICE ShardScores stage_scores(const RowParams& r, const ShardRow& s, b
 }
 
 // The truncate stage's merged sums absorbed: the floor of epsilon_cutoff, eta_cutoff,
-// top_n_sigma and mirostat (sampling.h's truncation_key, from the whole row's sums).
+// top_n_sigma and mirostat (truncation.h's truncation_key, from the whole row's sums).
 LP_HOST_DEVICE void absorb_truncation_sums(ShardRow& s, const RowParams& r, const int64_t* sums) {
   if (s.greedy == kNoToken || s.greedy_row) return;
   const auto u = [&](int w) { return static_cast<uint64_t>(sums[w]); };

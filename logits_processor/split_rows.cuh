@@ -168,7 +168,7 @@ __device__ void single_pass_chunk(const RowSampler& sampler, const Split& split,
   SplitRow& state = split.rows[row];
   uint64_t max_key = kNoKey;
   const uint64_t winner = sampler.r.greedy ? sampler.greedy_argmax(sh, begin, end)
-                                           : sampler.gumbel_argmax(at_least(kNoKey), sh, begin, end, &max_key);
+                                           : sampler.gumbel_argmax(kept_between(kNoKey), sh, begin, end, &max_key);
   if (threadIdx.x == 0) {
     split.partials(row)[chunk] = winner;
     if (!sampler.r.greedy) split.max_keys(row)[chunk] = max_key;
@@ -195,7 +195,7 @@ __device__ void redraw_chunk(RowSampler& sampler, const Split& split, int64_t ro
   if (block_load(state.cut, sh) != kRedrawn) return;
   sampler.s_max = row_max_score(block_load(state.max_key, sh));
   sampler.origin = draw_origin(sampler.s_max);
-  const uint64_t winner = sampler.gumbel_argmax(at_least(kNoKey), sh, begin, end);
+  const uint64_t winner = sampler.gumbel_argmax(kept_between(kNoKey), sh, begin, end);
   if (threadIdx.x == 0) split.partials(row)[chunk] = winner;
   if (!last_to_arrive(&state.counted, split.splits, sh)) return;
   const uint64_t best = partials_max(split.partials(row), split.splits, sh);
@@ -247,8 +247,9 @@ __device__ void cut_from_chunks(const RowSampler& sampler, const Split& split, i
   const unsigned int listed = block_load(state.listed, sh);
   // (A saturated s_max may move the scores (RowSampler::rebase): the row goes to one block; so
   // does an epsilon_cutoff, eta_cutoff or top_n_sigma row, whose floor needs Z or sigma before
-  // the cut.)
-  const bool needs_z = has_truncation(sampler.r);
+  // the cut, and a typical_p row or one whose XTC coin falls, which need the kept set's Z_K
+  // after it.)
+  const bool needs_z = has_truncation(sampler.r) || sampler.r.typical_p < 1.0f || xtc_falls(sampler.r);
   if (needs_z || listed > kBinListCapacity || saturated_score(row_max_score(static_cast<uint32_t>(max_key)))) {
     if (threadIdx.x == 0) state.cut = kSampledWhole;
     return;
@@ -333,7 +334,7 @@ __device__ void draw_cut_chunk(RowSampler& sampler, const Split& split, int64_t 
   sampler.origin = draw_origin(row_max_score(block_load(state.max_key, sh)));
   uint64_t winner;
   if (bin < 0) {
-    winner = sampler.gumbel_argmax(at_least(lower), sh, begin, end);
+    winner = sampler.gumbel_argmax(kept_between(lower), sh, begin, end);
   } else {
     winner = sampler.gumbel_argmax(bin_gatherer(bin, lower, shared_entries(sh)), sh, begin, end);
     publish_entries(state, entries, sh);  // (the draw's reduction completed the gathering)
@@ -347,10 +348,10 @@ __device__ void draw_cut_chunk(RowSampler& sampler, const Split& split, int64_t 
     const uint64_t k = static_cast<uint64_t>(sampler.r.top_k);
     if (gathered <= kBinCapacity) {
       load_entries(entries, gathered, sh);
-      sampler.threshold = max(lower, radix_select<false>(entry_keys(gathered, sh), bin, above, k, 0.0f, sh));
+      sampler.threshold = max(lower, radix_select<kCountKeys>(entry_keys(gathered, sh), bin, above, k, 0.0f, sh));
       best = sampler.entries_argmax(gathered, best, sh);
     } else {  // passes over the whole row, by this block: the select, then the bin's draw
-      sampler.threshold = max(lower, radix_select<false>(sampler.candidate_keys(), bin, above, k, 0.0f, sh));
+      sampler.threshold = max(lower, radix_select<kCountKeys>(sampler.candidate_keys(), bin, above, k, 0.0f, sh));
       const uint64_t next_bin = bin_start(bin + 1);
       const uint32_t kept = sampler.threshold;
       const auto in_bin = [=](int64_t, uint32_t key) { return key >= kept && key < next_bin; };
@@ -386,13 +387,13 @@ __device__ void draw_top_p_chunk(RowSampler& sampler, const Split& split, int64_
   const uint64_t above = block_load(state.above, sh);
   load_entries(split.entries(row), gathered, sh);
   const auto keys = entry_keys(gathered, sh);
-  const uint32_t t_k = radix_select<false>(keys, bin, above, static_cast<uint64_t>(sampler.r.top_k), sampler.s_max, sh);
+  const uint32_t t_k = radix_select<kCountKeys>(keys, bin, above, static_cast<uint64_t>(sampler.r.top_k), sampler.s_max, sh);
   const uint32_t floor = max(lower, t_k);
   uint64_t kept_mass = 0;  // top_k_first's Z: the entries' mass at or above t_k and t_minp
   if (sampler.r.top_k_first)
     keys([&](uint32_t key) { kept_mass += key >= floor ? token_mass(key_score(key), sampler.s_max) : 0; });
   const uint64_t total = sampler.r.top_k_first ? block_sum(kept_mass, sh) : block_load(state.mass, sh);
-  const uint32_t t_p = radix_select<true>(keys, kAllKeys, 0, top_p_target(sampler.r.top_p, total), sampler.s_max, sh);
+  const uint32_t t_p = radix_select<kScoreMasses>(keys, kAllKeys, 0, top_p_target(sampler.r.top_p, total), sampler.s_max, sh);
   sampler.threshold = max(floor, t_p);
   const uint64_t best = sampler.entries_argmax(gathered, kNoToken, sh);
   if (threadIdx.x == 0) sampler.p.out.set(row, unpack_or_none(best));
@@ -440,7 +441,7 @@ __device__ bool draw_top_p_bracket(RowSampler& sampler, const Split& split, int6
   const uint64_t p_target = top_p_target(sampler.r.top_p, block_load(state.mass, sh));
   if (gathered > kBinCapacity || mass_above >= p_target) return false;  // t_p: no entry, or above them
   load_entries(split.entries(row), gathered, sh);
-  const uint32_t t_p = radix_select<true>(entry_keys(gathered, sh), kAllKeys, mass_above, p_target, sampler.s_max, sh);
+  const uint32_t t_p = radix_select<kScoreMasses>(entry_keys(gathered, sh), kAllKeys, mass_above, p_target, sampler.s_max, sh);
   if (t_p == kNoKey && from > lower) return false;  // t_p below the entries, and above t_minp
   sampler.threshold = max(lower, t_p);
   const uint64_t best = sampler.entries_argmax(gathered, partials_max(split.partials(row), split.splits, sh), sh);

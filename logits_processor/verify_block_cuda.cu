@@ -26,7 +26,7 @@ __device__ int64_t block_verify_row(const VerifyParams& v, int64_t b, SharedStat
     const bool allowed = cut_position(row, &log_z, sh);
     if (emitting) {
       if (tau != end) last = residual_draw(v, b, tau, row, log_z, -1, sh, tau_log_w);  // (allowed; no draft left out)
-      else if (tau == drafts && allowed) last = unpack_or_none(row.gumbel_argmax(at_least(row.threshold), sh, 0, row.p.vocab));
+      else if (tau == drafts && allowed) last = unpack_or_none(row.gumbel_argmax(kept_between(row.threshold, row.ceiling), sh, 0, row.p.vocab));
       break;  // (tau == end < drafts: nothing allowed there, -1)
     }
     bool ends = !allowed;
@@ -36,7 +36,7 @@ __device__ int64_t block_verify_row(const VerifyParams& v, int64_t b, SharedStat
       if (j > 0) {  // h_j
         uint64_t high = 0, low = 0;
         row.for_each_candidate([&](int64_t i, float s) {
-          if (score_key(s) < row.threshold) return;
+          if (!row.kept(score_key(s))) return;
           const FineMass m = residual_mass(
               block_residual_log_weight(token_logprob(s, row.s_max, log_z), log_w, draft_prob(v, b, j, i)));
           high += m.high, low += m.low;

@@ -22,7 +22,7 @@ __device__ int64_t residual_draw(const VerifyParams& v, int64_t b, int64_t posit
   ResidualDraw draw;
   NoiseWords noise;
   row.for_each_candidate([&](int64_t i, float s) {
-    if (score_key(s) < row.threshold || i == draft) return;
+    if (!row.kept(score_key(s)) || i == draft) return;
     // (log_w = 0 adds nothing: a logprob is never -0.0, token_logprob's sum starts from +0.)
     draw.offer(i, lp_add(token_logprob(s, row.s_max, log_z), log_w), token_gumbel(row.r, i, noise(row.r, i)),
                draft_prob(v, b, position, i));

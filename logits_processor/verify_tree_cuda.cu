@@ -59,7 +59,8 @@ __device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, R
     const double c_next = next_multiplier(res);
     uint64_t high = 0, low = 0;
     row.for_each_candidate([&](int64_t i, float si) {
-      if (score_key(si) < row.threshold || rejected_before(ts, rank + 1, i)) return;
+      const uint32_t key = score_key(si);
+      if (key < row.threshold || key > row.ceiling || rejected_before(ts, rank + 1, i)) return;
       const FineMass m = residual_term(token_logprob(si, row.s_max, log_z), draft_prob(v, b, node, i), c_next,
                                        res.log_m);
       high += m.high, low += m.low;
@@ -70,7 +71,8 @@ __device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, R
   ResidualDraw draw;
   NoiseWords noise;
   row.for_each_candidate([&](int64_t i, float si) {
-    if (score_key(si) < row.threshold || i == last || rejected_before(ts, rank, i)) return;
+    const uint32_t key = score_key(si);
+    if (key < row.threshold || key > row.ceiling || i == last || rejected_before(ts, rank, i)) return;
     const float qi = draft_prob(v, b, node, i);
     const float lri = residual_logprob(token_logprob(si, row.s_max, log_z), qi, res);
     if (lri > kNegInf) draw.offer(i, lri, token_gumbel(row.r, i, noise(row.r, i)), qi);

@@ -339,6 +339,12 @@ def other_kernel_cases(lp, device: str, g: torch.Generator) -> None:
         got, want = both(lp, device, op, logits, **per_row, bitmask=mask, penalties=penalties,
                          filter_apply_order="top_k_first", mirostat_mu=torch.tensor([0.0, 3.0, 5.0, float("inf"), 8.0, 2.0]))
         expect(same(got, want), op)
+    # typical_p's band and XTC's ceiling (their passes after the cut, the weighted radix select).
+    band = dict(typical_p=torch.tensor([0.5, 1.0, 0.9, 0.3, 0.0, 0.95]),
+                xtc_probability=torch.tensor([1.0, 1.0, 0.0, 0.5, 1.0, 1.0]), xtc_threshold=0.01)
+    for op in ("sample", "filtered_probs"):
+        got, want = both(lp, device, op, logits, **per_row, **draws, bitmask=mask, **band)
+        expect(same(got, want), f"{op} with typical_p and XTC")
 
     drafts_count = 3
     target = (torch.randn(rows, drafts_count + 1, vocab, generator=g) * 3).to(torch.bfloat16)

@@ -95,11 +95,63 @@ def sigma_threshold(x: torch.Tensor, candidates: torch.Tensor, n: float) -> floa
     return float(top - n * (top - xs).clamp(max=SIGMA_CAP).std(unbiased=False))
 
 
+def assert_clear_rows_equal(got: torch.Tensor, ref: torch.Tensor, *nudged: torch.Tensor, fraction: float = 0.8):
+    """`got` (float64 [B, V]) is the reference distribution `ref` on the rows whose kept set every
+    `nudged` reference (a parameter moved a little) shares, within 2e-6 (relative); at least
+    `fraction` of the rows are that clear. Returns the clear rows."""
+    clear = torch.ones(len(ref), dtype=torch.bool)
+    for other in nudged:
+        clear &= ((ref > 0) == (other > 0)).all(-1)
+    assert clear.float().mean() >= fraction, clear.float().mean()
+    assert torch.equal(got[clear] > 0, ref[clear] > 0)
+    assert torch.allclose(got[clear], ref[clear].to(got.dtype), rtol=2e-6, atol=0)
+    return clear
+
+
+def keep_typical(q: torch.Tensor, typical_p) -> torch.Tensor:
+    """float64 [V]: locally typical sampling as transformers' TypicalLogitsWarper applies it to the
+    distribution q the other filters left (the entropy H of q, each token's distance
+    |-ln q - H|, sorted ascending; the first position whose cumulative mass reaches typical_p
+    gives the distance kept, every token at or within it kept), renormalised; typical_p >= 1
+    leaves q as it is."""
+    if typical_p >= 1.0:
+        return q
+    kept = q > 0
+    logq = torch.where(kept, q.log(), torch.zeros_like(q))
+    entropy = -(q * logq).sum()
+    distance = torch.where(kept, (-logq - entropy).abs(), torch.full_like(q, math.inf))
+    order = torch.argsort(distance, stable=True)
+    cumulative = torch.cumsum(q[order], 0)
+    last = min(int((cumulative < typical_p).sum()), int(kept.sum()) - 1)
+    band = torch.where(kept & (distance <= distance[order[last]]), q, torch.zeros_like(q))
+    return band / band.sum()
+
+
+def exclude_top_choices(q: torch.Tensor, xtc_probability, xtc_threshold) -> torch.Tensor:
+    """float64 [V]: XTC as llama.cpp's llama_sampler_xtc (src/llama-sampling.cpp) applies it to
+    the distribution q the other filters left, where its coin falls (xtc_probability 1; 0 is
+    off, and the reference draws no coin): threshold above 0.5 or fewer than two tokens with
+    q >= threshold leave q as it is; else every such token above the least likely of them is
+    dropped (all tied at that one kept, where llama.cpp keeps one by its sort order), and the
+    rest renormalised."""
+    if xtc_probability not in (0.0, 1.0):
+        raise ValueError("the reference takes xtc_probability 0 or 1 (no coin)")
+    if xtc_probability == 0.0 or xtc_threshold > 0.5:
+        return q
+    top = (q >= xtc_threshold) & (q > 0)
+    if int(top.sum()) < 2:
+        return q
+    kept = torch.where(q > q[top].min(), torch.zeros_like(q), q)
+    return kept / kept.sum()
+
+
 def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, slack=0.0,
-                       epsilon_cutoff=0.0, eta_cutoff=0.0, top_n_sigma=-1.0):
+                       epsilon_cutoff=0.0, eta_cutoff=0.0, top_n_sigma=-1.0, typical_p=1.0, xtc_probability=0.0,
+                       xtc_threshold=0.1):
     """float64 [B, V]: the probability of drawing each token under the intersection semantics
     (epsilon_cutoff, eta_cutoff: p >= truncation_floor over the whole row, the top always kept;
-    top_n_sigma: x >= sigma_threshold).
+    top_n_sigma: x >= sigma_threshold), then typical_p (keep_typical) and XTC
+    (exclude_top_choices) over what they keep.
 
     Sort-based and in float64, independent of the kernels' algorithm. Scores are x / T in
     float32, +inf and overflow clamped to the finite range (the op's definition, so ties
@@ -147,12 +199,13 @@ def sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, b
             last = int(torch.searchsorted(cum, torch.tensor([target], dtype=torch.float64)).clamp(max=n - 1))
             keep &= s >= s[order[last]]
         probs = torch.where(keep, p, torch.zeros_like(p))
-        out[b] = probs / probs.sum()
+        typical = keep_typical(probs / probs.sum(), float(_row_value(typical_p, b)))
+        out[b] = exclude_top_choices(typical, float(_row_value(xtc_probability, b)), float(_row_value(xtc_threshold, b)))
     return out
 
 
 def vllm_sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bitmask=None, epsilon_cutoff=0.0,
-                            eta_cutoff=0.0, top_n_sigma=-1.0):
+                            eta_cutoff=0.0, top_n_sigma=-1.0, typical_p=1.0, xtc_probability=0.0, xtc_threshold=0.1):
     """float64 [B, V]: the probability of drawing each token as vLLM's sampler chains the
     filters (filter_apply_order="top_k_first"), written as vLLM writes it in torch, in float64.
 
@@ -162,7 +215,8 @@ def vllm_sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0
     softmax of what is left, drop while the ascending cumulative sum <= 1 - top_p, the top token
     kept), then softmax. Scores as `sampling_reference`'s; rows with nothing allowed all zero.
     epsilon_cutoff, eta_cutoff and top_n_sigma (not vLLM's) are applied as min-p is, before
-    top-k: p >= truncation_floor over the whole row, the top kept; x >= sigma_threshold.
+    top-k: p >= truncation_floor over the whole row, the top kept; x >= sigma_threshold. typical_p
+    and XTC (not vLLM's) last, as keep_typical and exclude_top_choices.
     """
     x, allowed = _logits_and_allowed(logits, bitmask)
     rows, vocab = x.shape
@@ -194,7 +248,9 @@ def vllm_sampling_reference(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0
             top_p_mask = probs_sum <= 1 - tp
             top_p_mask[-1] = False
             logits_sort = logits_sort.masked_fill(top_p_mask, float("-inf"))
-        out[b] = torch.empty_like(scores).scatter_(0, logits_idx, logits_sort).softmax(dim=-1)
+        q = torch.empty_like(scores).scatter_(0, logits_idx, logits_sort).softmax(dim=-1)
+        out[b] = exclude_top_choices(keep_typical(q, float(_row_value(typical_p, b))),
+                                     float(_row_value(xtc_probability, b)), float(_row_value(xtc_threshold, b)))
     return out
 
 

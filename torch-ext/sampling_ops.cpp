@@ -38,6 +38,12 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
             "eta_cutoff must be in [0, 1] (0 disables it), got ", filters.eta_cutoff_value);
   CHECK_ARG(!std::isnan(filters.top_n_sigma_value), "top_n_sigma must not be NaN (0 or less disables it)");
   CHECK_ARG(!std::isnan(filters.mirostat_mu_value), "mirostat_mu must not be NaN (inf disables it)");
+  CHECK_ARG(filters.typical_p_value >= 0.0 && filters.typical_p_value <= 1.0,
+            "typical_p must be in [0, 1] (1 disables it), got ", filters.typical_p_value);
+  CHECK_ARG(filters.xtc_probability_value >= 0.0 && filters.xtc_probability_value <= 1.0,
+            "xtc_probability must be in [0, 1] (0 disables it), got ", filters.xtc_probability_value);
+  CHECK_ARG(filters.xtc_threshold_value >= 0.0 && filters.xtc_threshold_value <= 1.0,
+            "xtc_threshold must be in [0, 1] (above 0.5 disables XTC), got ", filters.xtc_threshold_value);
   const auto filter_order = static_cast<lp::FilterOrder>(
       choice_index(filters.filter_apply_order, "filter_apply_order", {"joint", "top_k_first"}));
 
@@ -55,6 +61,9 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   call.eta = param(filters.eta_cutoff, "eta_cutoff", ScalarType::Float);
   call.top_n_sigma = param(filters.top_n_sigma, "top_n_sigma", ScalarType::Float);
   call.mirostat_mu = param(filters.mirostat_mu, "mirostat_mu", ScalarType::Float);
+  call.typical_p = param(filters.typical_p, "typical_p", ScalarType::Float);
+  call.xtc_probability = param(filters.xtc_probability, "xtc_probability", ScalarType::Float);
+  call.xtc_threshold = param(filters.xtc_threshold, "xtc_threshold", ScalarType::Float);
   call.seed = param(draws.seed, "seed", ScalarType::Long);
   call.offset = param(draws.offset, "offset", ScalarType::Long);
 
@@ -88,6 +97,12 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   p.top_n_sigma_value = ieee_float(filters.top_n_sigma_value);
   p.mirostat_mu = float_array(call.mirostat_mu);
   p.mirostat_mu_value = ieee_float(filters.mirostat_mu_value);
+  p.typical_p = float_array(call.typical_p);
+  p.typical_p_value = ieee_float(filters.typical_p_value);
+  p.xtc_probability = float_array(call.xtc_probability);
+  p.xtc_probability_value = ieee_float(filters.xtc_probability_value);
+  p.xtc_threshold = float_array(call.xtc_threshold);
+  p.xtc_threshold_value = ieee_float(filters.xtc_threshold_value);
   p.filter_order = filter_order;
   p.seed = int_array(call.seed);
   p.seed_value = draws.seed_value;
@@ -213,11 +228,11 @@ void sample_with_kept(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP
 }
 
 void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARGUMENTS(LP_PARAMETER)
-                    const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
-                    const std::string& logprobs_mode, const Tensor& out) {
-  // No draw: the seed and offset are never read.
+                    LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
+                    LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const std::string& logprobs_mode, const Tensor& out) {
+  // No draw: the seed and offset key XTC's coin alone.
   SamplingCall call = sampling_call(logits, {LP_FILTER_ARGUMENTS(LP_FORWARD)},
-                                    {std::nullopt, 0, std::nullopt, 0}, bitmask);
+                                    {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask);
   add_penalties(call, logits, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
   CHECK_ARG(token_ids.dim() == 1 && token_ids.size(0) == logits.size(0),
             "token_ids must be a 1-D tensor of length ", logits.size(0), " (one per row), got shape ",
@@ -230,11 +245,12 @@ void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARG
   run_sampling(p, logits);
 }
 
-void filtered_distribution(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
-                           LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const std::string& output, const Tensor& out) {
-  // No draw: the seed and offset are never read.
+void filtered_distribution(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
+                           const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
+                           const std::string& output, const Tensor& out) {
+  // No draw: the seed and offset key XTC's coin alone.
   SamplingCall call = sampling_call(logits, {LP_FILTER_ARGUMENTS(LP_FORWARD)},
-                                    {std::nullopt, 0, std::nullopt, 0}, bitmask);
+                                    {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask);
   add_penalties(call, logits, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)});
   const bool as_logits = choice_index(output, "output", {"probs", "logits"}) == 1;
   lp::SamplingParams& p = call.params;

@@ -25,7 +25,8 @@ struct DrawArguments {
 // dtypes (held here for the duration of the call).
 struct SamplingCall {
   logits_processor::SamplingParams params{};
-  std::optional<Tensor> temperature, top_k, top_p, min_p, epsilon, eta, top_n_sigma, mirostat_mu, seed, offset;
+  std::optional<Tensor> temperature, top_k, top_p, min_p, epsilon, eta, top_n_sigma, mirostat_mu, typical_p, xtc_probability,
+      xtc_threshold, seed, offset;
   PenaltyCall penalty;
 };
 

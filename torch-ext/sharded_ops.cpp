@@ -62,6 +62,12 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
                        const Tensor& picks, const Tensor& kept_bitmask) {
   const FilterArguments filters{LP_FILTER_ARGUMENTS(LP_FORWARD)};
   SamplingCall call = sampling_call(logits, filters, {LP_DRAW_ARGUMENTS(LP_FORWARD)}, bitmask);
+  // (typical_p's band and XTC's ceiling need the kept set's sums after the cut: collective
+  // rounds the protocol does not have yet.)
+  CHECK_ARG(!typical_p.has_value() && typical_p_value == 1.0,
+            "typical_p is not supported by sample_sharded (leave it at 1)");
+  CHECK_ARG(!xtc_probability.has_value() && xtc_probability_value == 0.0,
+            "xtc_probability is not supported by sample_sharded (leave it at 0)");
   CHECK_ARG(vocab_size >= 1 && vocab_size < (int64_t{1} << 31), "vocab_size must be in [1, 2^31), got ",
             vocab_size);
   const int64_t shard = logits.size(1);

@@ -103,6 +103,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "Tensor logits, "
           "Tensor token_ids, "
           LP_FILTER_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          LP_DRAW_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "Tensor? bitmask, "
           LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "str logprobs_mode, "
@@ -111,6 +112,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
   ops.def("filtered_distribution("
           "Tensor logits, "
           LP_FILTER_ARGUMENTS(LP_SCHEMA_ARGUMENT)
+          LP_DRAW_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "Tensor? bitmask, "
           LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "str output, "

@@ -46,9 +46,13 @@
   LP_PER_ROW(X, epsilon_cutoff, "float", double)      \
   LP_PER_ROW(X, eta_cutoff, "float", double)          \
   LP_PER_ROW(X, top_n_sigma, "float", double)         \
-  LP_PER_ROW(X, mirostat_mu, "float", double)
+  LP_PER_ROW(X, mirostat_mu, "float", double)         \
+  LP_PER_ROW(X, typical_p, "float", double)           \
+  LP_PER_ROW(X, xtc_probability, "float", double)     \
+  LP_PER_ROW(X, xtc_threshold, "float", double)
 
-// The draw's seed and offset (every sampler op but token_logprobs, which draws nothing).
+// The draw's seed and offset (every sampler op; token_logprobs and filtered_distribution, which
+// draw nothing, read them for XTC's coin alone).
 #define LP_DRAW_ARGUMENTS(X)             \
   LP_PER_ROW(X, seed, "int", int64_t)    \
   LP_PER_ROW(X, offset, "int", int64_t)
@@ -136,9 +140,10 @@ void sample_with_kept(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP
                       const Tensor& logprobs, const Tensor& logprob_token_ids, const Tensor& ranks,
                       const Tensor& kept_bitmask, const Tensor& kept_ids, const Tensor& kept_size);
 void token_logprobs(const Tensor& logits, const Tensor& token_ids, LP_FILTER_ARGUMENTS(LP_PARAMETER)
-                    const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
+                    LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
                     const std::string& logprobs_mode, const Tensor& out);
-void filtered_distribution(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
+void filtered_distribution(const Tensor& logits, LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
+                           const std::optional<Tensor>& bitmask,
                            LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const std::string& output, const Tensor& out);
 void logits_from_probs(const Tensor& probs, const Tensor& out);
 

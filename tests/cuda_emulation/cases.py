@@ -27,6 +27,10 @@ PATHS = {
     "eta": dict(eta_cutoff=2e-3),
     "top_n_sigma": dict(top_n_sigma=1.5),
     "mirostat": dict(mirostat_mu=4.0),
+    "xtc": dict(xtc_probability=1.0, xtc_threshold=0.02),
+    "xtc_filtered": dict(top_k=50, top_p=0.95, xtc_probability=0.6, xtc_threshold=0.05),
+    "typical": dict(typical_p=0.9),
+    "typical_xtc": dict(top_k=100, typical_p=0.7, xtc_probability=1.0, xtc_threshold=0.05),
 }
 
 # Where filter_apply_order="top_k_first" decides differently (top-p over what top-k and min-p
@@ -39,19 +43,23 @@ TOP_K_FIRST_PATHS = {
     "large_top_k": dict(top_k=5000, top_p=0.95),
     "epsilon_eta": dict(top_k=40, top_p=0.9, epsilon_cutoff=1e-3, eta_cutoff=2e-3),
     "top_n_sigma": dict(top_p=0.9, min_p=0.01, top_n_sigma=2.0),
+    "xtc": dict(top_k=40, top_p=0.9, xtc_probability=1.0, xtc_threshold=0.03),
+    "typical": dict(top_k=40, top_p=0.9, typical_p=0.8),
 }
 
 
-# The speculative kernels' rows (verify_draft, verify_tree): row r on path r % 7.
+# The speculative kernels' rows (verify_draft, verify_tree): row r on path r % 9.
 VERIFY_PATHS = [dict(temperature=0.0), dict(), dict(top_k=7), dict(top_p=0.8, min_p=0.05),
                 dict(temperature=0.6, top_k=40, top_p=0.9), dict(top_p=0.95, epsilon_cutoff=1e-3, eta_cutoff=2e-3),
-                dict(top_n_sigma=1.0)]
+                dict(top_n_sigma=1.0), dict(top_k=40, xtc_probability=1.0, xtc_threshold=0.02),
+                dict(typical_p=0.8)]
 
 # The filters' per-row values where a path leaves them out (the value that disables each).
 FILTER_DEFAULTS = dict(top_k=0, top_p=1.0, min_p=0.0, epsilon_cutoff=0.0, eta_cutoff=0.0, top_n_sigma=-1.0,
-                       mirostat_mu=math.inf)
+                       mirostat_mu=math.inf, typical_p=1.0, xtc_probability=0.0, xtc_threshold=0.1)
 # Those sample_sharded does not take.
-UNSHARDED = ("epsilon_cutoff", "eta_cutoff", "top_n_sigma", "mirostat_mu")
+UNSHARDED = ("epsilon_cutoff", "eta_cutoff", "top_n_sigma", "mirostat_mu", "typical_p", "xtc_probability",
+             "xtc_threshold")
 
 
 def path_params(paths: list[dict], temperature: torch.Tensor) -> dict:
@@ -69,12 +77,12 @@ def path_params(paths: list[dict], temperature: torch.Tensor) -> dict:
 
 
 def verify_row_params(rows: int, g: torch.Generator) -> dict:
-    """Per-row temperature and filters of the speculative kernels' tests, row r on VERIFY_PATHS[r % 7]."""
+    """Per-row temperature and filters of the speculative kernels' tests, row r on VERIFY_PATHS[r % 9]."""
     return path_params(VERIFY_PATHS, torch.rand(rows, generator=g) + 0.4)
 
 
 def row_params(rows: int, g: torch.Generator) -> dict:
-    """Per-row parameters, row r on path r % 11 with its own temperature, seed and offset."""
+    """Per-row parameters, row r on path r % 15 with its own temperature, seed and offset."""
     return path_params(list(PATHS.values()), torch.rand(rows, generator=g) + 0.3) | dict(
         seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
 

@@ -95,8 +95,19 @@ MUTANTS = [
     Mutant("radix-digit", BINS, "(key >> shift) & (kThreads - 1)",
            "((key >> shift) + 1) & (kThreads - 1)", "fibers", AGREEMENT),
     # The cutoff comparison off by one: tokens exactly at the threshold dropped.
-    Mutant("cutoff", ROW_SAMPLER, "return key >= threshold;", "return key > threshold;", "fibers",
-           AGREEMENT),
+    Mutant("cutoff", ROW_SAMPLER, "return key >= threshold && key <= ceiling;",
+           "return key > threshold && key <= ceiling;", "fibers", AGREEMENT),
+    # The kept set's ceiling exclusive in the log-probabilities: the kept set's top (XTC's least
+    # likely top choice, typical_p's highest score) left out of Z.
+    Mutant("kept-ceiling", ROW_SAMPLER, "key <= ceiling", "key < ceiling", "fibers", AGREEMENT,
+           "sample_with_logprobs_agrees_with_cpu", "tests/cuda_emulation/test_logprobs_cuda.py",
+           within="return threshold <= key && key <= ceiling; }"),
+    # typical_p's select weighted by each thread's count of keys, not their masses.
+    Mutant("typical-weights", BINS, "add_to_bin(digit_bin, weight)", "add_one_to_bin(digit_bin)", "fibers", AGREEMENT,
+           within="else if constexpr (kWeights == kGivenWeights) add_to_bin(digit_bin, weight);"),
+    # XTC's kept mass Z_K from each thread's own tokens: its top choices' floor far too low.
+    Mutant("xtc-mass", ROW_SAMPLER, "epsilon_key(s_max, r.xtc_threshold, block_sum(mass, sh))",
+           "epsilon_key(s_max, r.xtc_threshold, mass)", "fibers", AGREEMENT),
     # The key bin of a cutoff off by one: the bin above the one that reaches the target.
     Mutant("bin-select", BINS, "sh.bin = b, sh.above = above;", "sh.bin = b + 1, sh.above = above;",
            "fibers", AGREEMENT, "boundary_bin"),
@@ -138,13 +149,16 @@ MUTANTS = [
            within="TruncationSums sums{epsilon ? block_sum(mass, sh) : 0, {0, 0}, {0, 0}, {0, 0, 0, 0}};"),
     # eta_cutoff's entropy terms from each thread's own tokens: its floor then too high.
     Mutant("eta-entropy", ROW_SAMPLER, "block_sum(terms_high, sh)", "terms_high", "fibers", AGREEMENT,
-           "scalar_parameters and eta"),
+           "scalar_parameters and eta", within="sums.terms = {block_sum(terms_high, sh)"),
+    # typical_p's entropy terms from each thread's own tokens: its center, and band, move.
+    Mutant("typical-center", ROW_SAMPLER, "block_sum(terms_high, sh)", "terms_high", "fibers", AGREEMENT,
+           "scalar_parameters and typical", within="typical_center(z, {block_sum(terms_high, sh)"),
     # top_n_sigma's sum of distances from each thread's own tokens: the mean too small, sigma too large.
     Mutant("sigma-mean", ROW_SAMPLER, "block_sum(own.distance, sh)", "own.distance", "fibers", AGREEMENT,
            "scalar_parameters and top_n_sigma"),
     # A split epsilon_cutoff row cut over its chunks (which know no Z) instead of one block's.
     Mutant("split-epsilon-whole", SPLIT, "has_truncation(sampler.r)", "false", "fibers", AGREEMENT,
-           "split_cut and dtype0-normal", within="const bool needs_z = has_truncation(sampler.r);"),
+           "split_cut and dtype0-normal", within="const bool needs_z = has_truncation(sampler.r) ||"),
     # A device tree's link N taken as a node (the bound off by one): the last row's walk reads
     # past its tensors.
     Mutant("tree-link-bound", TREE_LINKS, "value >= 0 && value < nodes", "value >= 0 && value <= nodes",
@@ -165,7 +179,8 @@ MUTANTS = [
            "if (i == token + 1) token_key = score_key(s);", "fibers", AGREEMENT, "replay_agrees_with_cpu",
            "tests/cuda_emulation/test_replay_cuda.py"),
     # The kept ids of a set too large for shared memory lose the tokens tied at its cutoff.
-    Mutant("kept-set-cutoff", LOGPROBS, "if (key < sampler.threshold) return;", "if (key <= sampler.threshold) return;",
+    Mutant("kept-set-cutoff", LOGPROBS, "if (key < sampler.threshold || key > sampler.ceiling) return;",
+           "if (key <= sampler.threshold || key > sampler.ceiling) return;",
            "fibers", AGREEMENT, "kept_set_sizes_agree_with_cpu", "tests/cuda_emulation/test_replay_cuda.py"),
     # The filtered distribution's scores taken without the row's score origin (a tiny
     # temperature's row then saturates), and its probabilities normalised without Z's low digit.

@@ -61,7 +61,8 @@ def test_sample_with_logprobs_agrees_with_cpu(cuda_target, lp_cpu, mode, dtype, 
     again = cuda_target.lp.token_logprobs(logits.to(device), got.tokens, logprobs_mode=mode,
                                           **on(device, **{k: kwargs[k] for k in ("temperature", "top_k", "top_p",
                                                                                   "min_p", "epsilon_cutoff", "eta_cutoff", "top_n_sigma", "mirostat_mu",
-                                                                                  "bitmask")}))
+                                                                                  "typical_p", "xtc_probability", "xtc_threshold",
+                                                                                  "seed", "offset", "bitmask")}))
     assert torch.equal(bits(again.cpu()), bits(expected.logprobs[:, 0]))
 
 

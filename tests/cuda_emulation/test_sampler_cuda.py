@@ -128,7 +128,8 @@ SPLIT_FILTERS = [dict(top_k=1), dict(top_k=50), dict(top_k=50, top_p=0.9), dict(
                  dict(min_p=0.1), dict(top_k=50, min_p=0.3), dict(top_k=7, min_p=1.0), dict(top_p=0.9),
                  dict(top_k=1024, top_p=0.3), dict(top_k=200, top_p=0.999, min_p=0.02), dict(top_k=1, top_p=0.0),
                  dict(top_p=0.5, min_p=0.05), dict(top_p=0.999), dict(top_p=0.0), dict(top_k=2000, top_p=0.8),
-                 dict(epsilon_cutoff=1e-4), dict(eta_cutoff=1e-3), dict(top_n_sigma=2.0)]  # (sampled whole, by one block)
+                 dict(epsilon_cutoff=1e-4), dict(eta_cutoff=1e-3), dict(top_n_sigma=2.0),
+                 dict(top_k=50, xtc_probability=1.0, xtc_threshold=0.01), dict(typical_p=0.9)]  # (sampled whole, by one block)
 
 
 def split_rows(kind: str, rows: int, vocab: int, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
@@ -172,6 +173,9 @@ def test_split_cut_agrees_with_cpu(emulation, lp_cpu, dtype, kind):
                   epsilon_cutoff=torch.tensor([f.get("epsilon_cutoff", 0.0) for f in SPLIT_FILTERS]),
                   eta_cutoff=torch.tensor([f.get("eta_cutoff", 0.0) for f in SPLIT_FILTERS]),
                   top_n_sigma=torch.tensor([f.get("top_n_sigma", -1.0) for f in SPLIT_FILTERS]),
+                  typical_p=torch.tensor([f.get("typical_p", 1.0) for f in SPLIT_FILTERS]),
+                  xtc_probability=torch.tensor([f.get("xtc_probability", 0.0) for f in SPLIT_FILTERS]),
+                  xtc_threshold=torch.tensor([f.get("xtc_threshold", 0.1) for f in SPLIT_FILTERS]),
                   seed=torch.randint(0, 2**62, (rows,), generator=g), offset=3)
     bitmask = random_bitmask(rows, vocab, g, "words")
     counts = torch.randint(0, 3, (rows, vocab), generator=g, dtype=torch.int32)

@@ -19,8 +19,8 @@ def stage_arguments(lp, kwargs: dict, num_logprobs: int) -> tuple:
     """The driver's own argument handling (the package's _sharded module): the op's sampling
     controls as schema arguments, the logprobs mode, rank ties and K, and the plan."""
     sharded = lp._sharded
-    controls = lp.SamplingControls(**{k: v for k, v in kwargs.items() if k in sharded.DRAW_CONTROLS})
-    arguments = controls.arguments(*sharded.DRAW_CONTROLS)
+    controls = lp.SamplingControls(**{k: v for k, v in kwargs.items() if k in sharded.SAMPLER_CONTROLS})
+    arguments = controls.arguments(*sharded.SAMPLER_CONTROLS)
     mode, ties = kwargs.get("logprobs_mode", "processed"), kwargs.get("rank_ties", "min")
     k = kwargs.get("return_kept", 0)
     return arguments, mode, ties, k, sharded._plan(arguments, num_logprobs, mode, k, ties)

@@ -37,6 +37,8 @@ PATHS = {
     "eta": dict(eta_cutoff=2e-3),
     "top_n_sigma": dict(top_n_sigma=1.5),
     "mirostat": dict(mirostat_mu=10.0),
+    "xtc": dict(xtc_probability=1.0, xtc_threshold=0.001),
+    "typical": dict(typical_p=0.95),
 }
 # filter_apply_order="top_k_first" on the paths where it decides differently, "<path>_first".
 PATHS |= {f"{path}_first": dict(PATHS[path], filter_apply_order="top_k_first")
@@ -47,11 +49,13 @@ PATHS |= {f"{path}_first": dict(PATHS[path], filter_apply_order="top_k_first")
 # takes 3), but one more with a top-k set past the 4096 candidates shared memory gathers.
 # epsilon_cutoff, eta_cutoff, top_n_sigma and mirostat_mu (epsilon's floor) add a pass (Z, the
 # entropy, sigma), and a split row
-# goes to one block (B=1: 1 + 3, 1 + 4).
+# goes to one block (B=1: 1 + 3, 1 + 4). XTC, where its coin falls, two after the cut (Z_K, the
+# lowest top choice) and a draw of its own; typical_p six (its sums, four radix digits, the
+# band's bounds) and the draw; a split row to one block.
 TARGETS = {"greedy": 1, "unfiltered": 1, "top_k": 2, "top_p": 3, "min_p": 2, "all": 3, "bitmask": 0.75,
            "top_k_top_p": 3, "top_p_min_p": 3, "top_k_5000_top_p": 4.11,
            "all_first": 3, "top_k_top_p_first": 3, "top_p_min_p_first": 3, "top_k_5000_top_p_first": 5.11,
-           "epsilon": 4, "all_epsilon": 5, "eta": 4, "top_n_sigma": 4, "mirostat": 4}
+           "epsilon": 4, "all_epsilon": 5, "eta": 4, "top_n_sigma": 4, "mirostat": 4, "xtc": 5, "typical": 9}
 # (Per-row parameters and outputs add a few bytes to a pass.)
 SLACK = 0.005
 

@@ -13,7 +13,6 @@ from op_cases import random_row_params
 
 SAMPLER_OPS = ["sample", "sample_with_logprobs", "token_logprobs", "filtered_probs", "filtered_logits",
                "sample_sharded", "verify_draft", "verify_tree"]
-DISTRIBUTION_ONLY = {"token_logprobs", "filtered_probs", "filtered_logits"}  # (no draw: no seed, offset)
 
 
 def declared(lp):
@@ -22,13 +21,12 @@ def declared(lp):
 
 @pytest.mark.parametrize("name", SAMPLER_OPS)
 def test_signatures_come_from_the_declaration(lp_cpu, name):
-    """Each op takes the declared controls (seed and offset where it draws), at their declared
-    defaults, positional or keyword-only as declared, and `controls=` last; its docstring has
-    an entry per control."""
+    """Each op takes the declared controls (seed and offset in every one: the ops that draw
+    nothing read them for XTC's coin), at their declared defaults, positional or keyword-only as
+    declared, and `controls=` last; its docstring has an entry per control."""
     controls = declared(lp_cpu)
     op = getattr(lp_cpu, name)
-    expected = [c for c in controls if not (name in DISTRIBUTION_ONLY and c in ("seed", "offset"))
-                and (name != "sample_sharded" or controls[c].sharded)
+    expected = [c for c in controls if (name != "sample_sharded" or controls[c].sharded)
                 and (name not in ("verify_draft", "verify_tree") or controls[c].speculative)]
     assert list(op.sampling_controls) == expected
     parameters = inspect.signature(op).parameters
@@ -68,9 +66,9 @@ def test_controls_object_equals_the_keywords(lp_cpu):
     controls = batch_controls(lp_cpu, rows, vocab, g, penalties=penalties,
                               epsilon_cutoff=torch.rand(rows, generator=g) * 1e-3, eta_cutoff=2e-3,
                               top_n_sigma=torch.rand(rows, generator=g) + 1.5,
-                              mirostat_mu=torch.rand(rows, generator=g) * 8 + 2)
+                              mirostat_mu=torch.rand(rows, generator=g) * 8 + 2,
+                              xtc_probability=torch.rand(rows, generator=g), xtc_threshold=0.02)
     keywords = controls._asdict()
-    drawless = {k: v for k, v in keywords.items() if k not in ("seed", "offset")}
     tokens = lp_cpu.sample(logits, **keywords)
     calls = {
         "sample": lambda **c: lp_cpu.sample(logits, **c),
@@ -81,7 +79,7 @@ def test_controls_object_equals_the_keywords(lp_cpu):
         "sample_sharded": lambda **c: lp_cpu.sample_sharded(logits, 0, vocab, num_logprobs=2, **c),
     }
     for name, call in calls.items():
-        given = drawless if name in DISTRIBUTION_ONLY else keywords
+        given = keywords
         if name == "sample_sharded":  # (it takes none of the truncation samplers)
             unsharded = {c: declared(lp_cpu)[c].default for c in keywords if not declared(lp_cpu)[c].sharded}
             given = {k: v for k, v in given.items() if k not in unsharded}

@@ -243,15 +243,15 @@ def test_opcheck_and_compile(lp):
                     bias["logit_bias_ids"], bias["logit_bias_values"], "vllm", rows)
     bitmask = random_bitmask(4, 300, g, "mixed")
     filter_args = (torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "joint", torch.full((4,), 1e-4), 0.0, None, 2e-3,
-                   None, 2.5, None, 8.0)
+                   None, 2.5, None, 8.0, None, 0.9, torch.full((4,), 0.5), 0.0, None, 0.1)
     torch.library.opcheck(ops.sample, (logits, *filter_args, torch.arange(4), 0, None, 3, bitmask, *penalty_args,
                                        torch.empty(4, dtype=torch.int64)))
     outs = (torch.empty(4, dtype=torch.int64), torch.empty(4, 3), torch.empty(4, 3, dtype=torch.int64),
             torch.empty(4, dtype=torch.int64))
     torch.library.opcheck(ops.sample_with_logprobs, (logits, *filter_args, torch.arange(4), 0, None, 3, bitmask,
                                                      *penalty_args, 2, "processed", "min", *outs))
-    torch.library.opcheck(ops.token_logprobs, (logits, torch.randint(0, 300, (4,), generator=g), *filter_args, bitmask,
-                                               *penalty_args, "processed", torch.empty(4)))
+    torch.library.opcheck(ops.token_logprobs, (logits, torch.randint(0, 300, (4,), generator=g), *filter_args, torch.arange(4), 0, None, 3,
+                                               bitmask, *penalty_args, "processed", torch.empty(4)))
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def fused_step(x, prompt_mask, counts, repetition, rows, offset):
@@ -306,4 +306,4 @@ def test_fused_penalties_without_state_rejected(lp):
     no_state = (None, None, None, 1.5, None, 0.0, None, 0.0, None, None, "vllm", None)
     with pytest.raises(RuntimeError, match="^penalties need their state"):
         lp._ops.ops.sample(logits, None, 1.0, None, 0, None, 1.0, None, 0.0, "joint", None, 0.0, None, 0.0,
-                           None, -1.0, None, float("inf"), None, 0, None, 0, None, *no_state, torch.empty(2, dtype=torch.int64))
+                           None, -1.0, None, float("inf"), None, 1.0, None, 0.0, None, 0.1, None, 0, None, 0, None, *no_state, torch.empty(2, dtype=torch.int64))

@@ -225,7 +225,7 @@ def test_shard_ops_opcheck(lp_cpu):
     shards = [logits[:, :cut].contiguous(), logits[:, cut:].contiguous()]
     params = dict(temperature=torch.rand(rows, generator=g) + 0.5, top_k=20, top_p=0.9, min_p=0.0,
                   seed=torch.arange(rows), offset=1)
-    arguments = lp_cpu.SamplingControls(**params).arguments(*sharded.DRAW_CONTROLS)
+    arguments = lp_cpu.SamplingControls(**params).arguments(*sharded.SAMPLER_CONTROLS)
     plan = sharded._plan(arguments, n, "processed", k, "max")
     words = lambda *shape: torch.zeros(shape, dtype=torch.int64)  # noqa: E731
     states = [words(rows, sharded._STATE_WORDS) for _ in shards]

@@ -303,7 +303,8 @@ def test_out_opcheck_and_compile(lp_cpu):
     assert returned.tokens is out[0] and returned.num_accepted is out[1]
     no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None)
     args = (target, drafts, torch.tensor([2, 1, 0, 2]), q, torch.rand(rows) + 0.5, 1.0, None, 5, None, 0.9,
-            None, 0.0, "top_k_first", None, 1e-4, None, 2e-3, torch.full((rows,), 2.0), -1.0, None, float("inf"), torch.arange(rows), 0, None,
+            None, 0.0, "top_k_first", None, 1e-4, None, 2e-3, torch.full((rows,), 2.0), -1.0, None, float("inf"), None, 0.9, torch.full((rows,), 0.5), 0.0, None, 0.1,
+            torch.arange(rows), 0, None,
             3, bitmask, *no_penalties, torch.rand(rows, 3) + 0.5, False,
             torch.empty(rows, 3, dtype=torch.int64), torch.empty(rows, dtype=torch.int64))
     torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args)
@@ -313,10 +314,10 @@ def test_out_opcheck_and_compile(lp_cpu):
     penalties = (prompt, counts, torch.rand(rows) + 0.5, 0.0, None, 0.3, None, 0.1,
                  torch.randint(-1, V, (rows, 2), generator=g), torch.randn(rows, 2, generator=g), "bias_last",
                  torch.tensor([3, 0, 2, 1]))
-    args = args[:26] + penalties + args[38:]
+    args = args[:32] + penalties + args[44:]
     torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args)
     # Block verification.
-    torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args[:39] + (True,) + args[40:])
+    torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args[:45] + (True,) + args[46:])
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def step(x, d, p, m, offset):

@@ -35,7 +35,7 @@ class Control:
     number: float or int for "a number or a per-row tensor" (two schema arguments, `<name>` and
     `<name>_value`: _args.number_or_tensor); None for an argument passed as given (the op
     checks it). positional: whether it may also be given by position (after the op's own
-    leading arguments, in CONTROLS' order). draw_only: a control of the ops that draw alone."""
+    leading arguments, in CONTROLS' order)."""
 
     name: str
     default: Any
@@ -43,7 +43,6 @@ class Control:
     doc: str
     number: Optional[type] = None
     positional: bool = True
-    draw_only: bool = False  # read by the draw alone: not a control of the ops that draw nothing
     sharded: bool = True  # a keyword of sample_sharded (else its schema argument stays at the default)
     speculative: bool = True  # a keyword of verify_draft and verify_tree (else as `sharded`)
     schema: bool = True  # a schema argument of the ops (else read by `arguments` itself)
@@ -75,11 +74,12 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
     Control("min_p", 0.0, "Param", number=float, doc=(
         "keep the tokens with p >= min_p * max p; at most 1; <= 0 (default 0.0) disables the "
         "filter.")),
-    Control("seed", 0, "Param", number=int, draw_only=True, doc=(
+    Control("seed", 0, "Param", number=int, doc=(
         "the Philox key. With an int, row b draws from the stream keyed by (seed, b, offset); with "
         "an integer ``[B]`` tensor, from (seed[b], offset[b]) alone, so a request draws the same "
-        "tokens whatever its row or batch. Default 0.")),
-    Control("offset", 0, "Param", number=int, draw_only=True, doc=(
+        "tokens whatever its row or batch. Default 0. The ops that draw nothing (`token_logprobs`, "
+        "`filtered_*`) read seed and offset for XTC's coin alone: give them the draw's.")),
+    Control("offset", 0, "Param", number=int, doc=(
         "the step counter of the stream, an int or an integer ``[B]`` tensor: advance it every "
         "step (the draw is replayable). Default 0.")),
     Control("bitmask", None, "Optional[torch.Tensor]", positional=False, doc=(
@@ -120,6 +120,22 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
         "disables it, 0 or less keeps the top alone. Decided as epsilon_cutoff is, with the floor "
         "2^-mu (the highest floor wins); not taken by `verify_draft` or `verify_tree` (mu changes "
         "between drafted positions)."), speculative=False),
+    Control("typical_p", 1.0, "Param", number=float, positional=False, doc=(
+        "locally typical sampling (transformers' TypicalLogitsWarper, llama.cpp's typical_p; Meister "
+        "et al. 2023): keep the tokens whose surprise -ln p is nearest the entropy, the fewest whose "
+        "mass reaches typical_p (all tied at the last distance kept), p and the entropy over what "
+        "the other filters keep, decided after them (before XTC); in [0, 1]; 1.0 (default) "
+        "disables it. Not taken by `sample_sharded`."), sharded=False),
+    Control("xtc_probability", 0.0, "Param", number=float, positional=False, doc=(
+        "XTC, exclude top choices (llama.cpp's xtc_probability): the chance, in [0, 1], that a "
+        "row drops every token with p >= xtc_threshold but the least likely of them (all tied "
+        "there kept), p renormalised over what the other filters keep, decided after them; the "
+        "coin is drawn from the row's (seed, offset) stream, so the ops that draw nothing need the "
+        "draw's seed and offset too. 0.0 (default) disables it. Not taken by `sample_sharded`."),
+        sharded=False),
+    Control("xtc_threshold", 0.1, "Param", number=float, positional=False, doc=(
+        "XTC's threshold on p (llama.cpp's xtc_threshold), in [0, 1]; above 0.5 disables XTC (at "
+        "most one token could reach it), as in llama.cpp. Default 0.1."), sharded=False),
     Control("dynatemp_range", 0.0, "Param", number=float, positional=False, doc=(
         "llama.cpp's dynamic temperature: the row's temperature becomes T_lo + (T_hi - T_lo) * "
         "(H / ln n) ** dynatemp_exponent, T_lo = max(0, temperature - dynatemp_range), T_hi = "
@@ -135,9 +151,8 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
 )}
 
 
-# The controls of the ops that draw, and of those that only compute the distribution.
-DRAW_CONTROLS = tuple(CONTROLS)
-DISTRIBUTION_CONTROLS = tuple(name for name, control in CONTROLS.items() if not control.draw_only)
+# The controls of every sampler op (those that draw nothing read seed and offset for XTC's coin).
+SAMPLER_CONTROLS = tuple(CONTROLS)
 SHARDED_CONTROLS = tuple(name for name, control in CONTROLS.items() if control.sharded)
 VERIFY_CONTROLS = tuple(name for name, control in CONTROLS.items() if control.speculative)
 
@@ -145,8 +160,7 @@ VERIFY_CONTROLS = tuple(name for name, control in CONTROLS.items() if control.sp
 class SamplingControls(collections.namedtuple("_Controls", CONTROLS, defaults=[c.default for c in CONTROLS.values()])):
     """A batch's sampling controls in one object (every field as the op's keyword of the same
     name documents it, `sample`'s docstring), for an engine to build once per step and pass to
-    any sampler op as ``controls=``. Fields an op does not take (seed and offset in
-    `token_logprobs` and `filtered_*`) are ignored by it.
+    any sampler op as ``controls=``.
     """
 
     __slots__ = ()

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from ._args import call
-from ._controls import DISTRIBUTION_CONTROLS, SamplingControls, sampling_op
+from ._controls import SAMPLER_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
 from ._penalties import FUSED_PENALTY_ARGUMENTS
@@ -16,14 +16,14 @@ from ._penalties import FUSED_PENALTY_ARGUMENTS
 
 def _filtered(output: str, logits: torch.Tensor, controls: SamplingControls,
               out: Optional[torch.Tensor]) -> torch.Tensor:
-    arguments = controls.arguments(*DISTRIBUTION_CONTROLS, logits=logits)
+    arguments = controls.arguments(*SAMPLER_CONTROLS, logits=logits)
     if out is None:
         out = torch.empty(logits.shape if logits.dim() == 2 else (0, 0), dtype=torch.float32, device=logits.device)
     call(ops, "filtered_distribution", logits=logits, **arguments, output=output, out=out)
     return out
 
 
-@sampling_op(*DISTRIBUTION_CONTROLS)
+@sampling_op(*SAMPLER_CONTROLS)
 def filtered_probs(
     logits: torch.Tensor,
     controls: SamplingControls,
@@ -52,7 +52,7 @@ def filtered_probs(
     return _filtered("probs", logits, controls, out)
 
 
-@sampling_op(*DISTRIBUTION_CONTROLS)
+@sampling_op(*SAMPLER_CONTROLS)
 def filtered_logits(
     logits: torch.Tensor,
     controls: SamplingControls,

@@ -9,14 +9,14 @@ from typing import NamedTuple, Optional
 import torch
 
 from ._args import call, token_ids_dtype
-from ._controls import DISTRIBUTION_CONTROLS, DRAW_CONTROLS, SamplingControls, sampling_op
+from ._controls import SAMPLER_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
 from ._penalties import FUSED_PENALTY_ARGUMENTS
 from ._replay import KeptSet, replay
 
 
-@sampling_op(*DRAW_CONTROLS, full_docs=True)
+@sampling_op(*SAMPLER_CONTROLS, full_docs=True)
 def sample(
     logits: torch.Tensor,
     controls: SamplingControls,
@@ -57,7 +57,7 @@ def sample(
         torch.Tensor: ``[B]`` (`out`), the token ids, in [0, V); -1 for a row with no allowed
         logit above -inf.
     """
-    arguments = controls.arguments(*DRAW_CONTROLS, logits=logits)
+    arguments = controls.arguments(*SAMPLER_CONTROLS, logits=logits)
     ids = token_ids_dtype(ids_dtype)  # (checked with `out` too)
     if out is None:
         out = torch.empty(logits.shape[:1], dtype=ids, device=logits.device)
@@ -86,7 +86,7 @@ class SampleWithLogprobs(NamedTuple):
     ranks: torch.Tensor
 
 
-@sampling_op(*DRAW_CONTROLS)
+@sampling_op(*SAMPLER_CONTROLS)
 def sample_with_logprobs(
     logits: torch.Tensor,
     controls: SamplingControls,
@@ -150,7 +150,7 @@ def sample_with_logprobs(
                 raise TypeError("out: with return_kept, the pair (SampleWithLogprobs, KeptSet) that the call "
                                 f"returns, got {type(out).__name__}")
             out, kept = out
-    arguments = controls.arguments(*DRAW_CONTROLS, logits=logits)  # (penalties checked before `out` is unpacked)
+    arguments = controls.arguments(*SAMPLER_CONTROLS, logits=logits)  # (penalties checked before `out` is unpacked)
     ids = token_ids_dtype(ids_dtype)  # (checked with `out` too)
     if out is None:
         # (A wrong num_logprobs is reported by the op, which checks it before these shapes.)
@@ -176,7 +176,7 @@ def sample_with_logprobs(
     return out, kept
 
 
-@sampling_op(*DISTRIBUTION_CONTROLS)
+@sampling_op(*SAMPLER_CONTROLS)
 def token_logprobs(
     logits: torch.Tensor,
     token_ids: torch.Tensor,
@@ -220,7 +220,8 @@ def token_logprobs(
         in their dtype); with `return_entropy`, the pair ``(logprobs, entropy)``.
     """
     if support is not None:
-        clash = controls.first_not_default(*DISTRIBUTION_CONTROLS[1:])  # (all but the temperature)
+        # (All but the temperature, and the seed and offset, which the support makes unused.)
+        clash = controls.first_not_default(*(c for c in SAMPLER_CONTROLS[1:] if c not in ("seed", "offset")))
         if clash is None and (logprobs_mode != "processed" or out is not None):
             clash = "logprobs_mode" if logprobs_mode != "processed" else "out"
         if clash is not None:
@@ -230,7 +231,7 @@ def token_logprobs(
         return (logprobs, entropy) if return_entropy else logprobs
     if return_entropy:
         raise ValueError("return_entropy needs support= (token_logprobs: the entropy of the kept set)")
-    arguments = controls.arguments(*DISTRIBUTION_CONTROLS, logits=logits)
+    arguments = controls.arguments(*SAMPLER_CONTROLS, logits=logits)
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"token_ids must be a 1-D integer tensor, got {type(token_ids).__name__}")
     if out is None:

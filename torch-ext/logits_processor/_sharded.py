@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ._args import call, token_ids_dtype
-from ._controls import CONTROLS, DRAW_CONTROLS, SHARDED_CONTROLS, SamplingControls, sampling_op
+from ._controls import CONTROLS, SAMPLER_CONTROLS, SHARDED_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
 from ._sampling import KeptSet, SampleWithLogprobs
@@ -200,7 +200,7 @@ def sample_sharded(
     if num_logprobs is not None and (isinstance(num_logprobs, bool) or not isinstance(num_logprobs, int)
                                      or num_logprobs < 0):
         raise ValueError(f"num_logprobs must be None or an int >= 0, got {num_logprobs!r}")
-    arguments = controls.arguments(*DRAW_CONTROLS)
+    arguments = controls.arguments(*SAMPLER_CONTROLS)
     if not isinstance(local_logits, torch.Tensor) or local_logits.dim() != 2:
         raise ValueError(f"local_logits must be a 2-D tensor [batch, V_shard], got "
                          f"{getattr(local_logits, 'shape', type(local_logits).__name__)}")
@@ -217,7 +217,7 @@ def sample_sharded(
     plan = _plan(arguments, n, logprobs_mode, kept_k, rank_ties)
     world, _ = _world(group)
     if check_shards:
-        scalars = {f"{name}_value": arguments[f"{name}_value"] for name in DRAW_CONTROLS
+        scalars = {f"{name}_value": arguments[f"{name}_value"] for name in SAMPLER_CONTROLS
                    if CONTROLS[name].number and CONTROLS[name].schema}
         _check_shards(local_logits, vocab_offset, vocab_size, plan, scalars, world, group)
     rows, device = local_logits.shape[0], local_logits.device

@@ -7,7 +7,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ._args import call
-from ._controls import DRAW_CONTROLS, VERIFY_CONTROLS, SamplingControls, sampling_op
+from ._controls import SAMPLER_CONTROLS, VERIFY_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
 from ._penalties import FUSED_PENALTY_ARGUMENTS
@@ -103,7 +103,7 @@ def verify_draft(
         ``tokens[b, :num_accepted[b] + 1]`` are the emitted tokens, the rest -1.
     """
     # (penalties checked before `out` is unpacked; dynamic temperature per position)
-    arguments = controls.arguments(*DRAW_CONTROLS, logits=target_logits, positions=True,
+    arguments = controls.arguments(*SAMPLER_CONTROLS, logits=target_logits, positions=True,
                                    draft_token_ids=draft_token_ids)
     if out is None:
         shape = target_logits.shape if target_logits.dim() == 3 else (0, 1)

@@ -7,7 +7,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ._args import call
-from ._controls import DRAW_CONTROLS, VERIFY_CONTROLS, SamplingControls, sampling_op
+from ._controls import SAMPLER_CONTROLS, VERIFY_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
 from ._penalties import FUSED_PENALTY_ARGUMENTS
@@ -139,7 +139,7 @@ def verify_tree(
         raise ValueError("dynatemp_range is not taken by verify_tree with penalties (a node's penalties count its "
                          "path, which the dynamic temperature's pass before the walk does not know)")
     # (penalties checked before `out` is unpacked; dynamic temperature per node)
-    arguments = controls.arguments(*DRAW_CONTROLS, logits=target_logits, positions=True)
+    arguments = controls.arguments(*SAMPLER_CONTROLS, logits=target_logits, positions=True)
     if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int)
                                   or not 0 <= max_depth <= 255):
         raise ValueError(f"max_depth must be an int in [0, 255], got {max_depth!r}")
