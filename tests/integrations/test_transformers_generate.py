@@ -16,7 +16,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from conftest import BUILD, ROOT
 from harness import tokenizer_corpus
-from reference import chi_square_p_value, sigma_threshold, truncation_floor
+from reference import chi_square_p_value, exclude_top_choices, sigma_threshold, truncation_floor
 
 sys.path.insert(0, str(ROOT / "examples"))
 import _offline  # noqa: E402
@@ -187,13 +187,16 @@ WARPINGS = {
                        lambda p: torch.full((p.shape[0], 1), 3e-4, dtype=torch.float64)),
     "eta_cutoff": (dict(temperature=0.7, top_k=0, eta_cutoff=2e-3), [transformers.EtaLogitsWarper(2e-3)],
                    lambda p: torch.tensor([[truncation_floor(row, 0.0, 2e-3)] for row in p], dtype=torch.float64)),
+    "typical_p": (dict(temperature=0.7, top_k=40, top_p=0.95, typical_p=0.8),
+                  [transformers.TopKLogitsWarper(40), transformers.TopPLogitsWarper(0.95),
+                   transformers.TypicalLogitsWarper(0.8)], None),
 }
 
 
 @pytest.mark.parametrize("name", list(WARPINGS))
 def test_sampled_scores_are_transformers_warped_scores(lp, pair, inputs, name):
     """output_scores holds the scores each token was drawn from: transformers' warpers (temperature,
-    top-k, top-p; or epsilon or eta alone) over the same raw logits give the same kept set and values."""
+    top-k, top-p, typical; or epsilon or eta alone) over the same raw logits give the same kept set and values."""
     _, model = pair
     warping, warpers, floor = WARPINGS[name]
     out = ours(model, lp, inputs, do_sample=True, max_new_tokens=8, seed=3, return_dict_in_generate=True,
@@ -235,6 +238,33 @@ def test_top_n_sigma_is_an_argument_of_the_loop(lp, pair, inputs):
         assert not scores.gather(1, out.sequences[:, width + step, None]).isneginf().any(), step
     greedy = dict(do_sample=False, max_new_tokens=6)
     assert torch.equal(ours(model, lp, inputs, **greedy, top_n_sigma=1.0), ours(model, lp, inputs, **greedy))
+
+
+def test_xtc_is_an_argument_of_the_loop(lp, pair, inputs):
+    """xtc_probability / xtc_threshold (llama.cpp's XTC; transformers has none): at probability 1
+    each step's reported scores keep exactly the float64 transcription's set (reference.py's
+    exclude_top_choices over softmax(logits / T); rows with a probability within 1e-4 of the
+    threshold may fall either way), some top choices are dropped, each token drawn is kept; the run
+    differs from the one without it; greedy search ignores it; bad values raise naming them."""
+    _, model = pair
+    temperature, threshold = 0.7, 0.002
+    kwargs = dict(do_sample=True, top_k=0, temperature=temperature, max_new_tokens=8, seed=4,
+                  return_dict_in_generate=True, output_scores=True, output_logits=True)
+    out = ours(model, lp, inputs, xtc_probability=1.0, xtc_threshold=threshold, **kwargs)
+    width = inputs["input_ids"].shape[1]
+    dropped = 0
+    for step, (scores, logits) in enumerate(zip(out.scores, out.logits)):
+        for b in range(logits.shape[0]):
+            p = torch.softmax((logits[b].float() / temperature).double(), -1)
+            if ((p - threshold).abs() <= 1e-4 * threshold).any():
+                continue
+            expected = exclude_top_choices(p, 1.0, threshold) > 0
+            assert torch.equal(~scores[b].isneginf(), expected), (step, b)
+            dropped += int((~expected).sum())
+        assert not scores.gather(1, out.sequences[:, width + step, None]).isneginf().any(), step
+    assert dropped > 0
+    assert_a_sampling_argument(model, lp, inputs, kwargs, out, dict(xtc_probability=1.0),
+                               [dict(xtc_probability=1.5), dict(xtc_probability=1.0, xtc_threshold=-0.1)])
 
 
 def assert_a_sampling_argument(model, lp, inputs, kwargs, out, given, bad):
@@ -462,7 +492,8 @@ def test_streamer_stopping_criteria_and_return_sequences(lp, pair, inputs):
 
 
 UNSUPPORTED = {
-    "typical_p": dict(do_sample=True, typical_p=0.9),
+    "typical_p": dict(do_sample=True, top_k=0, typical_p=0.9, epsilon_cutoff=0.01),  # (typical before epsilon)
+    "top_h": dict(do_sample=True, top_h=0.5),
     "epsilon_cutoff": dict(do_sample=True, epsilon_cutoff=0.01),  # (beside generate()'s default top_k=50)
     "eta_cutoff": dict(do_sample=True, top_k=0, epsilon_cutoff=0.01, eta_cutoff=0.01),
     "num_beams": dict(num_beams=2),

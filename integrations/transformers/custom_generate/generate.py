@@ -43,10 +43,10 @@ _kernels: dict[tuple[str, Optional[str]], Any] = {}
 
 # The warpers folded into the sampler, and the GenerationConfig field each comes from.
 FUSED_WARPERS = {tlp.TemperatureLogitsWarper: "temperature", tlp.TopKLogitsWarper: "top_k",
-                 tlp.TopPLogitsWarper: "top_p", tlp.MinPLogitsWarper: "min_p",
+                 tlp.TopPLogitsWarper: "top_p", tlp.MinPLogitsWarper: "min_p", tlp.TypicalLogitsWarper: "typical_p",
                  tlp.EpsilonLogitsWarper: "epsilon_cutoff", tlp.EtaLogitsWarper: "eta_cutoff"}
 # Warpers the sampler has no step for.
-REFUSED_WARPERS = {tlp.TopHLogitsWarper: "top_h", tlp.TypicalLogitsWarper: "typical_p"}
+REFUSED_WARPERS = {tlp.TopHLogitsWarper: "top_h"}
 # Decoding strategies other than sampling and greedy search: (field, its neutral value).
 REFUSED_FIELDS = (("num_beams", 1), ("num_beam_groups", 1), ("penalty_alpha", None), ("dola_layers", None),
                   ("prompt_lookup_num_tokens", None), ("watermarking_config", None))
@@ -174,15 +174,15 @@ def refuse_unsupported(model, generation_config: GenerationConfig, processors) -
 
 
 def sampling_arguments(generation_config: GenerationConfig, processors, filter_apply_order: Optional[str]) -> dict:
-    """The sampler's temperature / top_k / top_p / min_p / epsilon_cutoff / eta_cutoff /
+    """The sampler's temperature / top_k / top_p / min_p / typical_p / epsilon_cutoff / eta_cutoff /
     filter_apply_order, read from the warpers in the processor list (those generate() built from
     generation_config and any the caller passed), which must come in transformers' order.
 
-    transformers chains temperature, top-k, top-p, min-p, epsilon, then eta, each over the
-    previous one's output: with top-k and top-p that is the sampler's "top_k_first" order; with
-    top-p and min-p together it is neither of the sampler's orders, so the caller must choose
-    one; its epsilon and eta are over what the others left, the sampler's over the whole row, so
-    each is taken alone only."""
+    transformers chains temperature, top-k, top-p, min-p, typical, epsilon, then eta, each over
+    the previous one's output: with top-k and top-p that is the sampler's "top_k_first" order;
+    with top-p and min-p together it is neither of the sampler's orders, so the caller must
+    choose one; typical_p is over what the three keep in both; its epsilon and eta are over what
+    the others left, the sampler's over the whole row, so each is taken alone only."""
     if not generation_config.do_sample:
         return {"temperature": 0.0}
     warpers = [p for p in processors if isinstance(p, tuple(FUSED_WARPERS))]
@@ -198,11 +198,12 @@ def sampling_arguments(generation_config: GenerationConfig, processors, filter_a
     min_p = float(values["min_p"].min_p) if "min_p" in values else 0.0
     epsilon = float(values["epsilon_cutoff"].epsilon) if "epsilon_cutoff" in values else 0.0
     eta = float(values["eta_cutoff"].epsilon) if "eta_cutoff" in values else 0.0  # (EtaLogitsWarper's name)
-    for name, value, others in (("epsilon_cutoff", epsilon, (top_k > 0, top_p < 1.0, min_p > 0.0)),
-                                ("eta_cutoff", eta, (top_k > 0, top_p < 1.0, min_p > 0.0, epsilon > 0.0))):
+    typical = float(values["typical_p"].mass) if "typical_p" in values else 1.0
+    filters = (top_k > 0, top_p < 1.0, min_p > 0.0, typical < 1.0)
+    for name, value, others in (("epsilon_cutoff", epsilon, filters), ("eta_cutoff", eta, (*filters, epsilon > 0.0))):
         if value > 0.0 and any(others):
             raise ValueError(f"custom_generate (logits-processor): {name} with another filter (top_k, top_p, "
-                             "min_p, epsilon_cutoff): transformers applies it to what they keep, renormalised, "
+                             "min_p, typical_p, epsilon_cutoff): transformers applies it to what they keep, renormalised, "
                              "the sampler to the whole row (docs/semantics-sampling.md); set top_k=0 "
                              "(generate()'s default is 50)")
     if filter_apply_order is None:
@@ -212,7 +213,7 @@ def sampling_arguments(generation_config: GenerationConfig, processors, filter_a
                              "neither order does (docs/semantics-sampling.md)")
         filter_apply_order = "top_k_first"
     return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
-            "epsilon_cutoff": epsilon, "eta_cutoff": eta, "filter_apply_order": filter_apply_order}
+            "typical_p": typical, "epsilon_cutoff": epsilon, "eta_cutoff": eta, "filter_apply_order": filter_apply_order}
 
 
 def row_seeds(seed, rows: int, device: torch.device) -> torch.Tensor:
@@ -319,6 +320,8 @@ def decode(
     mirostat_eta: float = 0.1,
     dynatemp_range: float = 0.0,
     dynatemp_exponent: float = 1.0,
+    xtc_probability: float = 0.0,
+    xtc_threshold: float = 0.1,
     output_logprobs: bool = False,
     num_logprobs: int = 0,
     return_kept: Optional[int] = None,
@@ -345,6 +348,10 @@ def decode(
         each step's temperature T_lo + (T_hi - T_lo) (H / ln n)^exponent, T_lo = max(0, T - range),
         T_hi = T + range, H the entropy of the row's softmax at temperature 1 (`dynamic_temperature`,
         before the filters); range 0 (the default): off; ignored by greedy search.
+    xtc_probability, xtc_threshold: llama.cpp's XTC (transformers has none): with that
+        probability (a coin keyed by the row's seed and the step), drop every token of p >=
+        xtc_threshold but the least likely of them, after the other filters; probability 0 (the
+        default): off; ignored by greedy search.
     output_logprobs, num_logprobs, return_kept: per-step log-probabilities and kept sets in the
         output (return_dict_in_generate=True).
     kernel: the loaded package (default: LOGITS_PROCESSOR_KERNEL's, see load_kernel).
@@ -361,8 +368,13 @@ def decode(
                 name == "dynatemp_exponent" and value < 0):
             raise ValueError(f"custom_generate (logits-processor): {name} must be a finite number"
                              f"{' >= 0' if name == 'dynatemp_exponent' else ''}, got {value!r}")
+    for name, value in (("xtc_probability", xtc_probability), ("xtc_threshold", xtc_threshold)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"custom_generate (logits-processor): {name} must be a number in [0, 1], got {value!r}")
     if sampling["temperature"] > 0:
         sampling["top_n_sigma"] = top_n_sigma
+        if xtc_probability > 0:
+            sampling.update(xtc_probability=float(xtc_probability), xtc_threshold=float(xtc_threshold))
         if dynatemp_range > 0:  # (every op below, reported scores included, runs at T')
             sampling.update(dynatemp_range=float(dynatemp_range), dynatemp_exponent=float(dynatemp_exponent))
     rows, device = input_ids.shape[0], input_ids.device
@@ -473,7 +485,8 @@ def decode(
         else:
             next_tokens = lp.sample(scores, **draw)
         if want["scores"]:
-            record["scores"].append(reported_scores(lp, scores, sampling, bitmask, fused, renormalize))
+            record["scores"].append(reported_scores(lp, scores, dict(sampling, seed=seeds, offset=step), bitmask, fused,
+                                                    renormalize))
         if mirostat:  # (after the step's reported scores, which read this step's mu)
             lp.update_mirostat_mu_(sampling["mirostat_mu"], drawn.logprobs[:, 0], float(mirostat_tau),
                                    float(mirostat_eta))

@@ -197,6 +197,43 @@ def test_truncation_samplers_from_extra_args_match_vllms_sampler(engines, monkey
     engines.close()
 
 
+def test_typical_p_and_xtc_from_extra_args_match_vllms_sampler(engines, monkeypatch):
+    """typical_p and XTC (xtc_probability, xtc_threshold) in SamplingParams.extra_args, which vLLM
+    lacks: the plugin's sampler takes them fused (XTC's coin from each request's seed and output
+    position); vLLM's own sampler, shadowing every step, applies the processor's `apply` (the
+    package's filtered_logits over the same scores, the coin keyed as the plugin's draw): the
+    same processed distributions, no fallback. typical_p cuts each row; XTC at probability 1
+    drops tokens at every step, at 0.5 at some steps and not others; bad values are refused."""
+    monkeypatch.setenv("LOGITS_PROCESSOR_SHADOW", "1")
+    llm = engines.get(True, logprobs_mode="processed_logprobs", max_logprobs=-1,
+                      logits_processors=["vllm_logits_processor.truncation:TruncationLogitsProcessor"])
+    extras = [{"typical_p": 0.5}, {"xtc_probability": 1.0, "xtc_threshold": 0.001},
+              {"xtc_probability": 0.5, "xtc_threshold": 0.001}, {"typical_p": 0.9, "xtc_probability": 1.0,
+                                                                   "xtc_threshold": 0.001}, {}]
+    params = [SamplingParams(temperature=0.9, seed=60 + k, max_tokens=12, extra_args=e) for k, e in enumerate(extras)]
+    outputs = generate(llm, PROMPTS[:len(params)], params, "typical_p and XTC (extra_args), shadowed")
+    records = vlp.shadow_records()
+    seen = compare_shadow(records)
+    print(f"typical_p and XTC: {seen}")
+    assert not plugin_stats()["fallbacks"]
+    request = {o.request_id: k for k, o in enumerate(outputs)}
+    support = {k: [] for k in range(len(extras))}
+    for record in records:
+        rows = full_rows(record["plugin"], len(record["req_ids"]))
+        for r, req in enumerate(record["req_ids"]):
+            k = request[req] if req in request else request[req.rsplit("-", 1)[0]]
+            support[k].append(sum(math.isfinite(v) for v in rows[r][0].values()))
+    unfiltered = min(support[4])
+    assert unfiltered > 900
+    assert max(support[0]) < 0.8 * unfiltered and max(support[3]) < max(support[0]), support
+    assert max(support[1]) < unfiltered, support[1]  # every step some top choices dropped
+    assert min(support[2]) < unfiltered <= max(support[2]), support[2]  # the coin fell at some steps only
+    for key, value in (("typical_p", 1.5), ("xtc_probability", -0.1), ("xtc_threshold", 2.0)):
+        with pytest.raises(Exception, match=key):
+            llm.generate(PROMPTS[:1], SamplingParams(extra_args={key: value}), use_tqdm=False)
+    engines.close()
+
+
 def _llama_cpp_mu(start: float, logprobs: list[float], tau: float, eta: float) -> list[float]:
     """llama.cpp's mirostat v2 mu before each step: mu -= eta (-log2 p - tau), p each drawn
     token's probability in the distribution it was drawn from."""

@@ -20,8 +20,8 @@ What maps where (vLLM 0.32; the line numbers are in NOTES.md):
   one packed bitmask (`bitmask=`), so the logits are not written and "raw" logprobs stay raw:
   vLLM's bool mask packed, then the banned and stop tokens cleared (`constrain_bitmask_`).
 - tokens in vLLM's int32 (`ids_dtype=torch.int32`, written by the kernel).
-- epsilon_cutoff, eta_cutoff, top_n_sigma, dynatemp_range, dynatemp_exponent and mirostat from the
-  requests' extra_args, kept per row by this plugin's TruncationLogitsProcessor (truncation.py), as
+- epsilon_cutoff, eta_cutoff, top_n_sigma, typical_p, dynatemp_range, dynatemp_exponent, mirostat
+  and XTC (xtc_probability, xtc_threshold) from the requests' extra_args, kept per row by this plugin's TruncationLogitsProcessor (truncation.py), as
   per-row tensors; with mirostat rows the draw also gives each token's processed log-probability,
   and mu moves by it after the step (`update_mirostat_mu_`).
 - DRY from the requests' extra_args (dry.py's DryLogitsProcessor): `dry_bias` over vLLM's token
@@ -337,6 +337,9 @@ class PackageSampler:
         reason = self.unsupported(md)
         if reason is not None:
             self.fallback(reason)
+            truncation = _processor(md, TruncationLogitsProcessor)
+            if truncation is not None:  # (XTC's coin in its apply: keyed as this plugin's draw would be)
+                truncation.draw_keys = self.seeds_and_offsets(md, batch, logits.shape[0])
             return self.vllm_sampler(logits=logits, sampling_metadata=md)
         shadow_logits = logits.clone() if self.shadow else None
         start = time.perf_counter()
@@ -426,6 +429,8 @@ class PackageSampler:
         top_p: Any = 1.0 if md.top_p is None else md.top_p[:rows]
         seeds, offsets = self.seeds_and_offsets(md, batch, rows)
         truncation = processors.get(TruncationLogitsProcessor)
+        if truncation is not None:
+            truncation.draw_keys = (seeds, offsets)  # (XTC's coin in its apply: keyed as this draw)
         return dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seeds, offset=offsets,
                     bitmask=self.constraint_bitmask(logits, md, processors.get(MinTokensLogitsProcessor)),
                     penalties=self.penalties(md, batch, rows, processors.get(LogitBiasLogitsProcessor),
@@ -464,7 +469,7 @@ class PackageSampler:
             if mirostat:  # the drawn token's processed log-probability (column 0 in that mode)
                 surprise_logprobs = result.logprobs[:, 0] if not mode.startswith("raw") else lp.token_logprobs(
                     logits, tokens.long(), temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                    **arguments)
+                    seed=seeds, offset=offsets, **arguments)
         # A row with nothing allowed: the package's token is -1, vLLM's argmax over an all -inf
         # row gives 0 (and the scheduler indexes with it): vLLM's convention.
         if bool((tokens < 0).any()):

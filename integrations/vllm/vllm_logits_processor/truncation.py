@@ -1,8 +1,8 @@
 """Per-request samplers vLLM lacks, from `SamplingParams.extra_args` (the OpenAI server's
 `vllm_xargs`), defined as the package defines them (docs/semantics-sampling.md):
-`epsilon_cutoff` and `eta_cutoff` (transformers' names), `top_n_sigma`, `dynatemp_range` and
-`dynatemp_exponent`, and mirostat v2 (`mirostat: 2`, `mirostat_tau`, `mirostat_eta`; llama.cpp's
-names and defaults).
+`epsilon_cutoff`, `eta_cutoff` and `typical_p` (transformers' names), `top_n_sigma`,
+`dynatemp_range` and `dynatemp_exponent`, mirostat v2 (`mirostat: 2`, `mirostat_tau`,
+`mirostat_eta`) and XTC (`xtc_probability`, `xtc_threshold`; llama.cpp's names and defaults).
 
 `TruncationLogitsProcessor` is a vLLM (V1 model runner) logits processor that keeps each row's
 values, as vLLM's MinPLogitsProcessor keeps min_p, and each mirostat request's mu (float32, on
@@ -24,7 +24,11 @@ top-p: the package's "top_k_first" order, in which these floors, like min-p, are
 top-k and top-p. Differences in that fallback: with min_p in the same request it sees only what
 min-p kept, where the kernel sees the whole row; dynamic temperature's min-p is vLLM's, at the
 request's temperature; mirostat's surprise is under `apply`'s distribution, before vLLM's top-k
-and top-p; and top-n-sigma's distances are not capped at 2^15 logits.
+and top-p; top-n-sigma's distances are not capped at 2^15 logits; typical_p and XTC, which `apply`
+takes from the package's own `filtered_logits` over what the floors keep, come before vLLM's top-k
+and top-p there, after them in the kernel. XTC's coin is keyed as the plugin's draw is (the
+request's seed and output position: the PackageSampler hands its keys over each step); with the
+plugin's sampler off, by the request's seed (0 if it has none) and output position.
 """
 
 from __future__ import annotations
@@ -43,11 +47,15 @@ GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it is greedy
 
 # Each extra_args key and its value where a request has none (the off value, or a default).
 OFF = {"epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_n_sigma": -1.0, "dynatemp_range": 0.0,
-       "dynatemp_exponent": 1.0, "mirostat": 0.0, "mirostat_tau": 5.0, "mirostat_eta": 0.1}
+       "dynatemp_exponent": 1.0, "mirostat": 0.0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "typical_p": 1.0,
+       "xtc_probability": 0.0, "xtc_threshold": 0.1}
 KEYS = list(OFF)
 COLUMN = {key: j for j, key in enumerate(KEYS)}
 # The keys passed to the package's sampler as they are (mirostat's are its mu).
-KERNEL_KEYS = ("epsilon_cutoff", "eta_cutoff", "top_n_sigma", "dynatemp_range", "dynatemp_exponent")
+KERNEL_KEYS = ("epsilon_cutoff", "eta_cutoff", "top_n_sigma", "dynatemp_range", "dynatemp_exponent", "typical_p",
+               "xtc_probability", "xtc_threshold")
+# Which key's value turns each kernel key on (a key beside another takes that one's test).
+SWITCH = {"dynatemp_exponent": "dynatemp_range", "xtc_threshold": "xtc_probability"}
 _live: "weakref.WeakSet[TruncationLogitsProcessor]" = weakref.WeakSet()
 
 
@@ -63,8 +71,10 @@ def mirostat_history(clear: bool = False) -> list[tuple[tuple[int, ...], tuple[i
 
 def _check(key: str, value: float) -> Optional[str]:
     """What is wrong with a request's value of `key` (None: nothing)."""
-    if key in ("epsilon_cutoff", "eta_cutoff"):
+    if key in ("epsilon_cutoff", "eta_cutoff", "xtc_probability"):
         return None if 0.0 <= value <= 1.0 else "must be in [0, 1] (0 disables it)"
+    if key in ("typical_p", "xtc_threshold"):
+        return None if 0.0 <= value <= 1.0 else "must be in [0, 1]"
     if key == "top_n_sigma":
         return None if not math.isnan(value) else "must not be NaN"
     if key == "mirostat":
@@ -111,17 +121,24 @@ class TruncationLogitsProcessor(LogitsProcessor):
         self.history: list[tuple[tuple[int, ...], tuple[int, ...], float]] = []
         self.prompts: list[tuple[int, ...]] = [()] * rows
         self.record = os.environ.get("LOGITS_PROCESSOR_SHADOW") == "1"
+        self.seeds = [0] * rows  # each request's seed (0 for none): XTC's coin where the plugin's sampler is off
+        # The plugin's draw keys this step (PackageSampler: its seeds and offsets [rows]), for
+        # apply's XTC coin; None where it did not run.
+        self.draw_keys: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self._lp = None
         _live.add(self)
 
     def is_argmax_invariant(self) -> bool:
-        """The most likely token is always kept, and a temperature keeps the order."""
+        """vLLM applies it to the rows it samples, not to greedy ones (whose values are off here):
+        typical_p and XTC may drop the most likely token, but only in sampled rows."""
         return True
 
     def _set(self, row: int, values, temperature: float = 1.0, outputs: Optional[list] = None,
-             mu: Optional[torch.Tensor] = None) -> None:
+             mu: Optional[torch.Tensor] = None, seed: int = 0) -> None:
         self.values[row] = torch.as_tensor(values, dtype=torch.float32)
         self.temperature[row] = temperature
         self.outputs[row] = outputs
+        self.seeds[row] = seed
         if mu is None:
             v = self.values[row]
             mu = 2.0 * float(v[COLUMN["mirostat_tau"]]) if v[COLUMN["mirostat"]] > 0 else math.inf
@@ -151,14 +168,17 @@ class TruncationLogitsProcessor(LogitsProcessor):
             # A greedy request has no filter, as vLLM's SamplingParams resets its top-p, top-k
             # and min-p (the package's greedy rows ignore them too).
             greedy = params.temperature < GREEDY_BELOW
-            self._set(index, list(OFF.values()) if greedy else values, params.temperature, outputs)
+            self._set(index, list(OFF.values()) if greedy else values, params.temperature, outputs,
+                      seed=params.seed or 0)
         for index in batch_update.removed if batch_update else ():
             self._set(index, list(OFF.values()))
         for a, b, direction in batch_update.moved if batch_update else ():
             self.prompts[a], self.prompts[b] = (self.prompts[b], self.prompts[a]) if direction == MoveDirectionality.SWAP \
                 else ((), self.prompts[a])
-            row_a = (self.values[a].clone(), float(self.temperature[a]), self.outputs[a], self.mu[a].clone())
-            row_b = (self.values[b].clone(), float(self.temperature[b]), self.outputs[b], self.mu[b].clone())
+            row_a = (self.values[a].clone(), float(self.temperature[a]), self.outputs[a], self.mu[a].clone(),
+                     self.seeds[a])
+            row_b = (self.values[b].clone(), float(self.temperature[b]), self.outputs[b], self.mu[b].clone(),
+                     self.seeds[b])
             self._set(b, *row_a)
             if direction == MoveDirectionality.SWAP:
                 self._set(a, *row_b)
@@ -170,18 +190,20 @@ class TruncationLogitsProcessor(LogitsProcessor):
                     self.history.append((self.prompts[row], tuple(self.outputs[row]), float(self.mu[row])))
 
     def _on(self, rows: int, key: str) -> torch.Tensor:
-        return self.values[:rows, COLUMN[key]] > 0
+        v = self.values[:rows, COLUMN[key]]
+        return v < 1 if key == "typical_p" else v > 0
 
     def columns(self, rows: int) -> Optional[dict]:
         """The first `rows` rows' values as the package's per-row keywords, on the device: the
         truncation floors, dynamic temperature and mirostat's mu (a view of the state), each only
         where some row has it on (None: no row has any on)."""
-        on = {key: bool(self._on(rows, key).any())
-              for key in ("epsilon_cutoff", "eta_cutoff", "top_n_sigma", "dynatemp_range", "mirostat")}
+        on = {key: bool(self._on(rows, key).any()) for key in ("epsilon_cutoff", "eta_cutoff", "top_n_sigma",
+                                                                "dynatemp_range", "mirostat", "typical_p",
+                                                                "xtc_probability")}
         if not any(on.values()):
             return None
         values = self.values[:rows].to(self.device)
-        keys = [k for k in KERNEL_KEYS if on[k if k != "dynatemp_exponent" else "dynatemp_range"]]
+        keys = [k for k in KERNEL_KEYS if on[SWITCH.get(k, k)]]
         columns = {key: values[:, COLUMN[key]].contiguous() for key in keys}
         if on["mirostat"]:
             columns["mirostat_mu"] = self.mu[:rows]
@@ -228,10 +250,33 @@ class TruncationLogitsProcessor(LogitsProcessor):
         sigma = (torch.where(finite, (s - mean) ** 2, 0.0).sum(-1, keepdim=True) / count).sqrt()
         keep &= ~(n > 0) | (s >= top - n * sigma) | (s == top)  # (n FLT_MAX, sigma 0: the top)
         s = s.masked_fill(~keep, float("-inf"))
+        if "typical_p" in columns or "xtc_probability" in columns:
+            s = self._typical_and_xtc(s, columns, rows)
         for row in torch.nonzero(self._on(rows, "mirostat")).flatten().tolist():
             if self.outputs[row] is not None:
                 self.pending[row] = (len(self.outputs[row]), torch.log_softmax(s[row], -1).cpu())
         return logits.copy_(s)
+
+    def _typical_and_xtc(self, s: torch.Tensor, columns: dict, rows: int) -> torch.Tensor:
+        """typical_p's band and XTC's cut of the scores s (float64, -inf outside what the floors
+        keep), by the package's own filtered_logits on them (temperature 1: they are the scores),
+        its coin keyed by the plugin's draw keys, or by each request's seed and output position."""
+        if self._lp is None:
+            from . import _kernel
+
+            self._lp = _kernel.load("cpu" if self.device.type == "cpu" else None)
+        keys, self.draw_keys = self.draw_keys, None  # (this step's, once)
+        if keys is not None and len(keys[0]) >= rows:
+            seeds, offsets = (t[:rows].to(s.device) for t in keys)
+        else:
+            seeds = torch.tensor(self.seeds[:rows], dtype=torch.int64, device=s.device)
+            offsets = torch.tensor([len(o) if o is not None else 0 for o in self.outputs[:rows]], dtype=torch.int64,
+                                   device=s.device)
+        scores = s.float()  # (vLLM's float32 scores: exact)
+        kept = self._lp.filtered_logits(scores, 1.0, seed=seeds, offset=offsets,
+                                        **{k: columns[k].to(s.device) for k in ("typical_p", "xtc_probability",
+                                                                                 "xtc_threshold") if k in columns})
+        return torch.where(kept > float("-inf"), s, float("-inf"))
 
     def _dynamic_temperature(self, s: torch.Tensor, r: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """The scores at T' = T_lo + (T_hi - T_lo) (H / ln n)^k (llama.cpp's temp_ext), H the
