@@ -1,7 +1,8 @@
 """Truncation samplers beyond top-k, top-p and min-p (epsilon_cutoff, eta_cutoff, top_n_sigma, mirostat v2's
 mirostat_mu, typical_p and XTC) and llama.cpp's dynamic temperature beside plain `sample`, and the torch chain a user
 writes instead: transformers' warpers (for top-n-sigma, mirostat, XTC and dynatemp, which transformers lacks, their
-definitions in torch), softmax, torch.multinomial (`make bench`).
+definitions in torch), softmax, torch.multinomial (`make bench`); and mirostat along `verify_draft`'s
+path beside the same call without it.
 
 V = 128256, B in {1, 32}, bfloat16 logits (randn * 3), temperature 0.8, on the GPU where there
 is one, else the CPU. Each time is the median of interleaved calls (the machine is shared:
@@ -125,7 +126,35 @@ def main() -> int:
             print(f"| {batch} | {name} | {t['sample'] * 1e6:.0f} us | {t['sampler'] * 1e6:.0f} us | "
                   f"{t['torch'] * 1e6:.0f} us | {t['sampler'] / t['sample']:.2f} | "
                   f"{t['torch'] / t['sampler']:.1f}x{'' if same else ' (kept sets differ!)'} |", flush=True)
+    report += verify_with_mirostat(lp, device, repeats, [32] if args.quick else [1, 32])
     return write_report(args.json, report)
+
+
+def verify_with_mirostat(lp, device, repeats, batches) -> list:
+    """mirostat along the path of `verify_draft` (S = 4 drafts, each position's argmax: point
+    masses) beside the same call without it; mu reset to 10 bits before each call (the op advances
+    it). The positions walked differ with the kept sets: their mean is printed beside."""
+    print("\n| B | verify_draft | with mirostat_mu | mirostat / plain | positions walked (plain, mirostat) |")
+    print("|---|---|---|---|---|")
+    report = []
+    for batch in batches:
+        g = torch.Generator().manual_seed(100 + batch)
+        target = (torch.randn(batch, 5, VOCAB, generator=g) * 3).to(torch.bfloat16).to(device)
+        drafts = target[:, :-1].float().argmax(-1)
+        out = (torch.empty(batch, 5, dtype=torch.int64, device=device), torch.empty(batch, dtype=torch.int64, device=device))
+        mu = torch.full((batch,), 10.0, device=device)
+
+        def verify(mirostat: bool):
+            kwargs = dict(mirostat_mu=mu.fill_(10.0), mirostat_tau=5.0, mirostat_eta=0.1) if mirostat else {}
+            return lp.verify_draft(target, drafts, temperature=TEMPERATURE, seed=1, out=out, **kwargs)
+
+        walked = [float(verify(m).num_accepted.float().mean()) + 1 for m in (False, True)]
+        t = median_times({"plain": lambda: verify(False), "mirostat": lambda: verify(True)}, device, repeats)
+        report.append({"batch": batch, "sampler": "verify_draft mirostat_mu", "device": device, "seconds": t,
+                       "positions_walked": walked})
+        print(f"| {batch} | {t['plain'] * 1e6:.0f} us | {t['mirostat'] * 1e6:.0f} us | "
+              f"{t['mirostat'] / t['plain']:.2f} | {walked[0]:.2f}, {walked[1]:.2f} |", flush=True)
+    return report
 
 
 if __name__ == "__main__":

@@ -67,6 +67,20 @@ __device__ KeptPass kept_pass(const RowSampler& row, float s_token) {
   return kept_pass(row, s_token, false, 0, 0, nullptr, [](int64_t, uint32_t) {});
 }
 
+// The "processed" log-probability of `token`, which row.sample drew (-inf for -1): under the
+// draw's distribution, a greedy row's at temperature 1 unfiltered (become_logprob_row), as
+// row_logprobs' column 0. One pass over the kept set, after a cut where the draw made none.
+__device__ float drawn_logprob(RowSampler& row, int64_t token, SharedState& sh) {
+  if (token < 0) return kNegInf;
+  const bool uncut = row.single_pass();
+  row.become_logprob_row(false);
+  if (uncut && !row.cut(sh)) return kNegInf;
+  const float s = row.kept_score(token);
+  const KeptPass k = kept_pass(row, s);
+  const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
+  return s > kNegInf ? token_logprob(s, row.s_max, log_z) : kNegInf;
+}
+
 // The block's best n of the threads' lists into sh.top, best first; their count. n rounds of
 // a block-wide maximum, each taking one thread's head.
 __device__ int merge_top(const TopList& list, int n, SharedState& sh) {

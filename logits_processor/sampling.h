@@ -155,6 +155,12 @@ LP_HOST_DEVICE float mirostat_floor(float mu) {
   return mu < 3.402823466e38f ? lp_exp_nonpositive(lp_mul(-mu, 0.693147180559945309f)) : 0.0f;
 }
 
+// mirostat's floor for mu joined to the row's epsilon floor: the higher decides.
+LP_HOST_DEVICE void join_mirostat_floor(RowParams& r, float mu) {
+  const float floor = mirostat_floor(mu);
+  r.epsilon = floor > r.epsilon ? floor : r.epsilon;
+}
+
 // Per-row values that no host check has seen (device tensors) are made safe here: NaN or
 // non-positive temperature is greedy, top_p, min_p, epsilon, eta, typical_p and xtc_probability
 // clamp to [0, 1] (NaN disables them), top_n_sigma to [0, FLT_MAX] (0, NaN or less disables it),
@@ -171,9 +177,7 @@ LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   r.min_p = min_p > 0.0f ? (min_p < 1.0f ? (min_p > 1.17549435e-38f ? min_p : 1.17549435e-38f) : 1.0f) : 0.0f;
   const float epsilon = p.epsilon.get_or(row, p.epsilon_value);
   r.epsilon = epsilon > 0.0f ? (epsilon < 1.0f ? epsilon : 1.0f) : 0.0f;
-  const float mu = p.mirostat_mu.get_or(row, p.mirostat_mu_value);
-  const float mirostat = mirostat_floor(mu);
-  r.epsilon = mirostat > r.epsilon ? mirostat : r.epsilon;
+  join_mirostat_floor(r, p.mirostat_mu.get_or(row, p.mirostat_mu_value));
   const float eta = p.eta.get_or(row, p.eta_value);
   r.eta = eta > 0.0f ? (eta < 1.0f ? (eta > 1.17549435e-38f ? eta : 1.17549435e-38f) : 1.0f) : 0.0f;
   const float n_sigma = p.top_n_sigma.get_or(row, p.top_n_sigma_value);
@@ -532,8 +536,10 @@ class CpuRowSampler {
   CpuRowSampler(const CpuRowSampler&) = delete;
   CpuRowSampler& operator=(const CpuRowSampler&) = delete;
   // sample's token (greedy rows: the argmax); -1 if nothing is allowed. With penalties,
-  // `path`'s tokens are counted on top of the state (penalties.h's PenaltyPath).
-  int64_t sample(const SamplingParams& p, int64_t row, const RowParams& r, const PenaltyPath& path = {});
+  // `path`'s tokens are counted on top of the state (penalties.h's PenaltyPath). With `logprob`,
+  // the token's "processed" log-probability there (-inf for -1).
+  int64_t sample(const SamplingParams& p, int64_t row, const RowParams& r, const PenaltyPath& path = {},
+                 float* logprob = nullptr);
   // A row that is not greedy: its distribution into `d` (valid until the next call); false
   // if nothing is allowed.
   bool distribution(const SamplingParams& p, int64_t row, const RowParams& r, ProcessedDistribution& d,

@@ -86,6 +86,14 @@ class RowSampler {
     return true;
   }
 
+  // sample's token, and its "processed" log-probability (sample_with_logprobs' column 0) into
+  // *logprob: from the draw's own buffer, which a greedy row reloads at temperature 1.
+  int64_t sample_with_logprob(float* logprob) {
+    const int64_t token = sample();
+    *logprob = token >= 0 && distribution(true) ? logprob_of(token, log_z()) : kNegInf;
+    return token;
+  }
+
   // token_logprobs: the given token's log-probability.
   float given_token_logprob() {
     if (!distribution(false)) return kNegInf;
@@ -505,9 +513,13 @@ struct CpuRowSampler::State {
 CpuRowSampler::CpuRowSampler(int64_t vocab) : state_(std::make_unique<State>(vocab)) {}
 CpuRowSampler::~CpuRowSampler() = default;
 
-int64_t CpuRowSampler::sample(const SamplingParams& p, int64_t row, const RowParams& r, const PenaltyPath& path) {
+int64_t CpuRowSampler::sample(const SamplingParams& p, int64_t row, const RowParams& r, const PenaltyPath& path,
+                              float* logprob) {
   int64_t token = -1;
-  dispatch_dtype(p.dtype, [&]<Dtype D>() { token = RowSampler<D>(p, row, r, state_->scratch, path).sample(); });
+  dispatch_dtype(p.dtype, [&]<Dtype D>() {
+    RowSampler<D> sampler(p, row, r, state_->scratch, path);
+    token = logprob ? sampler.sample_with_logprob(logprob) : sampler.sample();
+  });
   return token;
 }
 

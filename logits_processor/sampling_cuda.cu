@@ -84,15 +84,22 @@ __global__ void __launch_bounds__(kThreads) verify_kernel(const __grid_constant_
     int64_t* tokens = row_tokens(v, b);
     for (int64_t j = threadIdx.x; j < v.positions; j += kThreads) tokens[j] = -1;
     const int64_t drafts = row_draft_count(v, b);
+    float mu = path_mirostat_mu(v, b);  // (read by every thread before position_token's barriers)
+    const bool mirostat = mirostat_moves(mu);
     int64_t accepted = 0;
     for (; accepted <= drafts; ++accepted) {
       const int64_t draft = accepted < drafts ? draft_token(v, b, accepted) : -1;
-      const int64_t emitted = position_token(v, b, accepted, draft, sh);
+      float logprob = kNegInf;
+      const int64_t emitted = position_token(v, b, accepted, draft, mu, mirostat, &logprob, sh);
+      if (mirostat) mu = mirostat_step(v, b, mu, logprob);
       __syncthreads();  // the -1 padding is written before the token (other threads' columns)
       if (threadIdx.x == 0) tokens[accepted] = emitted;
       if (accepted == drafts || emitted < 0 || emitted != draft) break;
     }
-    if (threadIdx.x == 0) v.num_accepted[b] = accepted;  // (the bonus position: all accepted)
+    if (threadIdx.x == 0) {
+      v.num_accepted[b] = accepted;  // (the bonus position: all accepted)
+      if (v.mirostat_mu) v.mirostat_mu[b] = mu;
+    }
   }
 }
 

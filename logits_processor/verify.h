@@ -58,6 +58,13 @@ struct VerifyParams {
   // with its row stride, replacing the target's in sampled rows; or null.
   const float* position_temperature;
   int64_t position_temperature_row_stride;
+  // mirostat v2 along each row's path (below): each row's mu, [rows] float32, read and advanced
+  // in place; or null. Its tau and eta per row.
+  float* mirostat_mu;
+  FloatArray mirostat_tau;
+  float mirostat_tau_value;
+  FloatArray mirostat_eta;
+  float mirostat_eta_value;
 };
 
 // Position j of the target, as sample's parameters (its rows are the batch's rows): the CPU's
@@ -79,16 +86,45 @@ LP_HOST_DEVICE const int32_t* position_bitmask(const VerifyParams& v, int64_t ro
   return bitmask_at(v.target, row, position, v.bitmask_position_stride);
 }
 
+// Mirostat along the path (VerifyParams::mirostat_mu): position j keeps mirostat's floor for
+// mu_j (sampling.h's mirostat_floor), mu_0 the row's state, and each token the row emits (an
+// accepted draft, the correction, the bonus) moves mu as update_mirostat_mu_ moves it after a
+// draw: mu - eta (s - tau), s = -log2 p_j(t) from t's log-probability under position j's
+// distribution (sample_with_logprobs' "processed" column 0: a greedy row's at temperature 1,
+// unfiltered). So position j's mu is the one the row would hold after drawing d_0 .. d_{j-1}
+// one by one, and the row's state is written back after its last token. A row whose mu is not
+// finite (+inf: off; NaN; -inf: the top alone) keeps it, as update_mirostat_mu_ would leave it.
+constexpr float kPosInf = __builtin_huge_valf();
+
+LP_HOST_DEVICE float path_mirostat_mu(const VerifyParams& v, int64_t row) {
+  return v.mirostat_mu ? v.mirostat_mu[row] : kPosInf;
+}
+
+// Whether the row's mu moves: finite.
+LP_HOST_DEVICE bool mirostat_moves(float mu) { return mu >= -kMaxFinite && mu <= kMaxFinite; }
+
+// mu after a token of log-probability `logprob` (-inf: none emitted, mu unchanged): the three
+// float32 operations of update_mirostat_mu_, each rounded once.
+LP_HOST_DEVICE float mirostat_step(const VerifyParams& v, int64_t row, float mu, float logprob) {
+  if (!(logprob > kNegInf)) return mu;
+  const float tau = v.mirostat_tau.get_or(row, v.mirostat_tau_value);
+  const float eta = v.mirostat_eta.get_or(row, v.mirostat_eta_value);
+  const float surprise = lp_mul(logprob, -1.44269504088896340736f);  // -1 / ln 2
+  return lp_add(mu, -lp_mul(lp_add(surprise, -tau), eta));
+}
+
 // Row `row`'s parameters at `position`: sample's, with the position's stream (and temperature:
 // a sampled row stays sampled, a T' of 0 (zero entropy at T <= dynatemp_range) counting as the
-// smallest normal float, where the draw is the argmax).
-LP_HOST_DEVICE RowParams position_params(const VerifyParams& v, int64_t row, int64_t position) {
+// smallest normal float, where the draw is the argmax), and mirostat's floor for the path's mu.
+LP_HOST_DEVICE RowParams position_params(const VerifyParams& v, int64_t row, int64_t position,
+                                         float mu = kPosInf) {
   RowParams r = row_params(v.target, row);
   r.stream = 0x80000000u | (static_cast<uint32_t>(position) << 22) | r.stream;
   if (v.position_temperature && !r.greedy) {
     const float t = v.position_temperature[row * v.position_temperature_row_stride + position];
     r.temperature = t > kMinNormal ? t : kMinNormal;
   }
+  join_mirostat_floor(r, mu);
   return r;
 }
 

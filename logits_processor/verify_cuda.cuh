@@ -40,29 +40,41 @@ __device__ bool cut_position(RowSampler& row, double* log_z, SharedState& sh) {
   return true;
 }
 
-// Position `position`'s RowSampler over `target` (v.target, which it references).
+// Position `position`'s RowSampler over `target` (v.target, which it references), at the path's
+// mirostat mu.
 __device__ RowSampler position_sampler(const VerifyParams& v, const SamplingParams& target, int64_t b,
-                                       int64_t position, SharedState& sh) {
-  return RowSampler{target, position_params(v, b, position), position_logits(v, b, position),
+                                       int64_t position, float mu, SharedState& sh) {
+  return RowSampler{target, position_params(v, b, position, mu), position_logits(v, b, position),
                     position_bitmask(v, b, position),
                     block_row_penalty_view(target, b, sh, drafts_before(v, b, position)), 0.0f, kNoKey,
                     sh.staged_words};
 }
 
-// The token a position emits (the draft itself when accepted; -1 if nothing is allowed).
-__device__ int64_t position_token(const VerifyParams& v, int64_t b, int64_t position, int64_t draft,
-                                  SharedState& sh) {
-  RowSampler row = position_sampler(v, v.target, b, position, sh);
-  if (!v.draft_probs || row.r.greedy || position == row_draft_count(v, b)) return row.sample(sh);
+// The token a position emits (the draft itself when accepted; -1 if nothing is allowed), at the
+// path's mirostat mu, and with `mirostat` its log-probability under p_j into *logprob (verify.h).
+__device__ int64_t position_token(const VerifyParams& v, int64_t b, int64_t position, int64_t draft, float mu,
+                                  bool mirostat, float* logprob, SharedState& sh) {
+  RowSampler row = position_sampler(v, v.target, b, position, mu, sh);
+  if (!v.draft_probs || row.r.greedy || position == row_draft_count(v, b)) {
+    const int64_t token = row.sample(sh);
+    if (mirostat) *logprob = drawn_logprob(row, token, sh);
+    return token;
+  }
   if (!row.cut(sh)) return -1;
   const float s_draft = row.kept_score(draft);
   const KeptPass k = kept_pass(row, s_draft);
   const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});
   const bool in_support = s_draft > kNegInf;
-  const float logprob = in_support ? token_logprob(s_draft, row.s_max, log_z) : kNegInf;
+  const float logprob_draft = in_support ? token_logprob(s_draft, row.s_max, log_z) : kNegInf;
   const float q = in_support ? draft_prob(v, b, position, draft) : 0.0f;
-  if (draft_accepted(row.r, logprob, q)) return draft;
-  return residual_draw(v, b, position, row, log_z, draft, sh);
+  if (draft_accepted(row.r, logprob_draft, q)) {
+    *logprob = logprob_draft;
+    return draft;
+  }
+  const int64_t token = residual_draw(v, b, position, row, log_z, draft, sh);
+  const float s = row.kept_score(token);
+  *logprob = s > kNegInf ? token_logprob(s, row.s_max, log_z) : kNegInf;
+  return token;
 }
 
 }  // namespace

@@ -16,9 +16,9 @@ struct TreeScratch {
 };
 
 // The sampled-draft rule at node `node` (verify_tree.h): the accepted child's token, or the
-// correction drawn from the last residual.
+// correction drawn from the last residual; its log-probability under p_i into *emitted_logprob.
 int64_t sampled_token(const TreeParams& t, int64_t row, int64_t node, const SamplingParams& target,
-                      const RowParams& r, const PenaltyPath& path, TreeScratch& scratch) {
+                      const RowParams& r, const PenaltyPath& path, TreeScratch& scratch, float* emitted_logprob) {
   const VerifyParams& v = t.chain;
   const int64_t vocab = v.target.vocab;
   ProcessedDistribution d;
@@ -36,7 +36,10 @@ int64_t sampled_token(const TreeParams& t, int64_t row, int64_t node, const Samp
     const bool in_support = draft >= 0 && draft < vocab && lr0[draft] > kNegInf;
     const float q = in_support ? draft_prob(v, row, node, draft) : 0.0f;
     const float logprob = in_support ? residual_logprob(lr0[draft], q, res) : kNegInf;
-    if (child_accepted(r, logprob, q, rank)) return draft;
+    if (child_accepted(r, logprob, q, rank)) {
+      *emitted_logprob = lr0[draft];
+      return draft;
+    }
     c = walk_sibling(t, row, c, rank);
     if (c < 0) break;
     // Rejected, and a sibling follows: r <- max(0, r - q) / Z over the tokens not rejected.
@@ -62,16 +65,22 @@ int64_t sampled_token(const TreeParams& t, int64_t row, int64_t node, const Samp
     if (i >> 2 != group) group = i >> 2, bits = noise_bits(r, group);
     draw.offer(i, lri, token_gumbel(r, i, bits.v[i & 3]), qi);
   }
-  return draw.token();
+  const int64_t token = draw.token();
+  if (token >= 0) *emitted_logprob = lr0[token];  // (never rejected: its lr_0 is p_i's)
+  return token;
 }
 
-// Node `node`'s token at column `column` (verify_tree.h).
-int64_t node_token(const TreeParams& t, int64_t row, int64_t node, int64_t column, TreeScratch& scratch) {
+// Node `node`'s token at column `column` (verify_tree.h), at the path's mirostat mu; its
+// log-probability under p_i into *logprob when given (verify.h's mirostat step).
+int64_t node_token(const TreeParams& t, int64_t row, int64_t node, int64_t column, float mu, TreeScratch& scratch,
+                   float* logprob) {
   const SamplingParams target = position_target(t.chain, node);
-  const RowParams r = position_params(t.chain, row, node);
+  const RowParams r = position_params(t.chain, row, node, mu);
   const PenaltyPath path = path_before(t, row, column, node);
-  if (sampled_node(t, row, node, column)) return sampled_token(t, row, node, target, r, path, scratch);
-  return scratch.sampler.sample(target, row, r, path);
+  float unused = kNegInf;
+  if (sampled_node(t, row, node, column))
+    return sampled_token(t, row, node, target, r, path, scratch, logprob ? logprob : &unused);
+  return scratch.sampler.sample(target, row, r, path, logprob);
 }
 
 // Row `row`'s walk: returns the number of accepted nodes, the tokens and nodes written.
@@ -80,15 +89,22 @@ int64_t verify_tree_row(const TreeParams& t, int64_t row, TreeScratch& scratch) 
   int64_t* node_ids = tree_node_ids(t, row);
   std::fill(tokens, tokens + t.width, int64_t{-1});
   std::fill(node_ids, node_ids + t.width, int64_t{-1});
+  float mu = path_mirostat_mu(t.chain, row);
+  const bool mirostat = mirostat_moves(mu);
   int64_t node = 0;
-  for (int64_t column = 0;; ++column) {
-    const int64_t token = node_token(t, row, node, column, scratch);
+  int64_t column = 0;
+  for (;; ++column) {
+    float logprob = kNegInf;
+    const int64_t token = node_token(t, row, node, column, mu, scratch, mirostat ? &logprob : nullptr);
     tokens[column] = token;
     node_ids[column] = node;
-    if (token < 0 || column + 1 >= t.width) return column;
+    if (mirostat) mu = mirostat_step(t.chain, row, mu, logprob);
+    if (token < 0 || column + 1 >= t.width) break;
     node = matching_child(t, row, node, token);
-    if (node < 0) return column;
+    if (node < 0) break;
   }
+  if (t.chain.mirostat_mu) t.chain.mirostat_mu[row] = mu;
+  return column;
 }
 
 }  // namespace

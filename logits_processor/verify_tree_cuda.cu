@@ -34,9 +34,9 @@ __device__ bool rejected_before(const TreeShared& ts, int64_t n, int64_t i) {
 }
 
 // The sampled-draft rule at node `node` (verify_tree.h): the accepted child's token, or the
-// correction drawn from the last residual.
+// correction drawn from the last residual; its log-probability under p_i into *logprob.
 __device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, RowSampler& row, TreeShared& ts,
-                                 SharedState& sh) {
+                                 float* logprob, SharedState& sh) {
   const VerifyParams& v = t.chain;
   if (!row.cut(sh)) return -1;
   int64_t c = read_by_thread0([&] { return first_child(t, b, node); }, sh);
@@ -50,7 +50,10 @@ __device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, R
     const float s = rejected_before(ts, rank, draft) ? kNegInf : row.kept_score(draft);
     const float q = s > kNegInf ? draft_prob(v, b, node, draft) : 0.0f;
     const float lr = s > kNegInf ? residual_logprob(token_logprob(s, row.s_max, log_z), q, res) : kNegInf;
-    if (read_by_thread0([&] { return child_accepted(row.r, lr, lr > kNegInf ? q : 0.0f, rank); }, sh)) return draft;
+    if (read_by_thread0([&] { return child_accepted(row.r, lr, lr > kNegInf ? q : 0.0f, rank); }, sh)) {
+      *logprob = token_logprob(s, row.s_max, log_z);  // (accepted: s is p_i's)
+      return draft;
+    }
     c = read_by_thread0([&] { return walk_sibling(t, b, c, rank); }, sh);
     if (c < 0) break;
     // Rejected, and a sibling follows: Z of max(0, r - q) over the tokens not rejected.
@@ -79,23 +82,29 @@ __device__ int64_t sampled_token(const TreeParams& t, int64_t b, int64_t node, R
   });
   draw.residual = block_max(draw.residual, sh);
   draw.target = block_max(draw.target, sh);
-  return draw.token();
+  const int64_t token = draw.token();
+  const float s = row.kept_score(token);  // (never rejected)
+  if (s > kNegInf) *logprob = token_logprob(s, row.s_max, log_z);
+  return token;
 }
 
-// Node `node`'s token at column `column` (verify_tree.h); called by the whole block, the same
-// for every thread (the tree's links as thread 0 reads them). One RowSampler for both rules: a
-// second one would take its own stack.
-__device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int64_t column, TreeShared& ts,
-                              SharedState& sh) {
+// Node `node`'s token at column `column` (verify_tree.h), at the path's mirostat mu; called by
+// the whole block, the same for every thread (the tree's links as thread 0 reads them). With
+// `mirostat`, its log-probability under p_i into *logprob (verify.h). One RowSampler for both
+// rules: a second one would take its own stack.
+__device__ int64_t node_token(const TreeParams& t, int64_t b, int64_t node, int64_t column, float mu, bool mirostat,
+                              float* logprob, TreeShared& ts, SharedState& sh) {
   const SamplingParams& target = t.chain.target;
   // (block_row_penalty_view's barrier orders thread 0's tokens before their reads as the path.)
-  RowSampler row{target, position_params(t.chain, b, node), position_logits(t.chain, b, node),
+  RowSampler row{target, position_params(t.chain, b, node, mu), position_logits(t.chain, b, node),
                  position_bitmask(t.chain, b, node),
                  block_row_penalty_view(target, b, sh, path_before(t, b, column, node)), 0.0f, kNoKey,
                  sh.staged_words};
   if (read_by_thread0([&] { return sampled_node(t, b, node, column); }, sh))
-    return sampled_token(t, b, node, row, ts, sh);
-  return row.sample(sh);
+    return sampled_token(t, b, node, row, ts, logprob, sh);
+  const int64_t token = row.sample(sh);
+  if (mirostat) *logprob = drawn_logprob(row, token, sh);
+  return token;
 }
 
 __global__ void __launch_bounds__(kThreads) verify_tree_kernel(const __grid_constant__ TreeParams t) {
@@ -105,17 +114,24 @@ __global__ void __launch_bounds__(kThreads) verify_tree_kernel(const __grid_cons
     int64_t* tokens = tree_tokens(t, b);
     int64_t* node_ids = tree_node_ids(t, b);
     for (int64_t j = threadIdx.x; j < t.width; j += kThreads) tokens[j] = -1, node_ids[j] = -1;
+    float mu = path_mirostat_mu(t.chain, b);  // (read by every thread before node_token's barriers)
+    const bool mirostat = mirostat_moves(mu);
     int64_t node = 0;
     int64_t column = 0;
     for (;; ++column) {
-      const int64_t token = node_token(t, b, node, column, ts, sh);
+      float logprob = kNegInf;
+      const int64_t token = node_token(t, b, node, column, mu, mirostat, &logprob, ts, sh);
+      if (mirostat) mu = mirostat_step(t.chain, b, mu, logprob);
       __syncthreads();  // the -1 padding is written before the token (other threads' columns)
       if (threadIdx.x == 0) tokens[column] = token, node_ids[column] = node;
       if (token < 0 || column + 1 >= t.width) break;
       node = read_by_thread0([&] { return matching_child(t, b, node, token); }, sh);
       if (node < 0) break;
     }
-    if (threadIdx.x == 0) t.num_accepted[b] = column;
+    if (threadIdx.x == 0) {
+      t.num_accepted[b] = column;
+      if (t.chain.mirostat_mu) t.chain.mirostat_mu[b] = mu;
+    }
   }
 }
 

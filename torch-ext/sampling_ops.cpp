@@ -113,7 +113,7 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
 
 void check_mirostat_off(const std::optional<Tensor>& mirostat_mu, double mirostat_mu_value, const char* op) {
   CHECK_ARG(!mirostat_mu.has_value() && std::isinf(mirostat_mu_value) && mirostat_mu_value > 0.0,
-            "mirostat_mu is not supported by ", op, " (leave it at inf)");
+            "mirostat_mu of ", op, " is its state (mirostat_state), not a filter argument (leave it at inf)");
 }
 
 void add_penalties(SamplingCall& call, const Tensor& logits, const PenaltyArguments& a, int64_t vocab,

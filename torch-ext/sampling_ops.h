@@ -26,7 +26,7 @@ struct DrawArguments {
 struct SamplingCall {
   logits_processor::SamplingParams params{};
   std::optional<Tensor> temperature, top_k, top_p, min_p, epsilon, eta, top_n_sigma, mirostat_mu, typical_p, xtc_probability,
-      xtc_threshold, seed, offset;
+      xtc_threshold, seed, offset, mirostat_tau, mirostat_eta;
   PenaltyCall penalty;
 };
 
@@ -35,8 +35,9 @@ struct SamplingCall {
 SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
                            const DrawArguments& draws, const std::optional<Tensor>& bitmask);
 
-// Raises unless mirostat_mu is at its default (+inf, off), naming `op`: verify_draft and
-// verify_tree do not take it (mu would change between the drafted positions).
+// Raises unless the filter argument mirostat_mu is at its default (+inf, off), naming `op`:
+// verify_draft and verify_tree take mu as their mirostat state instead (it changes between the
+// drafted positions).
 void check_mirostat_off(const std::optional<Tensor>& mirostat_mu, double mirostat_mu_value, const char* op);
 
 // The sampler ops' fused penalties (and verify_draft's), validated against the [B, V] logits:

@@ -80,6 +80,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "Tensor? bitmask, "
           LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "Tensor? position_temperature, "
+          LP_MIROSTAT_PATH_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "bool block_verification, "
           "Tensor(a!) tokens, "
           "Tensor(b!) num_accepted"
@@ -95,6 +96,7 @@ STABLE_TORCH_LIBRARY_EXPAND(TORCH_EXTENSION_NAME, ops) {
           "Tensor? bitmask, "
           LP_SAMPLER_PENALTY_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "Tensor? position_temperature, "
+          LP_MIROSTAT_PATH_ARGUMENTS(LP_SCHEMA_ARGUMENT)
           "Tensor(a!) tokens, "
           "Tensor(b!) node_ids, "
           "Tensor(c!) num_accepted"

@@ -75,6 +75,14 @@
   LP_PENALTY_ARGUMENTS(X)                                   \
   X("Tensor?", const std::optional<Tensor>&, penalty_rows)
 
+// mirostat v2 along the verified path (verify_draft, verify_tree; verify.h): each row's mu,
+// float32 [batch], read and advanced in place over the row's emitted tokens (None: off), and
+// its tau and eta.
+#define LP_MIROSTAT_PATH_ARGUMENTS(X)                              \
+  X("Tensor(m!)?", const std::optional<Tensor>&, mirostat_state)  \
+  LP_PER_ROW(X, mirostat_tau, "float", double)                     \
+  LP_PER_ROW(X, mirostat_eta, "float", double)
+
 // dynamic_temperature's row temperature, range and exponent (llama.cpp's dynatemp).
 #define LP_DYNATEMP_ARGUMENTS(X)                     \
   LP_PER_ROW(X, temperature, "float", double)        \
@@ -165,15 +173,16 @@ void verify_draft(const Tensor& target_logits, const Tensor& draft_token_ids,
                   const std::optional<Tensor>& draft_probs, LP_FILTER_ARGUMENTS(LP_PARAMETER)
                   LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
                   LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& position_temperature,
-                  bool block_verification, const Tensor& tokens, const Tensor& num_accepted);
+                  LP_MIROSTAT_PATH_ARGUMENTS(LP_PARAMETER) bool block_verification, const Tensor& tokens,
+                  const Tensor& num_accepted);
 
 // verify_tree_ops.cpp
 void verify_tree(const Tensor& target_logits, const Tensor& draft_token_ids, const Tensor& next_token,
                  const Tensor& next_sibling, const std::optional<Tensor>& draft_probs,
                  LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
                  const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
-                 const std::optional<Tensor>& position_temperature, const Tensor& tokens, const Tensor& node_ids,
-                 const Tensor& num_accepted);
+                 const std::optional<Tensor>& position_temperature, LP_MIROSTAT_PATH_ARGUMENTS(LP_PARAMETER)
+                 const Tensor& tokens, const Tensor& node_ids, const Tensor& num_accepted);
 
 // sharded_ops.cpp
 void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab_size,

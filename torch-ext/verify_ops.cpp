@@ -2,6 +2,7 @@
 
 #include <torch/csrc/stable/ops.h>
 
+#include <cmath>
 #include <optional>
 #include <string>
 
@@ -34,7 +35,8 @@ void verify_draft(const Tensor& target_logits, const Tensor& given_draft_token_i
                   const std::optional<Tensor>& draft_probs, LP_FILTER_ARGUMENTS(LP_PARAMETER)
                   LP_DRAW_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& bitmask,
                   LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER) const std::optional<Tensor>& position_temperature,
-                  bool block_verification, const Tensor& tokens, const Tensor& num_accepted) {
+                  LP_MIROSTAT_PATH_ARGUMENTS(LP_PARAMETER) bool block_verification, const Tensor& tokens,
+                  const Tensor& num_accepted) {
   check_logits_dtype(target_logits, "target_logits");
   check_device_supported(target_logits, "target_logits");
   CHECK_ARG(target_logits.dim() == 3 && target_logits.size(1) >= 1 &&
@@ -96,6 +98,7 @@ void verify_draft(const Tensor& target_logits, const Tensor& given_draft_token_i
 
   lp::VerifyParams v = verify_params(call, positions, target_logits, bitmask, draft_token_ids, draft_probs);
   set_position_temperature(v, position_temperature, target_logits, positions);
+  set_mirostat_path(v, call, {LP_MIROSTAT_PATH_ARGUMENTS(LP_FORWARD)}, position0);
   v.num_draft_tokens = optional_data<int64_t>(draft_counts);
   v.block = block_verification;
   v.tokens = tokens.mutable_data_ptr<int64_t>();
@@ -115,6 +118,26 @@ void set_position_temperature(lp::VerifyParams& v, const std::optional<Tensor>& 
             "], contiguous in its last dimension, got ", shape_name(t->sizes()));
   v.position_temperature = t->const_data_ptr<float>();
   v.position_temperature_row_stride = t->stride(0);
+}
+
+void set_mirostat_path(lp::VerifyParams& v, SamplingCall& call, const MirostatPathArguments& a,
+                       const Tensor& position0) {
+  CHECK_ARG(std::isfinite(a.mirostat_tau_value), "mirostat_tau must be finite, got ", a.mirostat_tau_value);
+  CHECK_ARG(std::isfinite(a.mirostat_eta_value) && a.mirostat_eta_value >= 0.0,
+            "mirostat_eta must be finite and at least 0, got ", a.mirostat_eta_value);
+  const auto param = [&](const std::optional<Tensor>& t, const char* name) {
+    return t.has_value() ? std::optional(row_parameter(*t, position0, name, ScalarType::Float, /*read_as_given=*/true))
+                         : std::nullopt;
+  };
+  call.mirostat_tau = param(a.mirostat_tau, "mirostat_tau");
+  call.mirostat_eta = param(a.mirostat_eta, "mirostat_eta");
+  if (!a.mirostat_state.has_value()) return;
+  check_output(*a.mirostat_state, position0, "mirostat_mu", ScalarType::Float);
+  v.mirostat_mu = a.mirostat_state->mutable_data_ptr<float>();
+  v.mirostat_tau = float_array(call.mirostat_tau);
+  v.mirostat_tau_value = ieee_float(a.mirostat_tau_value);
+  v.mirostat_eta = float_array(call.mirostat_eta);
+  v.mirostat_eta_value = ieee_float(a.mirostat_eta_value);
 }
 
 lp::VerifyParams verify_params(const SamplingCall& call, int64_t positions, const Tensor& target_logits,

@@ -22,6 +22,16 @@ logits_processor::VerifyParams verify_params(const SamplingCall& call, int64_t p
 void set_position_temperature(logits_processor::VerifyParams& v, const std::optional<Tensor>& position_temperature,
                               const Tensor& target_logits, int64_t columns);
 
+// An op's mirostat path arguments (torch_binding.h), held by reference for the call.
+struct MirostatPathArguments {
+  LP_MIROSTAT_PATH_ARGUMENTS(LP_MEMBER)
+};
+
+// The mirostat state and its tau and eta, checked, into v (verify.h); nothing without a state.
+// `call` holds the per-row tensors for the call.
+void set_mirostat_path(logits_processor::VerifyParams& v, SamplingCall& call, const MirostatPathArguments& a,
+                       const Tensor& position0);
+
 // A [batch, positions, width] input of verify_draft (and of dynamic_temperature's positions):
 // dtype, device, shape (width < 0: any) and a contiguous last dimension.
 void check_position_tensor(const Tensor& t, const char* name, ScalarType dtype, const char* dtype_name,

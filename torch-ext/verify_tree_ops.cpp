@@ -87,8 +87,8 @@ void verify_tree(const Tensor& target_logits, const Tensor& given_draft_token_id
                  const Tensor& next_sibling, const std::optional<Tensor>& draft_probs,
                  LP_FILTER_ARGUMENTS(LP_PARAMETER) LP_DRAW_ARGUMENTS(LP_PARAMETER)
                  const std::optional<Tensor>& bitmask, LP_SAMPLER_PENALTY_ARGUMENTS(LP_PARAMETER)
-                 const std::optional<Tensor>& position_temperature, const Tensor& tokens, const Tensor& node_ids,
-                 const Tensor& num_accepted) {
+                 const std::optional<Tensor>& position_temperature, LP_MIROSTAT_PATH_ARGUMENTS(LP_PARAMETER)
+                 const Tensor& tokens, const Tensor& node_ids, const Tensor& num_accepted) {
   check_logits_dtype(target_logits, "target_logits");
   check_device_supported(target_logits, "target_logits");
   CHECK_ARG(target_logits.dim() == 3 && target_logits.size(1) >= 1 &&
@@ -134,6 +134,7 @@ void verify_tree(const Tensor& target_logits, const Tensor& given_draft_token_id
   // (nodes + 1 positions: no node is verify_draft's bonus position)
   t.chain = verify_params(call, nodes + 1, target_logits, bitmask, draft_token_ids, draft_probs);
   set_position_temperature(t.chain, position_temperature, target_logits, nodes);
+  set_mirostat_path(t.chain, call, {LP_MIROSTAT_PATH_ARGUMENTS(LP_FORWARD)}, root);
   t.nodes = nodes;
   t.next_token = next_token.const_data_ptr<int64_t>();
   t.next_token_row_stride = next_token.stride(0);

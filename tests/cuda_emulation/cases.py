@@ -81,6 +81,28 @@ def verify_row_params(rows: int, g: torch.Generator) -> dict:
     return path_params(VERIFY_PATHS, torch.rand(rows, generator=g) + 0.4)
 
 
+def mirostat_path(rows: int, g: torch.Generator) -> dict:
+    """verify_draft's and verify_tree's mirostat arguments: mu per row in [1, 9] bits (some +inf,
+    NaN and 0), tau per row, eta 0.3. The ops advance mu in place: give each call
+    `with_fresh_mu`'s copy."""
+    mu = torch.rand(rows, generator=g) * 8 + 1
+    mu[1::7], mu[5::11], mu[3::13] = math.inf, math.nan, 0.0
+    return dict(mirostat_mu=mu, mirostat_tau=torch.rand(rows, generator=g) * 3 + 1, mirostat_eta=0.3)
+
+
+def with_fresh_mu(kwargs: dict) -> dict:
+    """`kwargs` with a copy of its mirostat_mu, if any (the state a verify op advances in place)."""
+    return kwargs | {"mirostat_mu": kwargs["mirostat_mu"].clone()} if "mirostat_mu" in kwargs else kwargs
+
+
+def same_mu(got: dict, expected: dict) -> bool:
+    """Whether two calls' mirostat states ended bit for bit equal (NaN rows included)."""
+    if "mirostat_mu" not in got:
+        return True
+    a, b = got["mirostat_mu"], expected["mirostat_mu"]
+    return torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
 def row_params(rows: int, g: torch.Generator) -> dict:
     """Per-row parameters, row r on path r % 15 with its own temperature, seed and offset."""
     return path_params(list(PATHS.values()), torch.rand(rows, generator=g) + 0.3) | dict(

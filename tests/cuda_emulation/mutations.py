@@ -46,6 +46,7 @@ LOGPROBS = "logits_processor/logprobs_cuda.cuh"
 VERIFY = "logits_processor/verify_cuda.cuh"
 TREE = "logits_processor/verify_tree_cuda.cu"
 BLOCK_VERIFY = "logits_processor/verify_block_cuda.cu"
+SAMPLING = "logits_processor/sampling_cuda.cu"
 SHARDED = "logits_processor/sharded_cuda.cu"
 LOGPROB_IDS = "logits_processor/logprob_ids_cuda.cu"
 TREE_LINKS = "logits_processor/verify_tree.h"
@@ -240,9 +241,21 @@ MUTANTS = [
            "tests/cuda_emulation/test_verify_tree_cuda.py"),
     # Block verification's last draw forgets the block's weight w_tau (max(0, p - q) instead of
     # max(0, w_tau p - q)).
-    Mutant("block-residual-weight", BLOCK_VERIFY, "if (block_extends(position_params(v, b, j - 1), log_w, z)) tau = j, tau_log_w = log_w;",
-           "if (block_extends(position_params(v, b, j - 1), log_w, z)) tau = j, tau_log_w = 0.0f;", "fibers",
+    Mutant("block-residual-weight", BLOCK_VERIFY,
+           "if (block_extends(position_params(v, b, j - 1), log_w, z)) tau = j, tau_log_w = log_w, tau_mu = mu;",
+           "if (block_extends(position_params(v, b, j - 1), log_w, z)) tau = j, tau_log_w = 0.0f, tau_mu = mu;", "fibers",
            AGREEMENT, "block_verification_agrees", "tests/cuda_emulation/test_verify_cuda.py"),
+    # mirostat along the path: verify_kernel's positions all at the row's first mu (the emitted
+    # tokens' steps still taken); block verification's last token drawn at the walk's last mu,
+    # not tau's; an accepted sibling's surprise from the residual it was accepted under, not p_i.
+    Mutant("verify-mirostat-first-mu", SAMPLING, "position_token(v, b, accepted, draft, mu, mirostat, &logprob, sh)",
+           "position_token(v, b, accepted, draft, path_mirostat_mu(v, b), mirostat, &logprob, sh)", "fibers",
+           AGREEMENT, "cuda_kernel_agrees_with_cpu", "tests/cuda_emulation/test_verify_cuda.py"),
+    Mutant("block-mirostat-tau-mu", BLOCK_VERIFY, "emitting ? tau_mu : mu", "mu", "fibers", AGREEMENT,
+           "block_verification_agrees", "tests/cuda_emulation/test_verify_cuda.py"),
+    Mutant("tree-mirostat-sibling-surprise", TREE, "token_logprob(s, row.s_max, log_z)", "lr", "fibers", AGREEMENT,
+           "cuda_kernel_agrees_with_cpu", "tests/cuda_emulation/test_verify_tree_cuda.py",
+           within="*logprob = token_logprob(s, row.s_max, log_z);  // (accepted: s is p_i's)"),
     # A node's penalties count its path without its own token (the path one node short).
     Mutant("tree-path-short", TREE, "block_row_penalty_view(target, b, sh, path_before(t, b, column, node))",
            "block_row_penalty_view(target, b, sh, path_before(t, b, column > 0 ? column - 1 : 0, node))", "fibers",

@@ -1,13 +1,13 @@
 """verify_draft's CUDA kernels (verify_kernel, block_verify_kernel) against the CPU
 implementation, bit for bit, in the CUDA emulation: every path of the sampler per row, drafts
 accepted in long runs, rejected and forbidden, rows and positions of a padded buffer, penalties
-along the drafts, block verification, on GPUs of 1 and 132 SMs; and on the run's CUDA target
+along the drafts, block verification, mirostat's mu along each row's path, on GPUs of 1 and 132 SMs; and on the run's CUDA target
 (a GPU where there is one: test_agrees_with_cpu_on_the_target)."""
 
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED, to_device, verify_row_params
+from cuda_emulation.cases import SANITIZED, mirostat_path, same_mu, to_device, verify_row_params, with_fresh_mu
 from op_cases import random_bias, verify_penalty_case
 from reference import random_bitmask, unpack_bitmask
 
@@ -51,20 +51,23 @@ def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, drafts
                        lp_cpu.verify_draft(target, drafts, counts, bitmask=bitmask, **params).tokens)
     target = padded
     seeds = dict(seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
+    mirostat = mirostat_path(rows, g)  # (with the per-row seeds: mu along each row's path)
     blocks = []
     for draft_probs, order, block in [(q, "joint", False), (None, "joint", False), (q, "top_k_first", False),
                                       (q, "joint", True), (q, "top_k_first", True)]:
-        for rng in (seeds, dict(seed=5, offset=9)):
+        for rng in (seeds | mirostat, dict(seed=5, offset=9)):
             kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, **rng, filter_apply_order=order,
                           block_verification=block)
-            expected = lp_cpu.verify_draft(target, drafts, counts, **kwargs)
+            cpu_kwargs, gpu_kwargs = with_fresh_mu(kwargs), with_fresh_mu(kwargs)
+            expected = lp_cpu.verify_draft(target, drafts, counts, **cpu_kwargs)
             before = emulation.launches()
             with emulation.gpu(sms) as lp:
-                got = lp.verify_draft(target, drafts, counts, **kwargs)
+                got = lp.verify_draft(target, drafts, counts, **gpu_kwargs)
             # One launch for the batch; block verification's rows have a kernel of their own.
             assert emulation.launches() == before + (2 if block else 1)
             assert torch.equal(got.tokens, expected.tokens), (got.tokens != expected.tokens).nonzero().tolist()
             assert torch.equal(got.num_accepted, expected.num_accepted)
+            assert same_mu(gpu_kwargs, cpu_kwargs)
             if block:
                 blocks.append(expected)
     # The case exercised long accepted runs, rejections and empty positions, with and
@@ -123,15 +126,19 @@ def test_cuda_block_verification_agrees_with_cpu(emulation, lp_cpu, sms, rows, d
     bitmask |= torch.where(torch.rand(rows, drafts_count + 1, 1, generator=g) < 0.8, -1, 0).int()  # most allow all
     params = verify_row_params(rows, g)
     params["temperature"] = params["temperature"].clamp(min=0.5)  # (block verification: rows with T > 0)
-    kwargs = dict(draft_probs=q, bitmask=bitmask, seed=torch.randint(0, 2**62, (rows,), generator=g), offset=3,
-                  block_verification=True, **params)
-    expected = lp_cpu.verify_draft(target, drafts, **kwargs)
-    with emulation.gpu(sms) as lp:
-        got = lp.verify_draft(target, drafts, **kwargs)
-    assert torch.equal(got.tokens, expected.tokens), (got.tokens != expected.tokens).nonzero().tolist()
-    assert torch.equal(got.num_accepted, expected.num_accepted)
-    inside = (expected.num_accepted >= 1) & (expected.num_accepted < drafts_count)
-    assert inside.sum() >= 3 and (expected.num_accepted == 0).any()
+    seed = torch.randint(0, 2**62, (rows,), generator=g)
+    for mirostat in ({}, mirostat_path(rows, g)):
+        kwargs = dict(draft_probs=q, bitmask=bitmask, seed=seed, offset=3, block_verification=True, **params,
+                      **mirostat)
+        cpu_kwargs, gpu_kwargs = with_fresh_mu(kwargs), with_fresh_mu(kwargs)
+        expected = lp_cpu.verify_draft(target, drafts, **cpu_kwargs)
+        with emulation.gpu(sms) as lp:
+            got = lp.verify_draft(target, drafts, **gpu_kwargs)
+        assert torch.equal(got.tokens, expected.tokens), (got.tokens != expected.tokens).nonzero().tolist()
+        assert torch.equal(got.num_accepted, expected.num_accepted)
+        assert same_mu(gpu_kwargs, cpu_kwargs)
+        inside = (expected.num_accepted >= 1) & (expected.num_accepted < drafts_count)
+        assert inside.sum() >= 3 and (expected.num_accepted == 0).any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,13 +1,14 @@
 """verify_tree's CUDA kernel against the CPU implementation, bit for bit, in the CUDA emulation:
 every path of the sampler per row, branching trees with accepted paths, repeated and forbidden
-children, empty nodes, both draft modes, rows and nodes of a padded buffer, on GPUs of
+children, empty nodes, both draft modes, mirostat's mu along each row's path, rows and nodes of
+a padded buffer, on GPUs of
 1 and 132 SMs; and on the run's CUDA target (a GPU where there is one:
 test_agrees_with_cpu_on_the_target)."""
 
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED, to_device, verify_row_params
+from cuda_emulation.cases import SANITIZED, mirostat_path, same_mu, to_device, verify_row_params, with_fresh_mu
 from cuda_emulation.emulation import COUNTS_TRAFFIC
 from op_cases import random_bias, tree_penalty_case
 from reference import random_bitmask, unpack_bitmask
@@ -70,18 +71,21 @@ def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, nodes,
     target = buffer[..., 3 : vocab + 3]
     seeds = dict(seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
     modes = [(None, "joint"), (q, "joint"), (q, "top_k_first")]
+    mirostat = mirostat_path(rows, g)  # (with the per-row seeds: mu along each row's path)
     accepted = []
     for draft_probs, order in modes:
-        for rng in (seeds, dict(seed=5, offset=9)):
+        for rng in (seeds | mirostat, dict(seed=5, offset=9)):
             kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, **rng, filter_apply_order=order)
-            expected = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, **kwargs)
+            cpu_kwargs, gpu_kwargs = with_fresh_mu(kwargs), with_fresh_mu(kwargs)
+            expected = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, **cpu_kwargs)
             before = emulation.launches()
             with emulation.gpu(sms) as lp:
-                got = lp.verify_tree(target, drafts, next_token, next_sibling, **kwargs)
+                got = lp.verify_tree(target, drafts, next_token, next_sibling, **gpu_kwargs)
             assert emulation.launches() == before + 1  # one launch for the batch
             assert torch.equal(got.tokens, expected.tokens), (got.tokens != expected.tokens).nonzero().tolist()
             assert torch.equal(got.node_ids, expected.node_ids)
             assert torch.equal(got.num_accepted, expected.num_accepted)
+            assert same_mu(gpu_kwargs, cpu_kwargs)
             accepted.append(expected.num_accepted)
     # The case exercised accepted paths (of depth 2 and more; at V = 32000 the 3 rows' draws
     # rarely hit the argmax), early stops and empty nodes.

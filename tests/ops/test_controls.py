@@ -86,19 +86,22 @@ def test_controls_object_equals_the_keywords(lp_cpu):
             assert same(call(controls=controls._replace(**unsharded)), call(**given)), name
             continue
         assert same(call(controls=controls), call(**given)), name
-    # The verification ops: one control set for every position or node (mirostat_mu, which
-    # they do not take, at its default).
+    # The verification ops: one control set for every position or node; mirostat_mu is their
+    # state, advanced in place, so each call gets its own copy (and both copies end equal).
     positions, drafts = 3, torch.randint(0, vocab, (rows, 2), generator=g)
     target = torch.randn(rows, positions, vocab, generator=g) * 3
     unverified = {c: declared(lp_cpu)[c].default for c in keywords if not declared(lp_cpu)[c].speculative}
     per_position = controls._replace(bitmask=controls.bitmask[:, None].expand(-1, positions, -1).contiguous(),
                                      **unverified)
-    verified = {k: v for k, v in per_position._asdict().items() if k not in unverified}
-    assert same(lp_cpu.verify_draft(target, drafts, controls=per_position), lp_cpu.verify_draft(target, drafts, **verified))
     chain = torch.tensor([[1, 2, -1]] * rows), torch.full((rows, 3), -1)
     nodes = torch.cat([torch.zeros(rows, 1, dtype=torch.int64), drafts], 1)
-    assert same(lp_cpu.verify_tree(target, nodes, *chain, controls=per_position),
-                lp_cpu.verify_tree(target, nodes, *chain, **verified))
+    for op in (lambda **c: lp_cpu.verify_draft(target, drafts, **c), lambda **c: lp_cpu.verify_tree(target, nodes, *chain, **c)):
+        as_object = per_position._replace(mirostat_mu=per_position.mirostat_mu.clone())
+        as_keywords = {k: v for k, v in per_position._asdict().items() if k not in unverified} | dict(
+            mirostat_mu=per_position.mirostat_mu.clone())
+        assert same(op(controls=as_object), op(**as_keywords))
+        assert torch.equal(as_object.mirostat_mu, as_keywords["mirostat_mu"])
+        assert not torch.equal(as_object.mirostat_mu, per_position.mirostat_mu)
     # And positionally, as before the declaration.
     p = dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.01, seed=3, offset=2)
     assert torch.equal(lp_cpu.sample(logits, *p.values()), lp_cpu.sample(logits, **p))

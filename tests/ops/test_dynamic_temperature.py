@@ -158,7 +158,7 @@ def test_bad_arguments_name_the_argument(lp):
                                  "joint", None, 0.0, None, 0.0, None, -1.0, None, math.inf, None, 1.0, None, 0.0, None, 0.1, None, 0, None, 0,
                                  None,
                                  None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None, torch.ones(3, 2),
-                                 False, torch.empty(3, 3, dtype=torch.int64), torch.empty(3, dtype=torch.int64))
+                                 None, None, 5.0, None, 0.1, False, torch.empty(3, 3, dtype=torch.int64), torch.empty(3, dtype=torch.int64))
     with pytest.raises(ValueError, match="^dynatemp_range cannot be given with support="):
         lp.token_logprobs(logits, torch.zeros(3, dtype=torch.int64), dynatemp_range=0.5,
                           support=torch.full((3, 4), -1, dtype=torch.int32))

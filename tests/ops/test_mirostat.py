@@ -107,17 +107,16 @@ def test_bad_arguments_name_the_argument(lp):
         lp.sample(logits, mirostat_mu=math.nan)
     with pytest.raises(RuntimeError, match="mirostat_mu"):
         lp.sample(logits, mirostat_mu=torch.tensor([1.0]))  # one row short
+    # (verify_draft's and verify_tree's: tests/ops/test_verify_mirostat.py; their raw filter
+    # argument stays off, mu being their state.)
     target = torch.randn(2, 3, 100)
     drafts = torch.randint(0, 100, (2, 2))
-    with pytest.raises(TypeError, match="mirostat_mu"):
-        lp.verify_draft(target, drafts, mirostat_mu=3.0)
-    with pytest.raises(RuntimeError, match="mirostat_mu is not supported by verify_draft"):
-        lp.verify_draft(target, drafts, controls=lp.SamplingControls(mirostat_mu=3.0))
-    next_token = torch.tensor([[1, -1, -1]] * 2)
-    next_sibling = torch.tensor([[-1, 2, -1]] * 2)
-    with pytest.raises(RuntimeError, match="mirostat_mu is not supported by verify_tree"):
-        lp.verify_tree(target, torch.randint(0, 100, (2, 3)), next_token, next_sibling,
-                       controls=lp.SamplingControls(mirostat_mu=torch.tensor([3.0, 3.0])))
+    with pytest.raises(RuntimeError, match="^mirostat_mu of verify_draft is its state"):
+        lp._ops.ops.verify_draft(target, drafts, None, None, None, 1.0, None, 0, None, 1.0, None, 0.0, "joint", None,
+                                 0.0, None, 0.0, None, -1.0, None, 3.0, None, 1.0, None, 0.0, None, 0.1, None, 0, None,
+                                 0, None, None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None, None,
+                                 None, None, 5.0, None, 0.1, False, torch.empty(2, 3, dtype=torch.int64),
+                                 torch.empty(2, dtype=torch.int64))
     mu = torch.full((2,), 10.0)
     with pytest.raises(TypeError, match="mirostat_mu must be a float32 1-D tensor"):
         lp.update_mirostat_mu_(mu.double(), torch.zeros(2), 5.0, 0.1)

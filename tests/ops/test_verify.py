@@ -305,7 +305,7 @@ def test_out_opcheck_and_compile(lp_cpu):
     args = (target, drafts, torch.tensor([2, 1, 0, 2]), q, torch.rand(rows) + 0.5, 1.0, None, 5, None, 0.9,
             None, 0.0, "top_k_first", None, 1e-4, None, 2e-3, torch.full((rows,), 2.0), -1.0, None, float("inf"), None, 0.9, torch.full((rows,), 0.5), 0.0, None, 0.1,
             torch.arange(rows), 0, None,
-            3, bitmask, *no_penalties, torch.rand(rows, 3) + 0.5, False,
+            3, bitmask, *no_penalties, torch.rand(rows, 3) + 0.5, None, None, 5.0, None, 0.1, False,
             torch.empty(rows, 3, dtype=torch.int64), torch.empty(rows, dtype=torch.int64))
     torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args)
     # With penalties: the state, per-row values, biases and a row map.
@@ -317,7 +317,7 @@ def test_out_opcheck_and_compile(lp_cpu):
     args = args[:32] + penalties + args[44:]
     torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args)
     # Block verification.
-    torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args[:45] + (True,) + args[46:])
+    torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args[:50] + (True,) + args[51:])
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def step(x, d, p, m, offset):

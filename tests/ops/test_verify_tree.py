@@ -486,7 +486,7 @@ def test_out_opcheck_and_compile(lp_cpu):
             "top_k_first", None, 1e-4, torch.full((rows,), 1e-3), 0.0, None, 2.0, None, float("inf"), torch.full((rows,), 0.9), 1.0, None, 1.0, None, 0.05,
             torch.arange(rows), 0, None, 3, masks,
             None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None,  # (no penalties)
-            torch.rand(rows, target.shape[1]) + 0.5, *new_out())  # (each node's temperature)
+            torch.rand(rows, target.shape[1]) + 0.5, None, None, 5.0, None, 0.1, *new_out())  # (each node's temperature; no mirostat)
     torch.library.opcheck(lp_cpu._ops.ops.verify_tree, args)
     # With penalties: the state, per-row values, biases and a row map.
     g = torch.Generator().manual_seed(2571)

@@ -118,8 +118,9 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
         "always the most likely; a number or a float32 ``[B]`` tensor, each request's mu (start at "
         "2 * mirostat_tau) advanced after each draw by `update_mirostat_mu_`. +inf (default) "
         "disables it, 0 or less keeps the top alone. Decided as epsilon_cutoff is, with the floor "
-        "2^-mu (the highest floor wins); not taken by `verify_draft` or `verify_tree` (mu changes "
-        "between drafted positions)."), speculative=False),
+        "2^-mu (the highest floor wins). In `verify_draft` and `verify_tree` a float32 ``[B]`` tensor "
+        "alone: the state, which they advance in place along each row's emitted tokens (their "
+        "mirostat_tau and mirostat_eta).")),
     Control("typical_p", 1.0, "Param", number=float, positional=False, doc=(
         "locally typical sampling (transformers' TypicalLogitsWarper, llama.cpp's typical_p; Meister "
         "et al. 2023): keep the tokens whose surprise -ln p is nearest the entropy, the fewest whose "
@@ -166,13 +167,15 @@ class SamplingControls(collections.namedtuple("_Controls", CONTROLS, defaults=[c
     __slots__ = ()
 
     def arguments(self, *names: str, logits: Optional[torch.Tensor] = None, positions: bool = False,
-                  draft_token_ids: Optional[torch.Tensor] = None) -> dict:
+                  draft_token_ids: Optional[torch.Tensor] = None, mirostat_tau: Param = 5.0,
+                  mirostat_eta: Param = 0.1) -> dict:
         """The controls `names` as the schema's arguments, each checked in that order. With
         dynatemp_range on, the temperature is `dynamic_temperature`'s tensor for `logits` (the
         sampler ops pass theirs; sample_sharded, which does not take it, raises); with
         `positions` (verify_draft's and verify_tree's 3-D logits), it is each position's, as the
         argument position_temperature (None when off), position j's penalties counting
-        draft_token_ids' first j."""
+        draft_token_ids' first j; and mirostat_mu is the state those ops advance along the path
+        (mirostat_state, with `mirostat_tau` and `mirostat_eta`), the filter argument left off."""
         arguments: dict = {}
         for name in names:
             control, value = CONTROLS[name], getattr(self, name)
@@ -186,6 +189,7 @@ class SamplingControls(collections.namedtuple("_Controls", CONTROLS, defaults=[c
                 arguments[name] = value
         if positions:
             arguments["position_temperature"] = None
+            arguments |= _mirostat_path(arguments, mirostat_tau, mirostat_eta)
         if self.first_not_default("dynatemp_range") is not None:
             if logits is None or "dynatemp_range" not in names:
                 raise ValueError("dynatemp_range is not taken by sample_sharded (leave it at 0)")
@@ -205,6 +209,18 @@ class SamplingControls(collections.namedtuple("_Controls", CONTROLS, defaults=[c
             if isinstance(value, torch.Tensor) or value != CONTROLS[name].default:
                 return name
         return None
+
+
+def _mirostat_path(arguments: dict, mirostat_tau: Param, mirostat_eta: Param) -> dict:
+    """verify_draft's and verify_tree's mirostat arguments: mu (a tensor) is the state they read
+    and advance in place (mirostat_state), so the filter argument stays off."""
+    mu, value = arguments.pop("mirostat_mu", None), arguments.pop("mirostat_mu_value", math.inf)
+    if mu is None and value != math.inf:
+        raise TypeError("mirostat_mu must be a float32 [B] tensor in verify_draft and verify_tree (the state "
+                        f"they advance in place along each row's emitted tokens), got {value!r}")
+    return {"mirostat_mu": None, "mirostat_mu_value": math.inf, "mirostat_state": mu,
+            **number_or_tensor("mirostat_tau", mirostat_tau, float),
+            **number_or_tensor("mirostat_eta", mirostat_eta, float)}
 
 
 def controls_from(controls: Optional[SamplingControls], **given: Any) -> SamplingControls:

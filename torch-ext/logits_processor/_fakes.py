@@ -19,8 +19,9 @@ from ._ops import add_op_namespace_prefix, ops
 # Row indices may also be host tensors: the ops range-check them on the host, then copy them.
 HOST_OK = ("indices", "rows")
 # Argument names as the messages say them: the sampler ops' penalty_rows is Penalties.rows,
-# and verify_draft's messages have always called target_logits "logits".
-MESSAGE_NAME = {"penalty_rows": "rows", "target_logits": "logits"}
+# verify_draft's messages have always called target_logits "logits", and verify_draft's and
+# verify_tree's mirostat_state is the mirostat_mu they are given.
+MESSAGE_NAME = {"penalty_rows": "rows", "target_logits": "logits", "mirostat_state": "mirostat_mu"}
 _OPTIONAL_TENSOR = torch._C.OptionalType.ofTensor()
 
 

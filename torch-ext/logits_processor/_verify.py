@@ -6,7 +6,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._args import call
+from ._args import Param, call
 from ._controls import SAMPLER_CONTROLS, VERIFY_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
@@ -14,6 +14,11 @@ from ._penalties import FUSED_PENALTY_ARGUMENTS
 
 # Where verify_draft's controls differ from `sample`'s: per position.
 _DOCS = {
+    "mirostat_mu": "mirostat v2 along the path (as in `sample`, each position's floor 2^-mu): a float32 ``[B]`` "
+                   "tensor, each row's mu, read as position 0's and advanced in place by every token the row "
+                   "emits, as `update_mirostat_mu_` would after drawing them one by one (mirostat_tau, "
+                   "mirostat_eta): position j's mu is the one after its drafts before j; rows whose mu is not "
+                   "finite keep it (+inf is off). Default +inf (off).",
     "bitmask": "int32 ``[B, S + 1, ceil(V / 32)]``, position j's grammar mask (XGrammar's layout; the "
                "matcher advanced over the drafts, then rolled back); default every token allowed.",
     "penalties": "as in `sample` (state rows, penalty values and logit biases per row b, the same at every "
@@ -45,6 +50,8 @@ def verify_draft(
     controls: SamplingControls = None,
     *,
     block_verification: bool = False,
+    mirostat_tau: Param = 5.0,
+    mirostat_eta: Param = 0.1,
     out: Optional[VerifiedDraft] = None,
 ) -> VerifiedDraft:
     """Speculative-decoding verification: the longest accepted prefix of each row's drafts, then
@@ -96,6 +103,10 @@ def verify_draft(
         block_verification (bool): with draft_probs, verify the drafts as a block (Sun et al.,
             ICLR 2025: the same law of the emitted tokens, never fewer accepted drafts in
             expectation; below); default False. Greedy rows are verified position by position.
+        mirostat_tau (float or torch.Tensor): with mirostat_mu, the target surprise in bits
+            (llama.cpp's default 5.0): a finite number or a float32 ``[B]`` tensor.
+        mirostat_eta (float or torch.Tensor): with mirostat_mu, the learning rate (llama.cpp's
+            default 0.1): a finite number >= 0 or a float32 ``[B]`` tensor.
         out (VerifiedDraft, optional): preallocated tensors of the shapes below; default new tensors.
 
     Returns:
@@ -104,7 +115,8 @@ def verify_draft(
     """
     # (penalties checked before `out` is unpacked; dynamic temperature per position)
     arguments = controls.arguments(*SAMPLER_CONTROLS, logits=target_logits, positions=True,
-                                   draft_token_ids=draft_token_ids)
+                                   draft_token_ids=draft_token_ids,
+                                   mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
     if out is None:
         shape = target_logits.shape if target_logits.dim() == 3 else (0, 1)
         out = VerifiedDraft(

@@ -6,7 +6,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._args import call
+from ._args import Param, call
 from ._controls import SAMPLER_CONTROLS, VERIFY_CONTROLS, SamplingControls, sampling_op
 from ._fakes import register_fakes
 from ._ops import ops
@@ -14,6 +14,11 @@ from ._penalties import FUSED_PENALTY_ARGUMENTS
 
 # Where verify_tree's controls differ from `sample`'s: per node.
 _DOCS = {
+    "mirostat_mu": "mirostat v2 along the path (as in `sample`, each node's floor 2^-mu): a float32 ``[B]`` "
+                   "tensor, each row's mu, read as position 0's and advanced in place by every token the row "
+                   "emits, as `update_mirostat_mu_` would after drawing them one by one (mirostat_tau, "
+                   "mirostat_eta): node i's mu is the one after its path's tokens; rows whose mu is not "
+                   "finite keep it (+inf is off). Default +inf (off).",
     "bitmask": "int32 ``[B, N, ceil(V / 32)]``, node i's grammar mask (what XGrammar's "
                "``GrammarMatcher.traverse_draft_tree`` fills); default all allowed.",
     "penalties": "as in `sample` (state rows, penalty values and logit biases per row b, the same at every "
@@ -70,6 +75,8 @@ def verify_tree(
     controls: SamplingControls = None,
     *,
     max_depth: Optional[int] = None,
+    mirostat_tau: Param = 5.0,
+    mirostat_eta: Param = 0.1,
     out: Optional[VerifiedTree] = None,
 ) -> VerifiedTree:
     """Tree speculative-decoding verification (EAGLE-style draft trees): the accepted path of each
@@ -129,6 +136,10 @@ def verify_tree(
         {controls}
         max_depth (int, optional): D, in [0, 255]: the outputs' width D + 1 without reading the
             tree; default None (the tree's depth; with `out`, its width).
+        mirostat_tau (float or torch.Tensor): with mirostat_mu, the target surprise in bits
+            (llama.cpp's default 5.0): a finite number or a float32 ``[B]`` tensor.
+        mirostat_eta (float or torch.Tensor): with mirostat_mu, the learning rate (llama.cpp's
+            default 0.1): a finite number >= 0 or a float32 ``[B]`` tensor.
         out (VerifiedTree, optional): preallocated tensors (tokens and node_ids ``[B, D + 1]``,
             D + 1 <= 256, num_accepted ``[B]``); default new tensors.
 
@@ -139,7 +150,8 @@ def verify_tree(
         raise ValueError("dynatemp_range is not taken by verify_tree with penalties (a node's penalties count its "
                          "path, which the dynamic temperature's pass before the walk does not know)")
     # (penalties checked before `out` is unpacked; dynamic temperature per node)
-    arguments = controls.arguments(*SAMPLER_CONTROLS, logits=target_logits, positions=True)
+    arguments = controls.arguments(*SAMPLER_CONTROLS, logits=target_logits, positions=True,
+                                   mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
     if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int)
                                   or not 0 <= max_depth <= 255):
         raise ValueError(f"max_depth must be an int in [0, 255], got {max_depth!r}")
