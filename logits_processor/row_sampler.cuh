@@ -304,14 +304,46 @@ struct RowSampler {
   // with one, top_k_set resolves the row in 2 passes when t_k's bin and those above it fit in
   // shared memory, else t_k is selected first (select_top_k, 1 pass or more) and raises t_minp.
   __device__ bool cut(SharedState& sh, Draw* draw = nullptr) {
-    // (typical_p's band and XTC's ceiling come after the floor: a draw made in the floor's last
-    // pass would miss them.)
-    const bool typical = r.typical_p < 1.0f, xtc = xtc_falls(r);
+    // (typical_p's band, llama.cpp's chained top-p and min-p and XTC's ceiling come after the
+    // floor: a draw made in the floor's last pass would miss them.)
+    const bool typical = r.typical_p < 1.0f, chained = chained_top_p_min_p(r), xtc = xtc_falls(r);
     ceiling = kNoCeiling;
-    if (!cut_floor(sh, typical || xtc ? nullptr : draw)) return false;
+    if (r.llama_order) {  // the floor with top-k alone (and the whole-row floors)
+      const float top_p = r.top_p, min_p = r.min_p;
+      r.top_p = 1.0f, r.min_p = 0.0f;
+      const bool any = cut_floor(sh, nullptr);
+      r.top_p = top_p, r.min_p = min_p;
+      if (!any) return false;
+    } else if (!cut_floor(sh, typical || xtc ? nullptr : draw)) {
+      return false;
+    }
     if (typical) keep_typical(sh);
+    if (chained) keep_top_p_min_p(sh);
     if (xtc) exclude_top_choices(sh);
     return true;
+  }
+
+  // llama.cpp's chain (FilterOrder::kLlamaCpp): top-p over the kept set renormalised, its mass
+  // in one pass and the largest key whose mass from the set's top reaches ceil(top_p Z_K) in a
+  // radix select over the row (4 passes), then min-p against the set's top.
+  __device__ void keep_top_p_min_p(SharedState& sh) {
+    uint32_t t = min_p_key(s_max, r.min_p);
+    if (r.top_p < 1.0f) {
+      uint64_t mass = 0;
+      for_each_candidate([&](int64_t, float s) {
+        if (kept(score_key(s))) mass += token_mass(s, s_max);
+      });
+      const uint64_t target = top_p_target(r.top_p, block_sum(mass, sh));
+      const auto kept_keys = [&](auto&& f) {
+        for_each_candidate([&](int64_t, float s) {
+          const uint32_t key = score_key(s);
+          if (kept(key)) f(key);
+        });
+      };
+      const uint32_t t_p = radix_select<kScoreMasses>(kept_keys, kAllKeys, 0, target, s_max, sh);
+      t = t > t_p ? t : t_p;
+    }
+    threshold = threshold > t ? threshold : t;
   }
 
   // typical_p's band (truncation.h's typical_center, typical_key) over the kept set: its sums in

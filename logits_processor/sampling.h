@@ -78,7 +78,11 @@ struct LogprobsParams {
 //               set {s_i >= t_p} (t_p >= max(t_k, t_minp) as Z_1 reaches its own target): vLLM's
 //               order (min-p, then top-k, then top-p on the softmax of what is left) and, without
 //               min-p, FlashInfer's "top_k_first".
-enum class FilterOrder : int32_t { kJoint = 0, kTopKFirst = 1 };
+//   kLlamaCpp:  llama.cpp's chain, each over what the last left: top-k (with the whole-row
+//               floors t_eps, t_sig), typical_p's band (truncation.h), top-p over that set
+//               renormalised (t_p from its own mass, from its top), then min-p against its top
+//               (each sampler's keep_top_p_min_p); then XTC.
+enum class FilterOrder : int32_t { kJoint = 0, kTopKFirst = 1, kLlamaCpp = 2 };
 
 // The logits (LogitsView's fields: logits, dtype, rows, vocab, row_stride), only read.
 struct SamplingParams : LogitsView {
@@ -141,6 +145,7 @@ struct RowParams {
   float xtc_probability;    // 0: off
   float xtc_threshold;      // above 0.5: off
   bool top_k_first;         // FilterOrder::kTopKFirst
+  bool llama_order;         // FilterOrder::kLlamaCpp
   uint32_t key0, key1;      // Philox key: the seed
   uint32_t stream;          // row for a shared seed, 0 for per-row seeds
   uint32_t offset_lo, offset_hi;
@@ -189,6 +194,7 @@ LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   const float xtc_threshold = p.xtc_threshold.get_or(row, p.xtc_threshold_value);
   r.xtc_threshold = xtc_threshold >= 0.0f ? xtc_threshold : (xtc_threshold < 0.0f ? 0.0f : 1.0f);
   r.top_k_first = p.filter_order == FilterOrder::kTopKFirst;
+  r.llama_order = p.filter_order == FilterOrder::kLlamaCpp;
   const uint64_t seed = static_cast<uint64_t>(p.seed.get_or(row, p.seed_value));
   const uint64_t offset = static_cast<uint64_t>(p.offset.get_or(row, p.offset_value));
   r.key0 = static_cast<uint32_t>(seed);
@@ -197,6 +203,12 @@ LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   r.offset_lo = static_cast<uint32_t>(offset);
   r.offset_hi = static_cast<uint32_t>(offset >> 32);
   return r;
+}
+
+// Whether top-p and min-p are decided after the first cut, over what it (and typical_p) kept
+// (FilterOrder::kLlamaCpp): the cut then takes top-k and the whole-row floors alone.
+LP_HOST_DEVICE bool chained_top_p_min_p(const RowParams& r) {
+  return r.llama_order && (r.top_p < 1.0f || r.min_p > 0.0f);
 }
 
 // Order-preserving map of a non-NaN float to uint32: a < b iff key(a) < key(b), and

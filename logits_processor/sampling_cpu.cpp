@@ -226,7 +226,24 @@ class RowSampler {
   void cut() {
     cutoff_ = cutoff();
     if (r_.typical_p < 1.0f) keep_typical();
+    if (chained_top_p_min_p(r_)) keep_top_p_min_p();
     if (xtc_falls(r_)) exclude_top_choices();
+  }
+
+  // llama.cpp's chain (FilterOrder::kLlamaCpp): top-p over the kept set renormalised (the
+  // largest key whose mass from the set's top reaches ceil(top_p Z_K)), then min-p against its
+  // top.
+  void keep_top_p_min_p() {
+    uint32_t t = min_p_key(s_max_, r_.min_p);
+    if (r_.top_p < 1.0f) {
+      float* masses = scratch_.scaled_mass.data();
+      const uint64_t total = kept_masses(scores_, p_.vocab, floor_score(), s_max_, masses);
+      uint32_t* keys = scratch_.noise.data();  // (the draw fills the noise later)
+      for (int64_t i = 0; i < p_.vocab; ++i) keys[i] = masses[i] > 0.0f ? score_key(scores_[i]) : kNoKey;
+      t = std::max(t, weighted_select(keys, masses, p_.vocab, top_p_target(r_.top_p, total), scratch_.histogram,
+                                      scratch_.kept));
+    }
+    cutoff_ = {std::max(cutoff_.threshold, t), false};  // (Scratch::kept may hold the select's entries)
   }
 
   // typical_p's band (sampling.h): the kept set's sums, the select over its distance keys, the
@@ -261,10 +278,11 @@ class RowSampler {
   // (t_eps and t_sig, like t_minp floors decided on the whole row, raise `lower`.)
   Cutoff cutoff() {
     total_mass_ = kNoTotal;  // (the scores are this cut's: masses() computes them once)
-    uint32_t lower = min_p_key(s_max_, r_.min_p);
+    const bool chained = r_.llama_order;  // (top-p and min-p then come after: keep_top_p_min_p)
+    uint32_t lower = chained ? kNoKey : min_p_key(s_max_, r_.min_p);
     if (has_truncation(r_)) lower = std::max(lower, truncation_floor());
     const bool top_k = r_.top_k > 0 && r_.top_k < candidates_;
-    const bool top_p = r_.top_p < 1.0f;
+    const bool top_p = !chained && r_.top_p < 1.0f;
     if (!top_k && !top_p) return {lower, false};
     return top_k ? cutoff_with_top_k(lower, top_p) : cutoff_with_top_p_alone(lower);
   }

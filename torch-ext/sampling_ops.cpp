@@ -45,7 +45,7 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   CHECK_ARG(filters.xtc_threshold_value >= 0.0 && filters.xtc_threshold_value <= 1.0,
             "xtc_threshold must be in [0, 1] (above 0.5 disables XTC), got ", filters.xtc_threshold_value);
   const auto filter_order = static_cast<lp::FilterOrder>(
-      choice_index(filters.filter_apply_order, "filter_apply_order", {"joint", "top_k_first"}));
+      choice_index(filters.filter_apply_order, "filter_apply_order", {"joint", "top_k_first", "llama_cpp"}));
 
   SamplingCall call;
   // (Read in the caller's dtype: vLLM's int32 top_k, float64 top_p, int32 seeds, no copy.)

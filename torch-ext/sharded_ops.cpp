@@ -68,6 +68,9 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
             "typical_p is not supported by sample_sharded (leave it at 1)");
   CHECK_ARG(!xtc_probability.has_value() && xtc_probability_value == 0.0,
             "xtc_probability is not supported by sample_sharded (leave it at 0)");
+  CHECK_ARG(filter_apply_order != "llama_cpp",
+            "filter_apply_order \"llama_cpp\" is not supported by sample_sharded (its top-p and min-p come after "
+            "the cut: \"joint\" or \"top_k_first\")");
   CHECK_ARG(vocab_size >= 1 && vocab_size < (int64_t{1} << 31), "vocab_size must be in [1, 2^31), got ",
             vocab_size);
   const int64_t shard = logits.size(1);

@@ -36,7 +36,7 @@
   X("Tensor?", const std::optional<Tensor>&, name) X(value_schema_type, value_cpp_type, name##_value)
 
 // The sampler's filters (sample, sample_with_logprobs, token_logprobs, verify_draft), and how
-// they compose ("joint" or "top_k_first": sampling.h's FilterOrder), one for the call.
+// they compose ("joint", "top_k_first" or "llama_cpp": sampling.h's FilterOrder), one for the call.
 #define LP_FILTER_ARGUMENTS(X)                        \
   LP_PER_ROW(X, temperature, "float", double)         \
   LP_PER_ROW(X, top_k, "int", int64_t)                \

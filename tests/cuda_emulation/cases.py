@@ -47,6 +47,21 @@ TOP_K_FIRST_PATHS = {
     "typical": dict(top_k=40, top_p=0.9, typical_p=0.8),
 }
 
+# filter_apply_order="llama_cpp" (llama.cpp's chain: top-k, typical, top-p, min-p, each over what
+# the last left): its chained top-p and min-p after the cut, with and without typical's band.
+LLAMA_CPP_PATHS = {
+    "top_p": dict(top_p=0.8),
+    "top_k_top_p_min_p": dict(top_k=50, top_p=0.9, min_p=0.05),
+    "typical_top_p": dict(top_k=100, typical_p=0.5, top_p=0.8),  # (a band that often drops the top)
+    "typical_min_p_xtc": dict(typical_p=0.9, min_p=0.05, xtc_probability=1.0, xtc_threshold=0.05),
+    "floors": dict(epsilon_cutoff=1e-3, top_n_sigma=2.0, top_p=0.9),
+}
+# Each order's own paths, where it decides differently from "joint".
+ORDER_PATHS = {"top_k_first": TOP_K_FIRST_PATHS, "llama_cpp": LLAMA_CPP_PATHS}
+# PATHS and every order's paths, each with its filter_apply_order ("<path>_<order>").
+ORDERED_PATHS = {**PATHS, **{f"{name}_{order}": dict(filters, filter_apply_order=order)
+                             for order, paths in ORDER_PATHS.items() for name, filters in paths.items()}}
+
 
 # The speculative kernels' rows (verify_draft, verify_tree): row r on path r % 9.
 VERIFY_PATHS = [dict(temperature=0.0), dict(), dict(top_k=7), dict(top_p=0.8, min_p=0.05),

@@ -245,6 +245,12 @@ MUTANTS = [
            "if (block_extends(position_params(v, b, j - 1), log_w, z)) tau = j, tau_log_w = log_w, tau_mu = mu;",
            "if (block_extends(position_params(v, b, j - 1), log_w, z)) tau = j, tau_log_w = 0.0f, tau_mu = mu;", "fibers",
            AGREEMENT, "block_verification_agrees", "tests/cuda_emulation/test_verify_cuda.py"),
+    # llama.cpp's order: min-p left out after typical and top-p (the first cut took it out); top-p's
+    # select over the whole row, not the kept set it renormalises over.
+    Mutant("llama-min-p", ROW_SAMPLER, "min_p_key(s_max, r.min_p)", "kNoKey", "fibers", AGREEMENT,
+           "filter_orders_agree_with_cpu", within="uint32_t t = min_p_key(s_max, r.min_p);"),
+    Mutant("llama-top-p-set", ROW_SAMPLER, "if (kept(key)) f(key);", "f(key);", "fibers", AGREEMENT,
+           "filter_orders_agree_with_cpu"),
     # mirostat along the path: verify_kernel's positions all at the row's first mu (the emitted
     # tokens' steps still taken); block verification's last token drawn at the walk's last mu,
     # not tau's; an accepted sibling's surprise from the residual it was accepted under, not p_i.

@@ -16,7 +16,7 @@ import torch
 from conftest import requires_cuda
 from op_cases import zero_top_kept_sets, zero_top_logits
 from reference import random_bitmask
-from cuda_emulation.cases import (BIN_PATHS, PATHS, SANITIZED, TOP_K_FIRST_PATHS, crowded_logits, row_params,
+from cuda_emulation.cases import (BIN_PATHS, ORDERED_PATHS, PATHS, SANITIZED, crowded_logits, row_params,
                                   special_bitmask, special_logits)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -66,8 +66,6 @@ def test_sample_with_logprobs_agrees_with_cpu(cuda_target, lp_cpu, mode, dtype, 
     assert torch.equal(bits(again.cpu()), bits(expected.logprobs[:, 0]))
 
 
-ORDERED_PATHS = {**PATHS, **{f"{name}_top_k_first": dict(filters, filter_apply_order="top_k_first")
-                              for name, filters in TOP_K_FIRST_PATHS.items()}}
 
 
 @pytest.mark.parametrize("mode", MODES)

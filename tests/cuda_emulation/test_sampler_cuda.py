@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from cuda_emulation.cases import (BIN_PATHS, DTYPES, PATHS, SANITIZED, SMS, TOP_K_FIRST_PATHS, assert_launched,
+from cuda_emulation.cases import (BIN_PATHS, DTYPES, ORDER_PATHS, PATHS, SANITIZED, SMS, assert_launched,
                                   crowded_logits, row_params, special_bitmask, special_logits, unaligned_rows)
 from cuda_emulation.emulation import FLAVOR
 from op_cases import ZERO_TOP_ROWS, check_top_cell_refined, random_row_params, zero_top_kept_sets, zero_top_logits
@@ -106,17 +106,17 @@ def test_sampler_agrees_with_cpu_scalar_parameters(emulation, lp_cpu, sms, path,
 
 @pytest.mark.emulation
 @pytest.mark.parametrize("sms", SMS)
-@pytest.mark.parametrize("path", list(TOP_K_FIRST_PATHS))
+@pytest.mark.parametrize("order,path", [(order, path) for order, paths in ORDER_PATHS.items() for path in paths])
 @pytest.mark.parametrize("rows,vocab", [(5, 20000), (64, 3000)] if not SANITIZED else [(2, 9000)])
-def test_top_k_first_agrees_with_cpu(emulation, lp_cpu, sms, path, rows, vocab):
-    """filter_apply_order="top_k_first" (its cut in one block, split over blocks at 132 SMs),
-    scalar filters and per-row ones on the same rows: the CPU's tokens."""
+def test_filter_orders_agree_with_cpu(emulation, lp_cpu, sms, order, path, rows, vocab):
+    """filter_apply_order="top_k_first" and "llama_cpp" (their cuts in one block, split rows over
+    blocks at 132 SMs), scalar filters and per-row ones on the same rows: the CPU's tokens."""
     g = torch.Generator().manual_seed(vocab + sms + len(path))
     logits = special_logits(rows, vocab, DTYPES[(rows + sms) % len(DTYPES)], g)
     bitmask = special_bitmask(rows, vocab, g)
-    per_row = {name: torch.full((rows,), value) for name, value in TOP_K_FIRST_PATHS[path].items()}
-    for filters in [TOP_K_FIRST_PATHS[path], per_row]:
-        kwargs = dict(filters, seed=123, offset=7, bitmask=bitmask, filter_apply_order="top_k_first")
+    per_row = {name: torch.full((rows,), value) for name, value in ORDER_PATHS[order][path].items()}
+    for filters in [ORDER_PATHS[order][path], per_row]:
+        kwargs = dict(filters, seed=123, offset=7, bitmask=bitmask, filter_apply_order=order)
         with emulation.gpu(sms) as lp:
             got = lp.sample(logits, **kwargs)
         assert torch.equal(got, lp_cpu.sample(logits, **kwargs)), filters
@@ -192,7 +192,8 @@ def test_split_cut_agrees_with_cpu(emulation, lp_cpu, dtype, kind):
                 got = lp.sample(logits, **kwargs)
             assert torch.equal(got, expected), (extra.keys(), penalty is None, (got != expected).nonzero().flatten())
     for r, filters in enumerate(SPLIT_FILTERS):
-        for order in ["joint", "top_k_first"] if "top_p" in filters else ["joint"]:
+        orders = ["joint", "top_k_first"] if "top_p" in filters else ["joint"]
+        for order in orders + (["llama_cpp"] if "top_p" in filters or "min_p" in filters else []):
             with emulation.gpu(sms) as lp:
                 got = lp.sample(logits[r:r + 1], seed=r, temperature=0.7, filter_apply_order=order, **filters)
             expected = lp_cpu.sample(logits[r:r + 1], seed=r, temperature=0.7, filter_apply_order=order, **filters)

@@ -190,13 +190,17 @@ WARPINGS = {
     "typical_p": (dict(temperature=0.7, top_k=40, top_p=0.95, typical_p=0.8),
                   [transformers.TopKLogitsWarper(40), transformers.TopPLogitsWarper(0.95),
                    transformers.TypicalLogitsWarper(0.8)], None),
+    # (top-p, then min-p over what it left: filter_apply_order="llama_cpp")
+    "top_p_min_p": (dict(temperature=0.7, top_k=40, top_p=0.8, min_p=0.1),
+                    [transformers.TopKLogitsWarper(40), transformers.TopPLogitsWarper(0.8),
+                     transformers.MinPLogitsWarper(0.1)], None),
 }
 
 
 @pytest.mark.parametrize("name", list(WARPINGS))
 def test_sampled_scores_are_transformers_warped_scores(lp, pair, inputs, name):
     """output_scores holds the scores each token was drawn from: transformers' warpers (temperature,
-    top-k, top-p, typical; or epsilon or eta alone) over the same raw logits give the same kept set and values."""
+    top-k, top-p, typical or min-p; or epsilon or eta alone) over the same raw logits give the same kept set and values."""
     _, model = pair
     warping, warpers, floor = WARPINGS[name]
     out = ours(model, lp, inputs, do_sample=True, max_new_tokens=8, seed=3, return_dict_in_generate=True,
@@ -498,7 +502,7 @@ UNSUPPORTED = {
     "eta_cutoff": dict(do_sample=True, top_k=0, epsilon_cutoff=0.01, eta_cutoff=0.01),
     "num_beams": dict(num_beams=2),
     "penalty_alpha": dict(penalty_alpha=0.6, top_k=4),
-    "filter_apply_order": dict(do_sample=True, top_p=0.9, min_p=0.1),
+    "filter_apply_order": dict(do_sample=True, top_p=0.9, min_p=0.1, typical_p=0.9),  # (typical after min-p)
     "seed": dict(do_sample=True, seed=[1, 2]),
     # a caller's warper beside generate()'s own top-k (transformers chains both): not one sampler call
     "logits_processor": dict(do_sample=True, logits_processor=[transformers.TopKLogitsWarper(1)]),

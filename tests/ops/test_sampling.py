@@ -94,7 +94,7 @@ def test_filter_order_is_checked_by_name(lp):
     for op in [lambda **kw: lp.sample(x, **kw), lambda **kw: lp.sample_with_logprobs(x, **kw),
                lambda **kw: lp.token_logprobs(x, torch.zeros(2, dtype=torch.int64), **kw),
                lambda **kw: lp.verify_draft(x[:, None], torch.empty(2, 0, dtype=torch.int64), **kw)]:
-        with pytest.raises(RuntimeError, match="^filter_apply_order must be 'joint' or 'top_k_first', got 'vllm'$"):
+        with pytest.raises(RuntimeError, match="^filter_apply_order must be 'joint', 'top_k_first' or 'llama_cpp', got 'vllm'$"):
             op(filter_apply_order="vllm")
         with pytest.raises((RuntimeError, TypeError), match="filter_apply_order"):
             op(filter_apply_order=1)

@@ -96,7 +96,9 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
         "how top-p composes with top-k and min-p. ``\"joint\"`` (default): the intersection "
         "above, top-p over the whole row (FlashInfer's \"joint\", SGLang's). ``\"top_k_first\"``: "
         "top-p over the renormalised set that top-k and min-p keep (vLLM's order, FlashInfer's "
-        "default \"top_k_first\"); see docs/semantics-sampling.md.")),
+        "default \"top_k_first\"). ``\"llama_cpp\"``: llama.cpp's chain, each over what the last "
+        "left, renormalised: top-k, typical_p, top-p, min-p (then XTC; not `sample_sharded`); see "
+        "docs/semantics-sampling.md.")),
     Control("epsilon_cutoff", 0.0, "Param", number=float, positional=False, doc=(
         "keep the tokens with p >= epsilon_cutoff (transformers' EpsilonLogitsWarper, Hewitt et "
         "al. 2022), p over the whole row, and always the most likely; in [0, 1]; 0.0 (default) "

@@ -207,11 +207,13 @@ def sampling_arguments(generation_config: GenerationConfig, processors, filter_a
                              "the sampler to the whole row (docs/semantics-sampling.md); set top_k=0 "
                              "(generate()'s default is 50)")
     if filter_apply_order is None:
-        if top_p < 1.0 and min_p > 0.0:
-            raise ValueError("custom_generate (logits-processor): top_p with min_p needs filter_apply_order= "
-                             "('joint' or 'top_k_first'): transformers applies top-p before min-p, which "
-                             "neither order does (docs/semantics-sampling.md)")
-        filter_apply_order = "top_k_first"
+        # transformers' chain: top-k, top-p over what it left, min-p, typical: "top_k_first", or
+        # with min-p beside top-p "llama_cpp" (top-p before min-p), where typical_p is off.
+        if top_p < 1.0 and min_p > 0.0 and typical < 1.0:
+            raise ValueError("custom_generate (logits-processor): top_p with min_p and typical_p needs "
+                             "filter_apply_order= ('joint', 'top_k_first' or 'llama_cpp'): transformers applies "
+                             "top-p, min-p, then typical, which no order does (docs/semantics-sampling.md)")
+        filter_apply_order = "llama_cpp" if top_p < 1.0 and min_p > 0.0 else "top_k_first"
     return {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
             "typical_p": typical, "epsilon_cutoff": epsilon, "eta_cutoff": eta, "filter_apply_order": filter_apply_order}
 
@@ -334,8 +336,9 @@ def decode(
         whose draws then do not depend on the batch it runs in; default from torch's generator.
     grammars: one entry per prompt (or per returned sequence): None, an xgrammar.CompiledGrammar,
         or a JSON schema (dict or str, compiled with tokenizer_info=).
-    filter_apply_order: "top_k_first" (default: transformers' chain) or "joint"; needed when
-        top_p and min_p are both set.
+    filter_apply_order: default transformers' chain ("top_k_first"; "llama_cpp" where min_p is
+        beside top_p), or "joint", "top_k_first", "llama_cpp"; needed when top_p, min_p and
+        typical_p are all set.
     frequency_penalty, presence_penalty: vLLM's, from the counts of generated tokens.
     top_n_sigma: llama.cpp's (transformers has no warper for it): keep the logits within
         top_n_sigma standard deviations of the row's largest, before top-k and top-p; -1 (the
