@@ -69,12 +69,13 @@ __device__ KeptPass kept_pass(const RowSampler& row, float s_token) {
 
 // The "processed" log-probability of `token`, which row.sample drew (-inf for -1): under the
 // draw's distribution, a greedy row's at temperature 1 unfiltered (become_logprob_row), as
-// row_logprobs' column 0. One pass over the kept set, after a cut where the draw made none.
+// row_logprobs' column 0. One pass over the kept set, after pass 1 where the draw made no cut
+// (such a row is unfiltered).
 __device__ float drawn_logprob(RowSampler& row, int64_t token, SharedState& sh) {
   if (token < 0) return kNegInf;
   const bool uncut = row.single_pass();
   row.become_logprob_row(false);
-  if (uncut && !row.cut(sh)) return kNegInf;
+  if (uncut && !row.keep_all(sh)) return kNegInf;
   const float s = row.kept_score(token);
   const KeptPass k = kept_pass(row, s);
   const double log_z = log_normaliser({block_sum(k.z.high, sh), block_sum(k.z.low, sh)});

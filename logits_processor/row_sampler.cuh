@@ -305,18 +305,14 @@ struct RowSampler {
   // shared memory, else t_k is selected first (select_top_k, 1 pass or more) and raises t_minp.
   __device__ bool cut(SharedState& sh, Draw* draw = nullptr) {
     // (typical_p's band, llama.cpp's chained top-p and min-p and XTC's ceiling come after the
-    // floor: a draw made in the floor's last pass would miss them.)
+    // floor: a draw made in the floor's last pass would miss them. One call site of cut_floor,
+    // the largest code here: each would be inlined whole.)
     const bool typical = r.typical_p < 1.0f, chained = chained_top_p_min_p(r), xtc = xtc_falls(r);
-    ceiling = kNoCeiling;
-    if (r.llama_order) {  // the floor with top-k alone (and the whole-row floors)
-      const float top_p = r.top_p, min_p = r.min_p;
-      r.top_p = 1.0f, r.min_p = 0.0f;
-      const bool any = cut_floor(sh, nullptr);
-      r.top_p = top_p, r.min_p = min_p;
-      if (!any) return false;
-    } else if (!cut_floor(sh, typical || xtc ? nullptr : draw)) {
-      return false;
-    }
+    const float top_p = r.top_p, min_p = r.min_p;
+    if (r.llama_order) r.top_p = 1.0f, r.min_p = 0.0f;  // the floor with top-k alone (and the whole-row floors)
+    const bool any = cut_floor(sh, typical || chained || xtc ? nullptr : draw);
+    r.top_p = top_p, r.min_p = min_p;
+    if (!any) return false;
     if (typical) keep_typical(sh);
     if (chained) keep_top_p_min_p(sh);
     if (xtc) exclude_top_choices(sh);
@@ -399,17 +395,32 @@ struct RowSampler {
     origin = draw_origin(s_max);
   }
 
-  // `cut` but for XTC.
+  // Pass 1 (with `bins`) for s_max and the draw's origin: into *first, false if the row has no
+  // candidate.
+  __device__ bool find_s_max(KeyBins bins, SharedState& sh, KeyCount* first) {
+#pragma unroll 1
+    do {  // (pass 1 again, from the new scores, where rebase moves them)
+      *first = count_keys(bins, 0, p.vocab, sh);
+      if (first->candidates == 0) return false;
+      s_max = row_max_score(static_cast<uint32_t>(first->max_key));
+    } while (rebase(sh));
+    origin = draw_origin(s_max);
+    return true;
+  }
+
+  // An unfiltered row's kept set, every candidate (no cut): s_max; false if it has none.
+  __device__ bool keep_all(SharedState& sh) {
+    threshold = kNoKey, ceiling = kNoCeiling;
+    KeyCount first;
+    return find_s_max(KeyBins::kNone, sh, &first);
+  }
+
+  // `cut` but for typical_p, llama.cpp's chain and XTC.
   __device__ bool cut_floor(SharedState& sh, Draw* draw) {
     const bool top_k = has_top_k();
     KeyCount first;
-#pragma unroll 1
-    do {  // (pass 1 again, from the new scores, where rebase moves them)
-      first = count_keys(top_k ? KeyBins::kCounts : KeyBins::kNone, 0, p.vocab, sh);
-      if (first.candidates == 0) return false;
-      s_max = row_max_score(static_cast<uint32_t>(first.max_key));
-    } while (rebase(sh));
-    origin = draw_origin(s_max);
+    ceiling = kNoCeiling;
+    if (!find_s_max(top_k ? KeyBins::kCounts : KeyBins::kNone, sh, &first)) return false;
     uint32_t lower = min_p_key(s_max, r.min_p);
     if (has_truncation(r)) lower = max(lower, truncation_floor(sh));  // t_eps and t_sig raise t_minp
     threshold = lower;
