@@ -258,6 +258,7 @@ struct DryRow {
   int64_t n;
   int64_t rep_limit;  // -1: the row has no candidate
   int64_t allowed;
+  bool sorted;        // the row's breakers in order of their first ids (dry_breakers_from)
 };
 
 // The row's window start: n when the row is off.
@@ -268,10 +269,36 @@ LP_HOST_DEVICE int64_t dry_window_start(const DryParams& p, int64_t row, int64_t
   return last_n < 0 || last_n >= n ? 0 : n - last_n;
 }
 
+// Whether breaker k's first id is below breaker k - 1's (the table is not sorted there).
+LP_HOST_DEVICE bool dry_breaker_out_of_order(const DryParams& p, int64_t row, int64_t k) {
+  return k > 0 && p.breakers.get(row, k, 0) < p.breakers.get(row, k - 1, 0);
+}
+
+// The first breaker that may start with token t: in a table sorted by first id (dry_bias'
+// Python layer sorts it) the first whose first id is >= t, found by binary search, and only
+// those starting with t follow; in any other table (the op called directly) breaker 0, and
+// every breaker is looked at. Llama.cpp's default breakers list every token whose text holds
+// one of them (thousands): a scan per position was O(W N).
+LP_HOST_DEVICE int64_t dry_breakers_from(const DryParams& p, int64_t row, int64_t t, bool sorted) {
+  int64_t lo = 0, hi = sorted ? p.breakers.count() : 0;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (p.breakers.get(row, mid, 0) < t) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// Whether breaker k is past those that may start with t (dry_breakers_from).
+LP_HOST_DEVICE bool dry_breakers_past(const DryParams& p, int64_t row, int64_t k, int64_t t, bool sorted) {
+  return k >= p.breakers.count() || (sorted && p.breakers.get(row, k, 0) != t);
+}
+
 // The length less one of the longest breaker lying whole in [pos, n) from pos, or -1.
-LP_HOST_DEVICE int64_t dry_breaker_at(const DryParams& p, int64_t row, int64_t pos, int64_t n) {
+LP_HOST_DEVICE int64_t dry_breaker_at(const DryParams& p, int64_t row, int64_t pos, int64_t n, bool sorted) {
+  const int64_t t = p.token_ids.get(row, pos);
   int64_t longest = -1;
-  for (int64_t k = 0; k < p.breakers.count(); ++k) {
+  for (int64_t k = dry_breakers_from(p, row, t, sorted); !dry_breakers_past(p, row, k, t, sorted); ++k) {
     const int64_t m = word_length(p.breakers, p.vocab, row, k);
     if (m == 0 || m - 1 <= longest || pos + m > n) continue;
     bool match = true;
@@ -283,16 +310,17 @@ LP_HOST_DEVICE int64_t dry_breaker_at(const DryParams& p, int64_t row, int64_t p
 
 // The row's DryRow from its length n and its latest breaker: the start `pos` (-1: none) and
 // `tail`, dry_breaker_at(pos).
-LP_HOST_DEVICE DryRow dry_row(const DryParams& p, int64_t row, int64_t start, int64_t n, int64_t pos, int64_t tail) {
-  DryRow r{start, n, -1, clamp_count(p.allowed_length.get(row))};
+LP_HOST_DEVICE DryRow dry_row(const DryParams& p, int64_t row, int64_t start, int64_t n, int64_t pos, int64_t tail,
+                              bool sorted) {
+  DryRow r{start, n, -1, clamp_count(p.allowed_length.get(row)), sorted};
   const int64_t limit = pos < 0 ? n - start : n - 1 - pos - tail;
   if (n - start > r.allowed && limit >= r.allowed) r.rep_limit = limit;
   return r;
 }
 
 // Whether t is a one-id breaker's id (never penalised).
-LP_HOST_DEVICE bool dry_single_breaker(const DryParams& p, int64_t row, int64_t t) {
-  for (int64_t k = 0; k < p.breakers.count(); ++k)
+LP_HOST_DEVICE bool dry_single_breaker(const DryParams& p, int64_t row, int64_t t, bool sorted) {
+  for (int64_t k = dry_breakers_from(p, row, t, sorted); !dry_breakers_past(p, row, k, t, sorted); ++k)
     if (p.breakers.get(row, k, 0) == t && word_length(p.breakers, p.vocab, row, k) == 1) return true;
   return false;
 }
@@ -309,7 +337,7 @@ LP_HOST_DEVICE int64_t dry_repeat(const DryParams& p, int64_t row, const DryRow&
 LP_HOST_DEVICE int64_t dry_candidate(const DryParams& p, int64_t row, const DryRow& r, int64_t j, int64_t repeat) {
   if (r.rep_limit < 0 || j <= r.start || j >= r.n || repeat < r.allowed) return -1;
   const int64_t t = p.token_ids.get(row, j);
-  return dry_single_breaker(p, row, t) ? -1 : (repeat << 32) | t;
+  return dry_single_breaker(p, row, t, r.sorted) ? -1 : (repeat << 32) | t;
 }
 
 LP_HOST_DEVICE int64_t dry_key_token(int64_t key) { return key < 0 ? -1 : key & 0xffffffff; }

@@ -31,9 +31,11 @@ void and_with_allowed_list(const ConstraintParams& p, int64_t row, uint32_t* wor
 DryRow dry_row_of(const DryParams& p, int64_t row) {
   const int64_t n = sequence_length(p.token_ids, row, p.vocab);
   const int64_t start = dry_window_start(p, row, n);
+  bool sorted = true;
+  for (int64_t k = 1; k < p.breakers.count() && sorted; ++k) sorted = !dry_breaker_out_of_order(p, row, k);
   int64_t pos = n - 1, tail = -1;
-  for (; pos >= start && tail < 0; --pos) tail = dry_breaker_at(p, row, pos, n);
-  return dry_row(p, row, start, n, tail < 0 ? -1 : pos + 1, tail);
+  for (; pos >= start && tail < 0; --pos) tail = dry_breaker_at(p, row, pos, n, sorted);
+  return dry_row(p, row, start, n, tail < 0 ? -1 : pos + 1, tail, sorted);
 }
 
 // z[k] for 0 < k < W: the longest m <= W - k with h[n - 1 - k - t] == h[n - 1 - t] for t < m, the

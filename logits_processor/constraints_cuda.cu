@@ -91,22 +91,26 @@ __global__ void __launch_bounds__(kThreads) sequence_bias_kernel(SequenceBiasPar
   }
 }
 
-// The row's DryRow: its latest breaker start, a block reduction over the window's positions
-// (key (pos - start + 1) * (M + 1) + tail: the largest holds the latest start and, there, the
-// longest breaker). Called by the whole block.
+// The row's DryRow: whether its breakers are sorted (a block reduction over them), its latest
+// breaker start, a block reduction over the window's positions (key (pos - start + 1) * (M + 1)
+// + tail: the largest holds the latest start and, there, the longest breaker). Called by the
+// whole block.
 __device__ DryRow block_dry_row(const DryParams& p, int64_t row, Shared& sh) {
   const int64_t n = block_sequence_length(p.token_ids, row, p.vocab, sh);
   const int64_t start = dry_window_start(p, row, n);
+  uint64_t unsorted = 0;
+  for (int64_t k = threadIdx.x; k < p.breakers.count(); k += kThreads) unsorted |= dry_breaker_out_of_order(p, row, k);
+  const bool sorted = block_max(unsorted, sh) == 0;
   const uint64_t keys = static_cast<uint64_t>(p.breakers.width) + 1;
   uint64_t latest = 0;
   for (int64_t pos = start + threadIdx.x; pos < n; pos += kThreads) {
-    const int64_t tail = dry_breaker_at(p, row, pos, n);
+    const int64_t tail = dry_breaker_at(p, row, pos, n, sorted);
     if (tail >= 0) latest = static_cast<uint64_t>(pos - start + 1) * keys + static_cast<uint64_t>(tail);
   }
   latest = block_max(latest, sh);
-  if (latest == 0) return dry_row(p, row, start, n, -1, -1);
+  if (latest == 0) return dry_row(p, row, start, n, -1, -1, sorted);
   const int64_t pos = start + static_cast<int64_t>(latest / keys) - 1;
-  return dry_row(p, row, start, n, pos, static_cast<int64_t>(latest % keys));
+  return dry_row(p, row, start, n, pos, static_cast<int64_t>(latest % keys), sorted);
 }
 
 // A row's entries: their keys into out_ids, then the merge, as sequence_bias_kernel's.

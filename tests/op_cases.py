@@ -508,6 +508,36 @@ def dry_bias_case(rows: int, vocab: int, g: torch.Generator, dtype: torch.dtype 
     return kwargs
 
 
+def with_many_breakers(kwargs: dict, vocab: int, g: torch.Generator, count: int = 48) -> dict:
+    """dry_bias_case's arguments with a table of `count` breakers in no order, as a tokenizer's
+    list of every token holding a breaker string is: one to three ids, most from the whole
+    vocabulary (ids the rows rarely hold), a tenth over the rows' few tokens (first ids
+    repeated), some padding only."""
+    shape = tuple(kwargs["sequence_breakers"].shape[:-2]) + (count, 3)
+    breakers = torch.randint(0, vocab, shape, generator=g)
+    inside = torch.rand(shape[:-1], generator=g) < 0.1
+    breakers[inside] = torch.randint(0, min(vocab, 5), (int(inside.sum()), 3), generator=g)
+    lengths = torch.randint(0, 4, shape[:-1], generator=g)
+    breakers[torch.arange(3) >= lengths.unsqueeze(-1)] = -1
+    return dict(kwargs, sequence_breakers=breakers.to(kwargs["sequence_breakers"].dtype))
+
+
+def dry_bias_op(lp, kwargs: dict, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """dry_bias through the raw op, its breaker table as given (the Python layer sorts it by
+    first id): the kernels' path for a table in any order."""
+    rows, length = kwargs["token_ids"].shape
+    out = (torch.empty(rows, length, dtype=torch.int64, device=kwargs["token_ids"].device),
+           torch.empty(rows, length, device=kwargs["token_ids"].device))
+
+    def split(name, number):
+        value = kwargs[name]
+        return (value, number(0)) if isinstance(value, torch.Tensor) else (None, number(value))
+
+    lp._ops.ops.dry_bias(kwargs["token_ids"], kwargs["sequence_breakers"], vocab, *split("multiplier", float),
+                         *split("base", float), *split("allowed_length", int), *split("penalty_last_n", int), *out)
+    return out
+
+
 def per_position_case(g: torch.Generator, rows: int, drafts_count: int, vocab: int, length: int, lift: float):
     """verify_draft with per-position constraints or biases (docs/semantics-constraints.md):
     (history, drafts, target, sequences). History and drafts over 3 ids (so that n-grams, words

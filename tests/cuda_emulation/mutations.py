@@ -347,6 +347,14 @@ MUTANTS = [
     Mutant("dry-merge-barrier", CONSTRAINTS,
            "      __syncthreads();  // (every read of this group's keys before any is rewritten)\n", "", "tsan",
            "ThreadSanitizer: data race", "dry_bias_equal_cpu", "tests/cuda_emulation/test_constraints_cuda.py"),
+    # dry_bias' table found sorted by each thread's own breakers, not the block's reduction:
+    # threads that see no disorder binary-search an unsorted table.
+    Mutant("dry-sorted-reduction", CONSTRAINTS, "block_max(unsorted, sh) == 0", "unsorted == 0", "fibers",
+           AGREEMENT, "dry_bias_unsorted_equal_cpu", "tests/cuda_emulation/test_constraints_cuda.py"),
+    # The binary search for a token's breakers past the first that start with it.
+    Mutant("dry-breakers-search", "logits_processor/constraints.h", "p.breakers.get(row, mid, 0) < t",
+           "p.breakers.get(row, mid, 0) <= t", "fibers", AGREEMENT, "dry_bias_unsorted_equal_cpu",
+           "tests/cuda_emulation/test_constraints_cuda.py"),
     # The CUDA kernel's repeat compared past the window's start (penalty_last_n ignored).
     Mutant("dry-repeat-window", "logits_processor/constraints.h", "q - m >= r.start", "q - m >= 0", "fibers",
            AGREEMENT, "dry_bias_equal_cpu", "tests/cuda_emulation/test_constraints_cuda.py"),

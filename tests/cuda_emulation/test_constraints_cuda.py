@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cuda_emulation.cases import SANITIZED
-from op_cases import constraint_case, dry_bias_case, sequence_bias_case
+from op_cases import constraint_case, dry_bias_case, dry_bias_op, sequence_bias_case, with_many_breakers
 from reference import constraints_reference, dry_bias_reference, sequence_bias_reference, unpack_bitmask
 
 
@@ -126,6 +126,28 @@ def test_emulated_cuda_dry_bias_equal_cpu(emulation, lp_cpu, sms, per_row, dtype
         reference = dry_bias_reference(**kwargs, vocab=vocab)
         assert torch.equal(got[0], reference[0])
         torch.testing.assert_close(got[1], reference[1], rtol=2.0**-23, atol=0.0)
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("sms", [1, 8])
+@pytest.mark.parametrize("per_row", [True, False], ids=["per_row", "shared"])
+def test_emulated_cuda_dry_bias_unsorted_equal_cpu(emulation, lp_cpu, sms, per_row):
+    """300 breakers in no order (more than a block's threads: the block's check that a table is
+    sorted is a reduction): the Python layer's sorted table, searched by first id, and the raw
+    op's table as given, scanned whole: both the CPU's entries and the reference's."""
+    g = torch.Generator().manual_seed(sms + per_row)
+    for vocab in (50, 70001):
+        kwargs = with_many_breakers(dry_bias_case(6, vocab, g, per_row=per_row, length=40), vocab, g, count=300)
+        expected = dry_bias_reference(**kwargs, vocab=vocab)
+        for run in (lambda lp: lp.dry_bias(**kwargs, vocab_size=vocab), lambda lp: dry_bias_op(lp, kwargs, vocab)):
+            cpu = run(lp_cpu)
+            before = emulation.launches()
+            with emulation.gpu(sms) as lp:
+                got = run(lp)
+            assert emulation.launches() > before, "the op did not launch an emulated kernel"
+            assert torch.equal(got[0], cpu[0]) and torch.equal(got[1], cpu[1])
+            assert torch.equal(got[0], expected[0])
+            torch.testing.assert_close(got[1], expected[1], rtol=2.0**-23, atol=0.0)
 
 
 @pytest.mark.emulation

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from op_cases import dry_bias_case
+from op_cases import dry_bias_case, dry_bias_op, with_many_breakers
 from reference import dry_bias_reference
 
 
@@ -44,6 +44,26 @@ def test_matches_reference(lp_variant, vocab, dtype, per_row):
 
 
 # llama.cpp's tests/test-sampling.cpp, test_dry(probs, last tokens, expected probs, multiplier, base,
+@pytest.mark.parametrize("per_row", [True, False], ids=["per_row", "shared"])
+def test_breaker_table_in_any_order(lp_variant, per_row):
+    """48 breakers in no order, first ids repeated: the Python layer's sorted table (the kernels'
+    binary search) and the raw op given the table as it is (the scan over every breaker) give the
+    reference's entries, and the two tables are looked up differently (the unsorted one would
+    be searched wrong)."""
+    g = torch.Generator().manual_seed(11 + per_row)
+    penalised = unsorted = 0
+    for vocab in (50, 70001):
+        for _ in range(6):
+            kwargs = with_many_breakers(dry_bias_case(9, vocab, g, per_row=per_row), vocab, g)
+            expected = dry_bias_reference(**kwargs, vocab=vocab)
+            assert_matches(lp_variant.dry_bias(**kwargs, vocab_size=vocab), expected)
+            assert_matches(dry_bias_op(lp_variant, kwargs, vocab), expected)
+            first = kwargs["sequence_breakers"][..., 0]
+            unsorted += int((first[..., 1:] < first[..., :-1]).any())
+            penalised += int((expected[0] >= 0).sum())
+    assert unsorted == 12 and penalised >= 10, (unsorted, penalised)
+
+
 # allowed length, penalty_last_n, breakers): the logits ln(probs), DRY, then the softmax.
 LLAMA_CPP_CASES = [
     ([0.25] * 4, [0, 1], [0.25] * 4, 1.0, 1.1, 2, 4, []),

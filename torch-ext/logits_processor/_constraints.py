@@ -145,6 +145,17 @@ def sequence_bias(
     return out
 
 
+def _by_first_id(breakers: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The breakers in order of their first ids (stable; on their device, no synchronisation):
+    the kernels then find a token's breakers by binary search (constraints.h's
+    dry_breakers_from). A table the op's checks refuse is passed as it is, to be refused there."""
+    if breakers is None or breakers.dim() not in (2, 3) or breakers.shape[-1] == 0 or breakers.dtype not in (
+            torch.int64, torch.int32):
+        return breakers
+    order = breakers[..., 0].argsort(dim=-1, stable=True)
+    return breakers.gather(-2, order.unsqueeze(-1).expand(breakers.shape))
+
+
 def dry_bias(
     token_ids: torch.Tensor,
     vocab_size: int,
@@ -192,7 +203,7 @@ def dry_bias(
     _check_types(vocab_size, token_ids=token_ids, **({} if sequence_breakers is None else
                                                      dict(sequence_breakers=sequence_breakers)))
     out = _bias_out(out, tuple(token_ids.shape) if token_ids.dim() == 2 else (0, 0), token_ids.device)
-    call(ops, "dry_bias", token_ids=token_ids, sequence_breakers=sequence_breakers, vocab_size=vocab_size,
+    call(ops, "dry_bias", token_ids=token_ids, sequence_breakers=_by_first_id(sequence_breakers), vocab_size=vocab_size,
          **number_or_tensor("multiplier", multiplier, float), **number_or_tensor("base", base, float),
          **number_or_tensor("allowed_length", allowed_length, int),
          **number_or_tensor("penalty_last_n", penalty_last_n, int), out_ids=out[0], out_values=out[1])
