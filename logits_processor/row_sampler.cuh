@@ -308,11 +308,7 @@ struct RowSampler {
     // floor: a draw made in the floor's last pass would miss them. One call site of cut_floor,
     // the largest code here: each would be inlined whole.)
     const bool typical = r.typical_p < 1.0f, chained = chained_top_p_min_p(r), xtc = xtc_falls(r);
-    const float top_p = r.top_p, min_p = r.min_p;
-    if (r.llama_order) r.top_p = 1.0f, r.min_p = 0.0f;  // the floor with top-k alone (and the whole-row floors)
-    const bool any = cut_floor(sh, typical || chained || xtc ? nullptr : draw);
-    r.top_p = top_p, r.min_p = min_p;
-    if (!any) return false;
+    if (!cut_floor(sh, typical || chained || xtc ? nullptr : draw)) return false;
     if (typical) keep_typical(sh);
     if (chained) keep_top_p_min_p(sh);
     if (xtc) exclude_top_choices(sh);
@@ -415,26 +411,29 @@ struct RowSampler {
     return find_s_max(KeyBins::kNone, sh, &first);
   }
 
-  // `cut` but for typical_p, llama.cpp's chain and XTC.
+  // `cut` but for typical_p, XTC and llama.cpp's top-p and min-p (a llama_cpp row's floor is
+  // top-k and the whole-row floors: the CPU's cutoff() reads llama_order the same way).
   __device__ bool cut_floor(SharedState& sh, Draw* draw) {
     const bool top_k = has_top_k();
+    const bool chained = r.llama_order;  // (top-p and min-p then come after: keep_top_p_min_p)
+    const bool top_p = !chained && r.top_p < 1.0f;
     KeyCount first;
     ceiling = kNoCeiling;
     if (!find_s_max(top_k ? KeyBins::kCounts : KeyBins::kNone, sh, &first)) return false;
-    uint32_t lower = min_p_key(s_max, r.min_p);
+    uint32_t lower = chained ? kNoKey : min_p_key(s_max, r.min_p);
     if (has_truncation(r)) lower = max(lower, truncation_floor(sh));  // t_eps and t_sig raise t_minp
     threshold = lower;
     BinCut k_cut{-1, 0}, p_cut{-1, 0};
     if (top_k && static_cast<uint64_t>(r.top_k) < first.candidates)
       k_cut = find_bin(sh.wide.counts, static_cast<uint64_t>(r.top_k), sh);
-    if (r.top_k_first && r.top_p < 1.0f && k_cut.bin >= 0) {
+    if (r.top_k_first && top_p && k_cut.bin >= 0) {
       if (k_cut.above + sh.wide.counts[k_cut.bin] <= kBinCapacity) return top_k_set(k_cut, lower, sh, draw);
       threshold = lower = max(lower, select_top_k(k_cut, lower, sh));
       k_cut = {-1, 0};
     }
     const uint32_t mass_floor = r.top_k_first ? lower : kNoKey;  // the keys Z sums
     uint64_t p_target = 0;
-    if (r.top_p < 1.0f) {
+    if (top_p) {
       zero_bins(sh.wide.masses);
       for_each_candidate([&](int64_t, float s) {
         if (score_key(s) < mass_floor) return;

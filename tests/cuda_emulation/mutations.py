@@ -251,6 +251,12 @@ MUTANTS = [
            "filter_orders_agree_with_cpu", within="uint32_t t = min_p_key(s_max, r.min_p);"),
     Mutant("llama-top-p-set", ROW_SAMPLER, "if (kept(key)) f(key);", "f(key);", "fibers", AGREEMENT,
            "filter_orders_agree_with_cpu"),
+    # llama.cpp's floor (cut_floor) with min-p or top-p in it too: they then cut before the chain's
+    # top-p renormalises over top-k's set.
+    Mutant("llama-floor-min-p", ROW_SAMPLER, "chained ? kNoKey : min_p_key(s_max, r.min_p)",
+           "min_p_key(s_max, r.min_p)", "fibers", AGREEMENT, "filter_orders_agree_with_cpu"),
+    Mutant("llama-floor-top-p", ROW_SAMPLER, "!chained && r.top_p < 1.0f", "r.top_p < 1.0f", "fibers", AGREEMENT,
+           "filter_orders_agree_with_cpu"),
     # mirostat along the path: verify_kernel's positions all at the row's first mu (the emitted
     # tokens' steps still taken); block verification's last token drawn at the walk's last mu,
     # not tau's; an accepted sibling's surprise from the residual it was accepted under, not p_i.
