@@ -10,7 +10,8 @@ Parts, in the order they run:
   sanitize         every test but the emulated ones against it (opt-out: no_sanitize(reason))
   build-emulation  build-emulation/: the CUDA kernels built by the host compiler, three flavors
   forward          the CUDA kernels' tests (-m emulation) on fibers, threads in forward order
-  reversed         the same, threads in reversed order (an order can hide a missing barrier)
+  reversed         the same in their smaller cases (the sanitizers'), threads in reversed order
+                   (an order can hide a missing barrier)
   traffic          the tests that count global-memory bytes, in the build that counts them
   tsan             their smaller cases under ThreadSanitizer (one TSan fiber per CUDA thread)
   asan             the same under AddressSanitizer + UBSan

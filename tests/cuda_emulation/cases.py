@@ -8,11 +8,11 @@ import math
 
 import torch
 
-from cuda_emulation.emulation import SANITIZED
+from cuda_emulation.emulation import SMALL_CASES
 from reference import random_bitmask
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-SMS = [1, 8] if SANITIZED else [1, 8, 132]
+SMS = [1, 8] if SMALL_CASES else [1, 8, 132]
 
 # Every path of the sampler; rows of a batch cycle through them.
 PATHS = {

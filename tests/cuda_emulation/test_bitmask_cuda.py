@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from cuda_emulation.cases import DTYPES, SANITIZED, SMS, assert_launched
+from cuda_emulation.cases import DTYPES, SMALL_CASES, SMS, assert_launched
 from cuda_emulation.emulation import FLAVOR
 from reference import bitmask_reference, random_bitmask
 
 
-BITMASK_VOCABS = [1, 33, 1027] if SANITIZED else [1, 31, 33, 1000, 1027, 128257]
+BITMASK_VOCABS = [1, 33, 1027] if SMALL_CASES else [1, 31, 33, 1000, 1027, 128257]
 # (pad, offset): contiguous rows; rows of a padded buffer at an odd column; at an aligned one.
 LAYOUTS = [(0, 0), (13, 3), (8, 8)]
 ROWS = 5

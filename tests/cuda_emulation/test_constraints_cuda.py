@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED
+from cuda_emulation.cases import SMALL_CASES
 from op_cases import constraint_case, dry_bias_case, dry_bias_op, sequence_bias_case, with_many_breakers
 from reference import constraints_reference, dry_bias_reference, sequence_bias_reference, unpack_bitmask
 
@@ -25,10 +25,10 @@ def padded_long_rows(rows: int, length: int, g: torch.Generator, dtype: torch.dt
 
 
 @pytest.mark.emulation
-@pytest.mark.parametrize("sms", [1, 8] if SANITIZED else [1, 8, 132])
+@pytest.mark.parametrize("sms", [1, 8] if SMALL_CASES else [1, 8, 132])
 @pytest.mark.parametrize("per_row", [True, False], ids=["per_row", "shared"])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-@pytest.mark.parametrize("rows,vocab", [(9, 33), (3, 1000), (2, 70001)] if SANITIZED
+@pytest.mark.parametrize("rows,vocab", [(9, 33), (3, 1000), (2, 70001)] if SMALL_CASES
                          else [(9, 1), (9, 33), (20, 1000), (3, 9000), (2, 70001)])
 def test_emulated_cuda_constraints_equal_cpu(emulation, lp_cpu, sms, per_row, dtype, rows, vocab):
     """Grid-stride over rows (1 SM: every row in one block), the sequence's length a block

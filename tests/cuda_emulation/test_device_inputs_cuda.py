@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED
+from cuda_emulation.cases import SMALL_CASES
 from cuda_emulation.test_verify_tree_cuda import cuda_case
 
-ROWS, NODES, VOCAB = (8, 6, 45) if SANITIZED else (16, 8, 200)
+ROWS, NODES, VOCAB = (8, 6, 45) if SMALL_CASES else (16, 8, 200)
 
 
 def corrupt(drafts, next_token, next_sibling):

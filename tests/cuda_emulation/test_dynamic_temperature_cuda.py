@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
-from cuda_emulation.cases import DTYPES, SANITIZED, SMS, assert_launched, special_bitmask, special_logits, unaligned_rows
+from cuda_emulation.cases import DTYPES, SMALL_CASES, SMS, assert_launched, special_bitmask, special_logits, unaligned_rows
 from op_cases import penalty_case
 
 # (Row 8 of special_logits has a +inf logit: its entropy is 0, T_lo.)
-SHAPES = [(9, 501)] if SANITIZED else [(1, 1), (13, 1001), (3, 40000)]
+SHAPES = [(9, 501)] if SMALL_CASES else [(1, 1), (13, 1001), (3, 40000)]
 
 
 def dynatemp_params(rows: int, g: torch.Generator) -> dict:
@@ -54,7 +54,7 @@ def test_dynamic_temperature_with_penalties_and_sample_agree_with_cpu(emulation,
     """Fused penalties and biases read as the sampler reads them (block_row_penalty_view), and the
     draw at the dynamic temperature, with filters."""
     g = torch.Generator().manual_seed(1215)
-    rows, vocab = (4, 3000) if SANITIZED else (12, 3000)
+    rows, vocab = (4, 3000) if SMALL_CASES else (12, 3000)
     logits, prompt_mask, counts, kwargs = penalty_case(rows, vocab, torch.float32, (True, True, True, True), True,
                                                        False, g)
     params = dynatemp_params(rows, g)
@@ -78,7 +78,7 @@ def test_positions_and_verification_agree_with_cpu(emulation, lp_cpu, sms):
     each), then verify_draft (point-mass drafts, draft probabilities, block verification) and
     verify_tree (a chain, no penalties) at each position's T': the CPU's values and tokens."""
     g = torch.Generator().manual_seed(1218)
-    rows, drafts_count, vocab = (4, 3, 700) if SANITIZED else (10, 4, 3000)
+    rows, drafts_count, vocab = (4, 3, 700) if SMALL_CASES else (10, 4, 3000)
     positions = drafts_count + 1
     target = special_logits(rows * positions, vocab, torch.float32, g).view(rows, positions, vocab)
     bitmask = special_bitmask(rows * positions, vocab, g).view(rows, positions, -1)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cuda_emulation.cases import (BIN_PATHS, ORDERED_PATHS, PATHS, SANITIZED, assert_launched, crowded_logits,
+from cuda_emulation.cases import (BIN_PATHS, ORDERED_PATHS, PATHS, SMALL_CASES, assert_launched, crowded_logits,
                                   row_params, special_bitmask, special_logits, to_device, unaligned_rows)
 from cuda_emulation.emulation import COUNTS_TRAFFIC
 from op_cases import assert_same_logits, fused_cases
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 OUTPUTS = ["filtered_probs", "filtered_logits"]
-SHAPES = [(7, 1001), (3, 9001)] if SANITIZED else [(1, 1), (7, 1001), (40, 32000), (3, 128256)]
+SHAPES = [(7, 1001), (3, 9001)] if SMALL_CASES else [(1, 1), (7, 1001), (40, 32000), (3, 128256)]
 
 
 def filters_of(params: dict) -> dict:

@@ -16,14 +16,14 @@ import torch
 from conftest import requires_cuda
 from op_cases import zero_top_kept_sets, zero_top_logits
 from reference import random_bitmask
-from cuda_emulation.cases import (BIN_PATHS, ORDERED_PATHS, PATHS, SANITIZED, crowded_logits, row_params,
+from cuda_emulation.cases import (BIN_PATHS, ORDERED_PATHS, PATHS, SMALL_CASES, crowded_logits, row_params,
                                   special_bitmask, special_logits)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 MODES = ["processed", "raw"]
 # (rows, vocab, num_logprobs); under ThreadSanitizer and ASan (an OS thread per CUDA thread,
 # `make emulate`'s tsan and asan parts) smaller ones, N > 20 still among them.
-SHAPES = ([(7, 1001, 5), (3, 9001, 45)] if SANITIZED else
+SHAPES = ([(7, 1001, 5), (3, 9001, 45)] if SMALL_CASES else
           [(1, 1, 0), (7, 1001, 5), (40, 32000, 20), (3, 128256, 45), (60, 3000, 1)])
 
 
@@ -86,7 +86,7 @@ def test_scalar_parameters_and_any_token(cuda_target, lp_cpu, mode, path):
     assert torch.equal(bits(gpu.cpu()), bits(cpu))
 
 
-@pytest.mark.parametrize("crowd", [3000, 6000] if not SANITIZED else [3000])
+@pytest.mark.parametrize("crowd", [3000, 6000] if not SMALL_CASES else [3000])
 @pytest.mark.parametrize("path", ["top_k_in_crowd", "top_p", "all"])
 def test_cutoffs_in_a_crowded_bin(cuda_target, lp_cpu, crowd, path):
     """The cut without a draw (the log-probabilities' distribution, token_logprobs) when the
@@ -125,7 +125,7 @@ def test_zero_top_scores_agree_with_cpu(cuda_target, lp_cpu, mode, dtype):
 
 
 @pytest.mark.emulation
-@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 8, 132])
+@pytest.mark.parametrize("sms", [8] if SMALL_CASES else [1, 8, 132])
 def test_batch_invariance_emulated(emulation, lp_cpu, sms):
     """A row alone and in batches of 1, 7 and 300 rows, at any position, on GPUs of any size:
     the same bits (and the CPU's)."""
@@ -179,7 +179,7 @@ def test_cuda_graph_capture(lp, lp_cpu):
     assert torch.equal(bits(recomputed.cpu()), bits(expected.logprobs[:, 0]))
 
 
-@pytest.mark.parametrize("vocab,num_logprobs", [(40, 8), (3001, 3001)] + ([] if SANITIZED else [(70003, 70001)]))
+@pytest.mark.parametrize("vocab,num_logprobs", [(40, 8), (3001, 3001)] + ([] if SMALL_CASES else [(70003, 70001)]))
 def test_ids_past_the_support_agree_with_cpu(cuda_target, lp_cpu, vocab, num_logprobs):
     """Rows whose support is smaller than N (nothing allowed, one token, a few, N - 1; and where
     N is small, N and listed ids above N), the rest of the columns the lowest ids outside it

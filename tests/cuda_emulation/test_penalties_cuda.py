@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from cuda_emulation.cases import DTYPES, SANITIZED
+from cuda_emulation.cases import DTYPES, SMALL_CASES
 from harness import bits
 from op_cases import (COMBINATIONS, assert_same_logits, check_fused, fused_cases, fused_decode_loop, penalty_case,
                       random_bias)
@@ -20,9 +20,9 @@ from reference import penalties_reference
 @pytest.mark.emulation
 # Under the sanitizers (an OS thread per CUDA thread: `make emulate`'s tsan and asan parts) the
 # cases that fit a few chunks, the partial last chunk among them.
-@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
+@pytest.mark.parametrize("sms", [8] if SMALL_CASES else [1, 132])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows,vocab", [(7, 33), (5, 4097)] if SANITIZED else [(1, 1), (7, 33), (5, 4097), (3, 128256)])
+@pytest.mark.parametrize("rows,vocab", [(7, 33), (5, 4097)] if SMALL_CASES else [(1, 1), (7, 33), (5, 4097), (3, 128256)])
 def test_emulated_cuda_penalties_equal_cpu(emulation, lp_cpu, sms, dtype, rows, vocab):
     """Every combination through the CUDA kernel (2048-token chunks), bit for bit."""
     g = torch.Generator().manual_seed(rows * vocab + sms)
@@ -56,7 +56,7 @@ def test_emulated_cuda_state_helpers_equal_cpu(emulation, lp_cpu):
 
 
 @pytest.mark.emulation
-@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
+@pytest.mark.parametrize("sms", [8] if SMALL_CASES else [1, 132])
 @pytest.mark.parametrize("dtype", DTYPES)
 # (3, 20000) on 132 SMs: rows split over blocks (the single-pass paths), each building its filter.
 @pytest.mark.parametrize("rows,vocab", [(7, 33), (4, 4097), (2, 20000)])
@@ -77,7 +77,7 @@ def test_emulated_cuda_fused_equals_cpu(emulation, lp_cpu, sms, dtype, rows, voc
 @pytest.mark.emulation
 def test_emulated_cuda_fused_decode_loop(emulation):
     with emulation.gpu(8):
-        fused_decode_loop(emulation.lp, "cpu", steps=10 if SANITIZED else 50)
+        fused_decode_loop(emulation.lp, "cpu", steps=10 if SMALL_CASES else 50)
 
 
 # --- CUDA only ---------------------------------------------------------------------------------

@@ -11,13 +11,13 @@ import math
 import pytest
 import torch
 
-from cuda_emulation.cases import (DTYPES, SANITIZED, SMS, assert_launched, row_params, special_bitmask,
+from cuda_emulation.cases import (DTYPES, SMALL_CASES, SMS, assert_launched, row_params, special_bitmask,
                                   special_logits)
 from cuda_emulation.emulation import COUNTS_TRAFFIC
 from reference import pack_bitmask, unpack_bitmask
 
 # (rows, vocab); under ThreadSanitizer and ASan smaller ones.
-SHAPES = [(5, 1001), (3, 4099)] if SANITIZED else [(1, 1), (7, 1001), (20, 32000), (3, 128256)]
+SHAPES = [(5, 1001), (3, 4099)] if SMALL_CASES else [(1, 1), (7, 1001), (20, 32000), (3, 128256)]
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -73,7 +73,7 @@ def test_replay_agrees_with_cpu(cuda_target, lp_cpu, dtype, rows, vocab):
 @pytest.mark.parametrize("sms", SMS)
 def test_batch_invariance_emulated(emulation, lp_cpu, sms):
     g = torch.Generator().manual_seed(sms)
-    rows, vocab = 40 if SANITIZED else 300, 2000
+    rows, vocab = 40 if SMALL_CASES else 300, 2000
     logits, bitmask, _, temperature, tokens, weights = replay_case(rows, vocab, torch.bfloat16, g)
     expected = replay(lp_cpu, logits, tokens, temperature, bitmask, weights)
     before = emulation.launches()
@@ -93,7 +93,7 @@ def test_kept_set_agrees_with_cpu(cuda_target, lp_cpu, dtype, k):
     """sample_with_logprobs(..., return_kept=K) on every sampler path (rows cycle through them),
     special logits, fully masked rows, K within one top-N chunk and beyond it."""
     g = torch.Generator().manual_seed(k)
-    rows, vocab = (9, 3001) if SANITIZED else (21, 9001)
+    rows, vocab = (9, 3001) if SMALL_CASES else (21, 9001)
     logits = special_logits(rows, vocab, dtype, g)
     kwargs = dict(row_params(rows, g), bitmask=special_bitmask(rows, vocab, g), num_logprobs=3)
     expected = lp_cpu.sample_with_logprobs(logits, return_kept=k, **kwargs)

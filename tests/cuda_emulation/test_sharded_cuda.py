@@ -9,7 +9,7 @@ there is one: test_shard_kernels_agree_with_cpu_on_the_target)."""
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED, shard_row_params, to_device
+from cuda_emulation.cases import SMALL_CASES, shard_row_params, to_device
 from cuda_emulation.emulation import COUNTS_TRAFFIC
 from reference import unpack_bitmask
 from sharded_cases import case_inputs, case_logits, shard_bounds
@@ -105,7 +105,7 @@ CASES = [
                          "logprobs_mode": "raw"}, 1, 2),
 ]
 PER_ROW = ("per_row", "top_k_first", "kept_per_row")  # (per-row parameters: row_params)
-if SANITIZED:
+if SMALL_CASES:
     CASES = [(name, {**case, "rows": min(case["rows"], 6), "vocab": min(case["vocab"], 700)}, world, n)
              for name, case, world, n in CASES
              if name in ("per_row", "top_k_first", "ties_bf16", "special_fp16", "bitmask_penalties",
@@ -113,7 +113,7 @@ if SANITIZED:
 
 
 @pytest.mark.emulation
-@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
+@pytest.mark.parametrize("sms", [8] if SMALL_CASES else [1, 132])
 @pytest.mark.parametrize("name,case,world,num_logprobs", CASES, ids=[c[0] for c in CASES])
 def test_cuda_shard_kernels_agree_with_cpu(emulation, lp_cpu, sms, name, case, world, num_logprobs):
     logits = case_logits(case)

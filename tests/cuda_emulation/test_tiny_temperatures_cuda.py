@@ -11,16 +11,16 @@ import math
 import pytest
 import torch
 
-from cuda_emulation.cases import DTYPES, SANITIZED, logprobs_agree_with_cpu, sample_agrees_with_cpu
+from cuda_emulation.cases import DTYPES, SMALL_CASES, logprobs_agree_with_cpu, sample_agrees_with_cpu
 from op_cases import TIE_FILTERS
 from reference import pack_bitmask
 
 # (0.5: the huge logits' case. Sanitized builds: fewer cases.)
-TEMPERATURES = [1e-38, 0.5] if SANITIZED else [1e-38, 2.0**-149, 0.5]
-FILTERS = ["unfiltered", "top_k", "top_p"] if SANITIZED else list(TIE_FILTERS)
+TEMPERATURES = [1e-38, 0.5] if SMALL_CASES else [1e-38, 2.0**-149, 0.5]
+FILTERS = ["unfiltered", "top_k", "top_p"] if SMALL_CASES else list(TIE_FILTERS)
 # (rows, vocab, SMs): one block per row, and split rows (few rows, V > 16384, 132 SMs).
-WHOLE = (12, 300, 8) if SANITIZED else (40, 300, 8)
-SPLIT = (2, 33000, 132) if SANITIZED else (4, 40000, 132)
+WHOLE = (12, 300, 8) if SMALL_CASES else (40, 300, 8)
+SPLIT = (2, 33000, 132) if SMALL_CASES else (4, 40000, 132)
 
 
 def batch(rows: int, vocab: int, dtype: torch.dtype, seed: int) -> torch.Tensor:

@@ -7,7 +7,7 @@ along the drafts, block verification, mirostat's mu along each row's path, on GP
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED, mirostat_path, same_mu, to_device, verify_row_params, with_fresh_mu
+from cuda_emulation.cases import SMALL_CASES, mirostat_path, same_mu, to_device, verify_row_params, with_fresh_mu
 from op_cases import random_bias, verify_penalty_case
 from reference import random_bitmask, unpack_bitmask
 
@@ -36,10 +36,10 @@ def cuda_case(g, rows, drafts_count, vocab, dtype):
 @pytest.mark.emulation
 # Under the sanitizers (`make emulate`'s tsan and asan parts: an OS thread per CUDA thread) the
 # small shapes only.
-@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
+@pytest.mark.parametrize("sms", [8] if SMALL_CASES else [1, 132])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,drafts_count,vocab",
-                         [(10, 4, 45), (40, 2, 1001)] if SANITIZED else [(10, 4, 45), (40, 2, 1001), (3, 16, 32000)])
+                         [(10, 4, 45), (40, 2, 1001)] if SMALL_CASES else [(10, 4, 45), (40, 2, 1001), (3, 16, 32000)])
 def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, drafts_count, vocab):
     g = torch.Generator().manual_seed(rows * vocab + sms)
     target, drafts, counts, q, bitmask, params = cuda_case(g, rows, drafts_count, vocab, dtype)
@@ -78,9 +78,9 @@ def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, drafts
 
 
 @pytest.mark.emulation
-@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
+@pytest.mark.parametrize("sms", [8] if SMALL_CASES else [1, 132])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows,drafts_count,vocab", [(12, 4, 45), (6, 3, 5000)] if SANITIZED
+@pytest.mark.parametrize("rows,drafts_count,vocab", [(12, 4, 45), (6, 3, 5000)] if SMALL_CASES
                          else [(12, 4, 45), (24, 6, 5000), (3, 8, 32000)])
 def test_cuda_kernel_agrees_with_cpu_with_penalties(emulation, lp_cpu, sms, dtype, rows, drafts_count, vocab):
     """penalties= (position j counts the drafts before it): every penalty kind, biases (whose ids
@@ -112,8 +112,8 @@ def test_cuda_kernel_agrees_with_cpu_with_penalties(emulation, lp_cpu, sms, dtyp
 
 
 @pytest.mark.emulation
-@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
-@pytest.mark.parametrize("rows,drafts_count,vocab", [(24, 4, 45)] if SANITIZED else [(96, 5, 45), (16, 4, 3000)])
+@pytest.mark.parametrize("sms", [8] if SMALL_CASES else [1, 132])
+@pytest.mark.parametrize("rows,drafts_count,vocab", [(24, 4, 45)] if SMALL_CASES else [(96, 5, 45), (16, 4, 3000)])
 def test_cuda_block_verification_agrees_with_cpu(emulation, lp_cpu, sms, rows, drafts_count, vocab):
     """Block verification with drafts drawn from a drafter near the target, so that blocks end
     inside the drafts (1 <= tau < n, where the last draw is over max(0, w_tau p - q)) as well

@@ -8,7 +8,7 @@ test_agrees_with_cpu_on_the_target)."""
 import pytest
 import torch
 
-from cuda_emulation.cases import SANITIZED, mirostat_path, same_mu, to_device, verify_row_params, with_fresh_mu
+from cuda_emulation.cases import SMALL_CASES, mirostat_path, same_mu, to_device, verify_row_params, with_fresh_mu
 from cuda_emulation.emulation import COUNTS_TRAFFIC
 from op_cases import random_bias, tree_penalty_case
 from reference import random_bitmask, unpack_bitmask
@@ -57,10 +57,10 @@ def cuda_case(g, rows, nodes, vocab, dtype, branching):
 
 
 @pytest.mark.emulation
-@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
+@pytest.mark.parametrize("sms", [8] if SMALL_CASES else [1, 132])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows,nodes,vocab,branching",
-                         [(10, 6, 45, 4), (10, 5, 45, 1)] if SANITIZED else
+                         [(10, 6, 45, 4), (10, 5, 45, 1)] if SMALL_CASES else
                          [(10, 6, 45, 4), (10, 5, 45, 1), (40, 12, 1001, 3), (40, 9, 1001, 1), (3, 33, 32000, 4)])
 def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, nodes, vocab, branching):
     g = torch.Generator().manual_seed(rows * vocab + sms + nodes)
@@ -114,7 +114,7 @@ def test_cuda_sampled_siblings_rejected_in_turn(emulation, lp_cpu, dtype, vocab)
     (all siblings rejected) and close to it (later siblings accepted with probability in (0, 1),
     which reads the normalisers of the residuals before them)."""
     g = torch.Generator().manual_seed(vocab + 3)
-    rows, nodes = 12 if SANITIZED else 48, 9
+    rows, nodes = 12 if SMALL_CASES else 48, 9
     target = (torch.randn(rows, nodes, vocab, generator=g) * 2).to(dtype)
     next_token, next_sibling, parents = random_tree(g, rows, nodes, 4)
     children = [[c for c in range(nodes) if parents[b, c] == 0] for b in range(rows)]
@@ -154,9 +154,9 @@ def tree_links(parent_list: list[int], rows: int) -> tuple[torch.Tensor, torch.T
 
 
 @pytest.mark.emulation
-@pytest.mark.parametrize("sms", [8] if SANITIZED else [1, 132])
+@pytest.mark.parametrize("sms", [8] if SMALL_CASES else [1, 132])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows,vocab", [(12, 45)] if SANITIZED else [(12, 45), (9, 5000)])
+@pytest.mark.parametrize("rows,vocab", [(12, 45)] if SMALL_CASES else [(12, 45), (9, 5000)])
 def test_cuda_kernel_agrees_with_cpu_with_penalties(emulation, lp_cpu, sms, dtype, rows, vocab):
     """penalties= (node i counts its path's draft tokens, read from the row's own output as the
     walk writes it): every penalty kind, biases (which share the kernel's filter with the path),
