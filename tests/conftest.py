@@ -32,9 +32,16 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 SANITIZED = "libasan" in os.environ.get("LD_PRELOAD", "")  # this process runs under ASan
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the markers
 def pytest_collection_modifyitems(config, items):
-    """Under ASan (`make sanitize` runs every test there) a test marked no_sanitize(reason)
-    skips, saying why: each test is sanitized unless it opts out."""
+    """A test that uses the `emulation` fixture is an emulation test (marker `emulation`, so that
+    the emulation's parts run it and `-m "not emulation"` leaves it out): one without the marker
+    had run in no part of a fresh clone's `make test`, skipped in cpu-tests for want of the
+    emulation build. Under ASan (`make sanitize` runs every test there) a test marked
+    no_sanitize(reason) skips, saying why: each test is sanitized unless it opts out."""
+    for item in items:
+        if "emulation" in getattr(item, "fixturenames", ()) and item.get_closest_marker("emulation") is None:
+            item.add_marker(pytest.mark.emulation)
     if not SANITIZED:
         return
     for item in items:
