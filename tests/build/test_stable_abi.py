@@ -3,7 +3,7 @@ runs under another torch release through the loader.
 
 The other torch is 2.13.0, a CPU build, in its own virtual environment .venv-torch213/
 (ignored by git), created on first use from this interpreter with `torch==2.13.0+cpu` and
-`kernels==0.17.2` (about 90 s on two cores from a local wheel; pip's configuration decides
+`kernels==0.17.2` (about 20 s on two cores from a local wheel; pip's configuration decides
 where the wheel comes from: this machine's /opt/wheels, or on a networked CI machine
 PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu). In certification mode (LP_OFFLINE=1,
 the GPU machine without network) the tests that need it skip unless it already exists.
@@ -82,7 +82,8 @@ def other_python() -> Path:
         start = time.monotonic()
         base = getattr(sys, "_base_executable", sys.executable)
         subprocess.run([base, "-m", "venv", "--clear", str(OTHER_VENV)], check=True)
-        pip = subprocess.run([str(python), "-m", "pip", "install", "-q",
+        # (--no-compile: the children import a few of torch's modules, not the thousands pip would compile)
+        pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-compile",
                               "--disable-pip-version-check", *OTHER_REQUIREMENTS],
                              capture_output=True, text=True)
         assert pip.returncode == 0, f"creating {OTHER_VENV.name} failed:\n{pip.stdout}{pip.stderr}"
