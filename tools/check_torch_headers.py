@@ -4,16 +4,18 @@ Both variants are built at the stable-ABI level 2.10 (build.toml), so their .so 
 every torch from 2.10 on, and the sources must also compile there: kernel-builder and the GPU
 machine build them against their own (older) torch. The development torch is newer, and a
 macro or function that only its headers have (STABLE_TORCH_ERROR_CODE_CHECK, 2.14) compiles
-here and breaks there. This compiles, syntax only, every .cpp of both backends with the flags
-tools/build.py uses, against torch/include of that release and nothing else of torch.
+here and breaks there. This compiles, syntax only, every .cpp of both backends that includes a
+torch header (the binding, torch-ext/) with the flags tools/build.py uses, against torch/include
+of that release and nothing else of torch. The kernel sources include none (checked here too:
+one that did would be compiled), so older torch headers cannot change what they compile to.
 
 The headers come from the index's torch wheel (`pip download --no-deps`, about 900 MB, under a
 minute on a fast link), of which only torch/include is unpacked (about 40 MB) into a cache
 outside the repository, keyed by the version, and reused by later runs:
   ${XDG_CACHE_HOME:-~/.cache}/logits-processor/torch-<version>-include/
 
-The .cu sources are not compiled here: they include no torch header (only the binding does),
-so older torch headers cannot change what nvcc sees; CI's full build compiles them.
+The .cu sources are not compiled here for the same reason (nvcc sees no torch header); CI's full
+build compiles them.
 The CUDA backend's binding (-DCUDA_KERNEL, the current-stream shim) needs cuda_runtime.h:
 it is compiled when a CUDA toolkit is found, else reported as skipped.
 
@@ -23,6 +25,7 @@ it is compiled when a CUDA toolkit is found, else reported as skipped.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -83,6 +86,26 @@ def cuda_include() -> Path | None:
     return include if include and (include / "cuda_runtime.h").exists() else None
 
 
+TORCH_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](?:torch|ATen|c10)/', re.MULTILINE)
+
+
+def includes_torch(source: Path) -> bool:
+    """Whether `source` or a header of this repository it includes (transitively) includes a
+    torch header."""
+    seen, stack = set(), [source]
+    while stack:
+        path = stack.pop()
+        if path in seen or not path.exists():
+            continue
+        seen.add(path)
+        text = path.read_text()
+        if TORCH_INCLUDE.search(text):
+            return True
+        for name in re.findall(r'^\s*#\s*include\s*"([^"]+)"', text, re.MULTILINE):
+            stack += [path.parent / name, ROOT / name]
+    return False
+
+
 def compile_commands(config: dict, include: Path, generated: Path) -> dict[str, list[str] | str]:
     """name -> the g++ command for one source of one backend, or the reason it is skipped."""
     python_include = sysconfig.get_paths()["include"]
@@ -96,7 +119,7 @@ def compile_commands(config: dict, include: Path, generated: Path) -> dict[str, 
                 continue
             extra = [f"-I{cuda}"]
         for source in build.sources(config, backend):
-            if source.suffix != ".cpp":
+            if source.suffix != ".cpp" or not includes_torch(source):
                 continue
             # As torch.utils.cpp_extension compiles them (its include paths and defines).
             commands[f"{backend}:{source.relative_to(ROOT)}"] = [

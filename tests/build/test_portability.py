@@ -1,7 +1,7 @@
 """What the build and the tests need beyond this machine's torch and network.
 
-- The sources compile against the headers of the oldest torch the stable ABI promises
-  (tools/check_torch_headers.py: the first GPU-machine dry run found the binding using a macro
+- The sources that include torch's headers (the binding) compile against the headers of the
+  oldest torch the stable ABI promises (tools/check_torch_headers.py: the first GPU-machine dry run found the binding using a macro
   only torch 2.14 defines). The headers are downloaded once into a cache outside the repository;
   in certification mode (LP_OFFLINE=1) without that cache the check skips.
 - Certification mode skips every test that needs a package index instead of erroring.
@@ -60,6 +60,19 @@ def test_cuda_binding_compiles_against_the_oldest_torch(compiled):
         pytest.skip(compiled["cuda"])
     assert any(name.startswith("cuda:torch-ext/") for name in compiled), compiled
     assert not failures(compiled, "cuda"), "\n\n".join(failures(compiled, "cuda").values())
+
+
+def test_only_the_sources_that_include_torch_are_compiled(tmp_path):
+    """The kernel sources are left out because they include no torch header, directly or
+    through a header of theirs: a source that does is found."""
+    (tmp_path / "plain.h").write_text("#pragma once\n#include <cstdint>\n")
+    (tmp_path / "uses_torch.h").write_text('#pragma once\n#include "plain.h"\n  #  include <ATen/Tensor.h>\n')
+    (tmp_path / "kernel.cpp").write_text('#include "plain.h"\n')
+    (tmp_path / "binding.cpp").write_text('#include "plain.h"\n#include "uses_torch.h"\n')
+    assert not check_torch_headers.includes_torch(tmp_path / "kernel.cpp")
+    assert check_torch_headers.includes_torch(tmp_path / "binding.cpp")
+    kernels = [f for f in (ROOT / "logits_processor").glob("*.cpp")]
+    assert kernels and not any(map(check_torch_headers.includes_torch, kernels))
 
 
 def test_offline_mode_skips_the_network_tests(tmp_path):
