@@ -381,11 +381,25 @@ def main() -> None:
     out_root.mkdir(exist_ok=True)
     backends = ["cpu"] if sanitize else default_backends()
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
-    # Concurrent builds (several shells, test runners) wait for each other.
-    with open(out_root / ".lock", "w") as lock:
+    beside = None
+    if len(backends) > 1 and "cuda" in backends:
+        # The other variants beside the CUDA one, at the lowest priority: they take the cores the
+        # CUDA build leaves idle (its longest unit runs alone at the end), not the CUDA build's.
+        beside = subprocess.Popen(["nice", "-n", "19", sys.executable, str(Path(__file__).resolve())],
+                                  env={**os.environ, "LP_BACKENDS": ",".join(b for b in backends if b != "cuda")})
+        backends = ["cuda"]
+    for backend in backends:
+        build_locked(config, backend, out_root, sanitize)
+    if beside is not None and beside.wait() != 0:
+        raise SystemExit(f"[build] the build of the other variants failed (exit status {beside.returncode})")
+
+
+def build_locked(config: dict, backend: str, out_root: Path, sanitize: bool) -> None:
+    """build_variant, waiting for any other build of that backend into out_root (several
+    shells, test runners)."""
+    with open(out_root / f".lock-{backend}", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        for backend in backends:
-            build_variant(config, backend, out_root, sanitize)
+        build_variant(config, backend, out_root, sanitize)
 
 
 if __name__ == "__main__":
