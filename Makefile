@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: build test demo bench clean sanitize certify artifact certify-dryrun emulation-build emulate traffic portability \
+.PHONY: build test test-archs demo bench clean sanitize certify artifact certify-dryrun emulation-build emulate traffic portability \
 	vllm-env test-vllm bench-vllm
 
 # --no-compile: pip's bytecode for every module of every package took about 20 s of the install's
@@ -25,6 +25,12 @@ build: $(STAMP)
 # the CUDA kernels in the CUDA emulation (emulate), each part timed: tests/run.py.
 test: $(STAMP)
 	$(PY) tests/run.py test
+
+# The CUDA capabilities make test does not build (build.toml's beyond tests/run.py's TEST_ARCHS)
+# into build-archs/, and their machine code checked: every architecture carried, stacks, no
+# compare-and-swap loops (tests/run.py's group archs). CI runs it after make test.
+test-archs: $(STAMP)
+	$(PY) tests/run.py archs
 
 # Only what this machine runs (no GPU: the CPU variant; else CUDA for its GPUs), then the demo.
 demo: $(STAMP)
@@ -61,7 +67,7 @@ bench-vllm: $(STAMP) vllm-env
 	.venv-vllm/bin/python integrations/vllm/bench_engine.py
 
 clean:
-	rm -rf build build-asan build-emulation build-ci build-matrix
+	rm -rf build build-asan build-archs build-emulation build-ci build-matrix
 
 # The CUDA emulation (tests/cuda_emulation/): the .cu kernels built by the host compiler and
 # run on fibers, through the binding's CUDA path, against the CPU variant of build/.

@@ -4,7 +4,7 @@ the parts over their budgets (BUDGETS) named.
   python tests/run.py [PART | GROUP ...]        (default: the group `test`, every part)
 
 Parts, in the order they run:
-  build            build/: the CPU variant and the CUDA variant for every architecture
+  build            build/: the CPU variant and the CUDA variant for 8.0 and 9.0 (TEST_ARCHS)
   cpu-tests        every test outside the emulation, through the loader, on both variants
   build-asan       build-asan/: the CPU variant under AddressSanitizer + UBSan
   sanitize         every test but the emulated ones against it (opt-out: no_sanitize(reason))
@@ -17,9 +17,13 @@ Parts, in the order they run:
   asan             the same under AddressSanitizer + UBSan
   coverage         the sanitizer runs reach every line the fibers runs reach (coverage.py)
   mutants          the mutation check: planted kernel bugs must be caught (mutations.py)
-Groups: test (all), sanitize (build-asan, sanitize), emulate (build, build-emulation and the
-emulation's parts). Any failure or sanitizer report fails the run. Tests run on every core
-(pytest-xdist); LP_TEST_JOBS overrides the count.
+and, not in `make test` (`make test-archs`, CI's step after it):
+  build-archs      build-archs/: the CUDA variant for build.toml's other capabilities
+  archs            their machine code: every architecture carried, stacks, no CAS loops
+Groups: test (every part above but the last two), sanitize (build-asan, sanitize), emulate
+(build, build-emulation and the emulation's parts), archs (build-archs, archs). Any failure or
+sanitizer report fails the run. Tests run on every core (pytest-xdist); LP_TEST_JOBS overrides
+the count.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import resource
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,10 +79,24 @@ def emulation_environment(flavor: str) -> dict[str, str]:
     return {"LP_EMULATION": flavor, **(sanitizer_environment(sanitizer) if sanitizer else {})}
 
 
+# The CUDA capabilities `make test` builds (build/): one PTX, compute_80's, for the two
+# (tools/build.py's PTX_FROM), the GPUs most of these kernels' users run. The others of
+# build.toml (LATER_ARCHS: their own PTX and ptxas runs, docs/testing.md#make-test) are built and their machine code checked by `make test-archs` (group archs, into build-archs/),
+# which CI runs after `make test`: make test stays within its 30 minutes, CI checks every
+# capability. Every test that runs ops loads build/.
+TEST_ARCHS = ["8.0", "9.0"]
+_CAPABILITIES = tomllib.loads((ROOT / "build.toml").read_text())["kernel"]["logits_processor_cuda"]["cuda-capabilities"]
+LATER_ARCHS = [a for a in _CAPABILITIES if a not in TEST_ARCHS]
+NARROWED = {"LP_CUDA_ARCHS": ",".join(TEST_ARCHS)}
+LATER = {"LP_CUDA_ARCHS": ",".join(LATER_ARCHS), "LP_BUILD_OUT": "build-archs", "LP_BUILD_DIR": "build-archs"}
+# What reads a CUDA build's machine code (any build's: what it carries, from its metadata).
+MACHINE_CODE_TESTS = ["tests/build/test_build_contents.py::test_cuda_build_carries_all_architectures",
+                      "tests/build/test_kernel_resources.py", "tests/build/test_kernel_atomics.py"]
+
 CUDA_EMULATION_TESTS = ["tests/cuda_emulation"]
 PARTS: dict[str, tuple[list[str], dict[str, str]]] = {
-    "build": ([PY, "tools/build.py"], {}),
-    "cpu-tests": (PYTEST + ["-m", "not emulation", "tests"], {}),
+    "build": ([PY, "tools/build.py"], NARROWED),
+    "cpu-tests": (PYTEST + ["-m", "not emulation", "tests"], NARROWED),
     "build-asan": ([PY, "tools/build.py"], {**sanitizer_environment("asan"), "LP_SANITIZE": "1"}),
     "sanitize": (PYTEST + ["-m", "not emulation", "tests"],
                  {**sanitizer_environment("asan"), "LP_BUILD_DIR": "build-asan"}),
@@ -92,19 +111,22 @@ PARTS: dict[str, tuple[list[str], dict[str, str]]] = {
                 emulation_environment("traffic")),
     "coverage": ([PY, "tests/cuda_emulation/coverage.py", "check"], {}),
     "mutants": ([PY, "tests/cuda_emulation/mutations.py"], {}),
+    "build-archs": ([PY, "tools/build.py"], {**LATER, "LP_BACKENDS": "cuda"}),
+    "archs": (PYTEST + MACHINE_CODE_TESTS, LATER),
 }
 # Each part's budget in wall seconds: about a quarter over its time alone on the 2-core machine
 # (the README's table). A part over it is named after the table, as a hint of where the time
 # went; the verdict stays the tests' (a loaded machine overruns them all).
 BUDGETS = {"build": 525, "cpu-tests": 430, "build-asan": 65, "sanitize": 210, "build-emulation": 100,
            "forward": 95, "reversed": 30, "traffic": 15, "tsan": 145, "concurrent": 120, "asan": 40,
-           "coverage": 5, "mutants": 75}
+           "coverage": 5, "mutants": 75, "build-archs": 450, "archs": 60}
 EMULATION_PARTS = ["build-emulation", "forward", "reversed", "traffic", "tsan", "concurrent", "asan", "coverage",
                    "mutants"]
 GROUPS = {
-    "test": list(PARTS),
+    "test": [p for p in PARTS if p not in ("build-archs", "archs")],
     "sanitize": ["build-asan", "sanitize"],
     "emulate": ["build", *EMULATION_PARTS],
+    "archs": ["build-archs", "archs"],
 }
 
 

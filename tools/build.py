@@ -18,6 +18,7 @@ Environment:
   LP_CUDA_ARCHS   narrow the CUDA capabilities, e.g. "9.0" (default: all of build.toml)
   LP_BACKENDS     "cuda", "cpu" or "cuda,cpu" (default: every backend this machine can build)
   LP_SANITIZE     "1" builds the CPU variant with AddressSanitizer + UBSan into build-asan/
+  LP_BUILD_OUT    the output folder, relative to the repository (default build/, or build-asan/)
   MAX_JOBS        parallel compile jobs (ninja)
 """
 
@@ -377,7 +378,7 @@ def main() -> None:
         raise SystemExit(f"usage: {sys.argv[0]} [--this-machine]")
     config = tomllib.loads((ROOT / "build.toml").read_text())
     sanitize = os.environ.get("LP_SANITIZE") == "1"
-    out_root = ROOT / ("build-asan" if sanitize else "build")
+    out_root = ROOT / os.environ.get("LP_BUILD_OUT", "build-asan" if sanitize else "build")
     out_root.mkdir(exist_ok=True)
     backends = ["cpu"] if sanitize else default_backends()
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))

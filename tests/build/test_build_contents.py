@@ -37,6 +37,25 @@ def test_cuda_build_carries_all_architectures():
         assert {"8.0", "9.0", "10.0", "12.0+PTX"} <= set(archs)
 
 
+def test_make_test_and_test_archs_build_every_capability():
+    """tests/run.py's split of build.toml's capabilities: make test's (build/) and make
+    test-archs' (build-archs/), each of build.toml, together all of them, and one PTX for make
+    test's (tools/build.py's PTX_FROM: cicc once)."""
+    import sys
+    import tomllib
+
+    import run
+    sys.path.insert(0, str(ROOT / "tools"))
+    import build
+
+    config = tomllib.loads((ROOT / "build.toml").read_text())
+    capabilities = config["kernel"]["logits_processor_cuda"]["cuda-capabilities"]
+    assert run.TEST_ARCHS and run.LATER_ARCHS and not set(run.TEST_ARCHS) & set(run.LATER_ARCHS)
+    assert sorted(run.TEST_ARCHS + run.LATER_ARCHS) == sorted(capabilities), (run.TEST_ARCHS, capabilities)
+    virtual = {flag.split("arch=")[1].split(",")[0] for flag in build.gencode_flags(run.TEST_ARCHS)}
+    assert virtual == {"compute_80"}, build.gencode_flags(run.TEST_ARCHS)
+
+
 def test_sanitizer_run_loads_the_instrumented_build(lp):
     """Under ASan (`make sanitize`) the ops come from the instrumented .so of build-asan/; in
     any other run from an uninstrumented one (a sanitizer run against a plain build would
