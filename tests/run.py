@@ -80,10 +80,11 @@ def emulation_environment(flavor: str) -> dict[str, str]:
 
 
 # The CUDA capabilities `make test` builds (build/): one PTX, compute_80's, for the two
-# (tools/build.py's PTX_FROM), the GPUs most of these kernels' users run. The others of
-# build.toml (LATER_ARCHS: their own PTX and ptxas runs, docs/testing.md#make-test) are built and their machine code checked by `make test-archs` (group archs, into build-archs/),
-# which CI runs after `make test`: make test stays within its 30 minutes, CI checks every
-# capability. Every test that runs ops loads build/.
+# (tools/build.py's PTX_FROM), the GPUs most of these kernels' users run. build.toml's others
+# (LATER_ARCHS: PTX and ptxas runs of their own, docs/testing.md#make-test) are built into
+# build-archs/ and their machine code checked by `make test-archs` (group archs), which CI runs
+# after `make test`: make test stays within its 30 minutes, CI checks every capability. Every
+# test that runs ops loads build/.
 TEST_ARCHS = ["8.0", "9.0"]
 _CAPABILITIES = tomllib.loads((ROOT / "build.toml").read_text())["kernel"]["logits_processor_cuda"]["cuda-capabilities"]
 LATER_ARCHS = [a for a in _CAPABILITIES if a not in TEST_ARCHS]

@@ -1,8 +1,8 @@
 """What the build and the tests need beyond this machine's torch and network.
 
 - The sources that include torch's headers (the binding) compile against the headers of the
-  oldest torch the stable ABI promises (tools/check_torch_headers.py: the first GPU-machine dry run found the binding using a macro
-  only torch 2.14 defines). The headers are downloaded once into a cache outside the repository;
+  oldest torch the stable ABI promises (tools/check_torch_headers.py: the first GPU-machine dry
+  run found the binding using a macro only torch 2.14 defines). The headers are downloaded once into a cache outside the repository;
   in certification mode (LP_OFFLINE=1) without that cache the check skips.
 - Certification mode skips every test that needs a package index instead of erroring.
 """
