@@ -1,6 +1,6 @@
 """Truncation samplers beyond top-k, top-p and min-p (epsilon_cutoff, eta_cutoff, top_n_sigma, mirostat v2's
-mirostat_mu, typical_p and XTC) and llama.cpp's dynamic temperature beside plain `sample`, and the torch chain a user
-writes instead: transformers' warpers (for top-n-sigma, mirostat, XTC and dynatemp, which transformers lacks, their
+mirostat_mu, typical_p and XTC), llama.cpp's dynamic temperature, and min-p with and without temperature_last
+beside plain `sample`, and the torch chain a user writes instead: transformers' warpers (for top-n-sigma, mirostat, XTC and dynatemp, which transformers lacks, their
 definitions in torch), softmax, torch.multinomial (`make bench`); and mirostat along `verify_draft`'s
 path beside the same call without it.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from timing import bench_arguments, local_package, median_times, write_report
 from transformers.generation.logits_process import (EpsilonLogitsWarper, EtaLogitsWarper, LogitsProcessorList,
-                                                    TemperatureLogitsWarper, TypicalLogitsWarper)
+                                                    MinPLogitsWarper, TemperatureLogitsWarper, TypicalLogitsWarper)
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 128256
@@ -83,8 +83,11 @@ class DynamicTemperature:
         return x / dynamic
 
 
-# Each sampler: its keywords here, and the warpers applied after the temperature.
+# Each sampler: its keywords here, and the warpers applied after the temperature (with temperature_last,
+# before it, on the logits).
 SAMPLERS = {
+    "min_p": (dict(min_p=0.05), [MinPLogitsWarper(0.05)]),
+    "min_p temperature_last": (dict(min_p=0.05, temperature_last=True), [MinPLogitsWarper(0.05)]),
     "epsilon_cutoff": (dict(epsilon_cutoff=3e-4), [EpsilonLogitsWarper(3e-4)]),
     "eta_cutoff": (dict(eta_cutoff=2e-3), [EtaLogitsWarper(2e-3)]),
     "top_n_sigma": (dict(top_n_sigma=1.5), [TopNSigma(1.5)]),
@@ -107,14 +110,16 @@ def main() -> int:
         logits = (torch.randn(batch, VOCAB, generator=g) * 3).to(torch.bfloat16).to(device)
         out = torch.empty(batch, dtype=torch.int64, device=device)
         for name, (kwargs, warpers) in SAMPLERS.items():
-            chain = LogitsProcessorList([TemperatureLogitsWarper(TEMPERATURE), *warpers])
+            last = kwargs.get("temperature_last", False)
+            temperature = [TemperatureLogitsWarper(TEMPERATURE)]
+            chain = LogitsProcessorList([*warpers, *temperature] if last else [*temperature, *warpers])
 
             def theirs():
                 return torch.multinomial(chain(None, logits.float()).softmax(-1), 1)
 
             # (the warpers on the kernels' float32 scores x / T, in float64: transformers' float32
             # typical warper sums 128k probabilities in float32, whose rounding moves its cut)
-            kept = torch.isfinite(LogitsProcessorList(warpers)(None, (logits.float() / TEMPERATURE).double()))
+            kept = torch.isfinite(LogitsProcessorList(warpers)(None, (logits.float() / (1.0 if last else TEMPERATURE)).double()))
             ours = lp.filtered_logits(logits, temperature=TEMPERATURE, **kwargs) > float("-inf")
             same = bool(torch.equal(kept, ours))
             calls = {"sample": lambda: lp.sample(logits, temperature=TEMPERATURE, seed=1, out=out),

@@ -210,7 +210,7 @@ __device__ void row_filtered(const SamplingParams& p, RowSampler& sampler, int64
     scale = filtered_scale(normaliser_units({block_sum(k.z.high, sh), block_sum(k.z.low, sh)}));
   }
   sampler.for_each_logit(0, p.vocab, [&](int64_t i, float x) {
-    const float s = x > kNegInf ? score(x, sampler.r.temperature, sampler.x_origin) : kNegInf;
+    const float s = sampler.draw_score(x);
     values[i] = filtered_value(as_logits, s, sampler.threshold, sampler.ceiling, sampler.s_max, scale);
   });
 }

@@ -245,6 +245,18 @@ void drop_above(float* __restrict scores, int64_t vocab, float ceiling) {
   for (int64_t i = 0; i < vocab; ++i) scores[i] = scores[i] > ceiling ? kNegInf : scores[i];
 }
 
+// temperature_last: the cut's kept scores at T = 1 (keys >= threshold; the rest are already
+// -inf or below it) to the draw's at T from x_origin (sampling.h's within_cut, score), the
+// others -inf.
+void scores_at_draw_temperature(float* __restrict scores, int64_t vocab, uint32_t threshold, float temperature,
+                                float x_origin) {
+#pragma omp simd
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float u = scores[i];
+    scores[i] = u > kNegInf && within_cut(u, threshold, kNoCeiling) ? score(u, temperature, x_origin) : kNegInf;
+  }
+}
+
 constexpr int64_t kTopBlock = 256;  // tokens a top-N block skip covers
 
 // The count token_rank takes: the scores that rank_counts against s.

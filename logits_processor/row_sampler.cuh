@@ -163,6 +163,9 @@ struct RowSampler {
   float origin = 0.0f;     // the draw's: draw_origin(s_max) once s_max is known, else 0
   float x_origin = 0.0f;   // the scores': score_origin (sampling.h), found by rebase
   uint32_t ceiling = kNoCeiling;  // the kept set's top key (typical_p's, XTC's), once `cut` ran
+  // A temperature_last cut's threshold and ceiling, keys at T = 1 (sampling.h's within_cut);
+  // none otherwise.
+  uint32_t unit_threshold = kNoKey, unit_ceiling = kNoCeiling;
 
   // f(i, x) for each token i of this thread's share of [begin, end), x its candidate_logit,
   // by 16-byte loads (8 tokens each, 4 in float32) where the row is aligned: rows need only be
@@ -210,11 +213,19 @@ struct RowSampler {
     });
   }
 
+  // The score of a candidate of value x (candidate_logit's), or -inf for a non-candidate and
+  // for one a temperature_last cut left out.
+  __device__ float draw_score(float x) const {
+    if (!(x > kNegInf) || !within_cut(x, unit_threshold, unit_ceiling)) return kNegInf;
+    return score(x, r.temperature, x_origin);
+  }
+
   // f(i, s) for each candidate token of this thread's share of tokens [begin, end).
   template <typename F>
   __device__ void for_each_candidate(F&& f, int64_t begin = 0, int64_t end = -1) const {
     for_each_logit(begin, end < 0 ? p.vocab : end, [&](int64_t i, float x) {
-      if (x > kNegInf) f(i, score(x, r.temperature, x_origin));
+      const float s = draw_score(x);
+      if (s > kNegInf) f(i, s);
     });
   }
 
@@ -247,9 +258,8 @@ struct RowSampler {
     uint64_t best = kNoToken, top = kNoKey;
     NoiseWords noise;
     for_each_logit(begin, end, [&](int64_t i, float x) {
-      if (!(x > kNegInf)) return;
-      const float s = score(x, r.temperature, x_origin);
-      if (!drawn(i, score_key(s))) return;
+      const float s = draw_score(x);
+      if (!(s > kNegInf) || !drawn(i, score_key(s))) return;
       if (max_key) top = max(top, static_cast<uint64_t>(score_key(s)));
       best = max(best, pack_argmax(score_key(perturbed_score(s, origin, token_gumbel(r, i, noise(r, i)))), i));
     });
@@ -303,16 +313,35 @@ struct RowSampler {
   // max(t_k, t_minp): without a top-k cut, the masses of pass 2 are those at or above t_minp;
   // with one, top_k_set resolves the row in 2 passes when t_k's bin and those above it fit in
   // shared memory, else t_k is selected first (select_top_k, 1 pass or more) and raises t_minp.
+  // With temperature_last the cut runs at T = 1 (r.temperature, for its passes), then moves
+  // to the draw's T (to_draw_temperature).
   __device__ bool cut(SharedState& sh, Draw* draw = nullptr) {
     // (typical_p's band, llama.cpp's chained top-p and min-p and XTC's ceiling come after the
-    // floor: a draw made in the floor's last pass would miss them. One call site of cut_floor,
-    // the largest code here: each would be inlined whole.)
+    // floor, and temperature_last's draw after the cut: a draw made in the floor's last pass
+    // would miss them. One call site of cut_floor, the largest code here: each would be
+    // inlined whole.)
     const bool typical = r.typical_p < 1.0f, chained = chained_top_p_min_p(r), xtc = xtc_falls(r);
-    if (!cut_floor(sh, typical || chained || xtc ? nullptr : draw)) return false;
-    if (typical) keep_typical(sh);
-    if (chained) keep_top_p_min_p(sh);
-    if (xtc) exclude_top_choices(sh);
-    return true;
+    const bool last = r.temperature_last;
+    const float temperature = r.temperature;
+    if (last) r = at_cut_temperature(r), x_origin = 0.0f, unit_threshold = kNoKey, unit_ceiling = kNoCeiling;
+    const bool found = cut_floor(sh, typical || chained || xtc || last ? nullptr : draw);
+    const float row_top = s_max;
+    if (found && typical) keep_typical(sh);
+    if (found && chained) keep_top_p_min_p(sh);
+    if (found && xtc) exclude_top_choices(sh);
+    if (last && found) to_draw_temperature(temperature, row_top);
+    if (last && !found) r.temperature = temperature;
+    return found;
+  }
+
+  // temperature_last (sampling.h's draw_cut): the cut's bounds become within_cut's, and the
+  // row's scores, bounds and s_max those of the draw's T.
+  __device__ void to_draw_temperature(float temperature, float row_top) {
+    const DrawCut d = draw_cut(temperature, row_top, threshold, ceiling, s_max);
+    r.temperature = temperature;
+    unit_threshold = threshold, unit_ceiling = ceiling;
+    x_origin = d.x_origin, threshold = d.threshold, ceiling = d.ceiling, s_max = d.s_max;
+    origin = draw_origin(s_max);
   }
 
   // llama.cpp's chain (FilterOrder::kLlamaCpp): top-p over the kept set renormalised, its mass
@@ -586,10 +615,8 @@ struct RowSampler {
   // Token i's score if it is in the kept set (keys in [threshold, ceiling]), else -inf (i may be any id).
   __device__ float kept_score(int64_t i) const {
     if (i < 0 || i >= p.vocab) return kNegInf;
-    const float x = candidate_logit(p, logits, bitmask, penalty, i);
-    if (!(x > kNegInf)) return kNegInf;
-    const float s = score(x, r.temperature, x_origin);
-    return kept(score_key(s)) ? s : kNegInf;
+    const float s = draw_score(candidate_logit(p, logits, bitmask, penalty, i));
+    return s > kNegInf && kept(score_key(s)) ? s : kNegInf;
   }
 
   __device__ bool kept(uint32_t key) const { return threshold <= key && key <= ceiling; }
@@ -602,7 +629,9 @@ struct RowSampler {
     if (!raw && !r.greedy) return;
     r.greedy = false;
     r.temperature = 1.0f;
+    r.temperature_last = false;
     x_origin = 0.0f;
+    unit_threshold = kNoKey, unit_ceiling = kNoCeiling;
     r.top_k = 0;
     r.top_p = 1.0f;
     r.min_p = 0.0f;

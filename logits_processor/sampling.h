@@ -27,6 +27,8 @@
 // 0 unless |s_max| >= 2^8), G_i = -ln(-ln U_i) with
 // U_i from Philox keyed by the seed and counted by (i, stream, offset): a draw in
 // proportion to e^(s_i), exact for tokens up to about 40 nats below the top (gumbel_noise). Scores are compared through order-preserving integer keys.
+// With temperature_last, every cutoff above is taken on the scores at T = 1 and the draw (and
+// all that follows it) on the kept tokens' scores at T (draw_key).
 #pragma once
 
 #include "common.h"
@@ -111,6 +113,9 @@ struct SamplingParams : LogitsView {
   FloatArray xtc_threshold;
   float xtc_threshold_value;
   FilterOrder filter_order;  // one for the whole call
+  // temperature_last: the row's filters decide at T = 1, its draw at T (draw_key); nonzero is true.
+  IntArray temperature_last;  // int32 (its data nullptr: temperature_last_value)
+  bool temperature_last_value;
   // With per-row seeds, row b's stream is keyed by (seed[b], offset[b]) alone; with one
   // seed it is keyed by (seed, b, offset).
   IntArray seed;
@@ -131,6 +136,7 @@ struct SamplingParams : LogitsView {
 // IEEE double product, the same on both devices.
 constexpr float kMassScale = 4294967296.0f;
 constexpr uint32_t kNoKey = 0;  // below every candidate's key
+constexpr uint32_t kNoCeiling = 0xffffffffu;  // above every candidate's key (scores are finite)
 
 struct RowParams {
   bool greedy;
@@ -146,6 +152,7 @@ struct RowParams {
   float xtc_threshold;      // above 0.5: off
   bool top_k_first;         // FilterOrder::kTopKFirst
   bool llama_order;         // FilterOrder::kLlamaCpp
+  bool temperature_last;    // SamplingParams::temperature_last
   uint32_t key0, key1;      // Philox key: the seed
   uint32_t stream;          // row for a shared seed, 0 for per-row seeds
   uint32_t offset_lo, offset_hi;
@@ -195,6 +202,7 @@ LP_HOST_DEVICE RowParams row_params(const SamplingParams& p, int64_t row) {
   r.xtc_threshold = xtc_threshold >= 0.0f ? xtc_threshold : (xtc_threshold < 0.0f ? 0.0f : 1.0f);
   r.top_k_first = p.filter_order == FilterOrder::kTopKFirst;
   r.llama_order = p.filter_order == FilterOrder::kLlamaCpp;
+  r.temperature_last = p.temperature_last.data ? p.temperature_last.get(row) != 0 : p.temperature_last_value;
   const uint64_t seed = static_cast<uint64_t>(p.seed.get_or(row, p.seed_value));
   const uint64_t offset = static_cast<uint64_t>(p.offset.get_or(row, p.offset_value));
   r.key0 = static_cast<uint32_t>(seed);
@@ -294,6 +302,49 @@ LP_HOST_DEVICE float score_origin(float x_max, float temperature) {
   const float finite_x = x_max < kMaxFinite ? x_max : kMaxFinite;
   const float q = finite_x / temperature;
   return q <= kMaxFinite && q >= -kMaxFinite ? 0.0f : finite_x;
+}
+
+// temperature_last (llama.cpp's default chain, text-generation-webui's option): every filter
+// decides on the scores at temperature 1 (the logits, clamped finite), and the draw, the
+// log-probabilities and the kept set's outputs use the scores at T of the tokens the cut kept.
+// A key k of the cut becomes draw_key(k), the key of score(k's score, T, x_o), x_o the row's
+// score_origin at T: as score() is monotone, every kept token's key at T lies within the
+// bounds' draw_keys (within_cut drops the candidates whose score at T merely rounds onto a
+// bound's). kNoKey and kNoCeiling stay as they are.
+LP_HOST_DEVICE uint32_t draw_key(uint32_t unit_key, float temperature, float x_origin) {
+  if (unit_key == kNoKey || unit_key == kNoCeiling) return unit_key;
+  return score_key(score(key_score(unit_key), temperature, x_origin));
+}
+
+// A row's parameters as its cut takes them: at temperature 1 with temperature_last.
+LP_HOST_DEVICE RowParams at_cut_temperature(RowParams r) {
+  if (r.temperature_last) r.temperature = 1.0f;
+  return r;
+}
+
+// Whether a candidate of value x (finite or +inf) lies within a temperature_last cut's bounds,
+// keys of its scores at T = 1. The kept set is then exactly the cut's: a candidate outside
+// them is no longer one (the CPU's buffer holds -inf for it, the CUDA sampler's draw_score
+// returns -inf), though its score at T may round onto a kept token's.
+LP_HOST_DEVICE bool within_cut(float x, uint32_t threshold, uint32_t ceiling) {
+  const uint32_t key = score_key(x < kMaxFinite ? x : kMaxFinite);
+  return key >= threshold && key <= ceiling;
+}
+
+// The draw's side of a temperature_last cut (its threshold, ceiling and s_max keys at T = 1,
+// row_top the row's largest score at T = 1): the score origin at T, the bounds' draw_keys
+// (every kept candidate's key at T lies within them) and the kept set's top at T.
+struct DrawCut {
+  float x_origin;
+  uint32_t threshold;
+  uint32_t ceiling;
+  float s_max;
+};
+
+LP_HOST_DEVICE DrawCut draw_cut(float temperature, float row_top, uint32_t threshold, uint32_t ceiling, float s_max) {
+  const float x_origin = score_origin(row_top, temperature);
+  return {x_origin, draw_key(threshold, temperature, x_origin), draw_key(ceiling, temperature, x_origin),
+          row_max_score(draw_key(score_key(s_max), temperature, x_origin))};
 }
 
 LP_HOST_DEVICE uint64_t token_mass(float s, float s_max) {

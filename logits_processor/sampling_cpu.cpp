@@ -67,7 +67,8 @@ class RowSampler {
   RowSampler(const SamplingParams& p, int64_t row, Scratch& scratch)
       : RowSampler(p, row, row_params(p, row), scratch) {}
   RowSampler(const SamplingParams& p, int64_t row, const RowParams& r, Scratch& scratch, const PenaltyPath& path = {})
-      : p_(p), row_(row), r_(r), penalty_(with_path(row_penalty_view(p.penalties, row, path.bias_list), path)), scratch_(scratch),
+      : p_(p), row_(row), r_(at_cut_temperature(r)), draw_temperature_(r.temperature),
+        penalty_(with_path(row_penalty_view(p.penalties, row, path.bias_list), path)), scratch_(scratch),
         scores_(scratch.scores.data()) {}
 
   // The token `sample` returns.
@@ -202,6 +203,7 @@ class RowSampler {
   // Where s_max saturates, the logits' maximum x_max is found (the scores at temperature 1)
   // and, if x_max / T overflows, the scores taken again from score_origin (sampling.h).
   bool load(Scores mode) {
+    if (mode == Scores::Sampling) x_origin_ = 0.0f;  // (a temperature_last cut moved it to T's)
     load_scores(mode);
     if (!scan()) return false;
     if (mode != Scores::Sampling || !saturated_score(s_max_)) return true;
@@ -223,11 +225,26 @@ class RowSampler {
   // The draw's kept set: the filters' cutoff, then typical_p's band and XTC's ceiling where its
   // coin falls (sampling.h): the scores above a ceiling leave the buffer, and s_max becomes the
   // kept set's top.
+  // With temperature_last the cut runs on the scores at T = 1 (r_'s temperature), which the
+  // draw's then replace (to_draw_temperature).
   void cut() {
+    const float row_top = s_max_;
     cutoff_ = cutoff();
     if (r_.typical_p < 1.0f) keep_typical();
     if (chained_top_p_min_p(r_)) keep_top_p_min_p();
     if (xtc_falls(r_)) exclude_top_choices();
+    if (r_.temperature_last) to_draw_temperature(row_top);
+  }
+
+  // temperature_last (sampling.h's draw_cut): the kept candidates' scores at T = 1 become the
+  // draw's at T, the others -inf (XTC's and typical_p's ceilings have already dropped theirs).
+  void to_draw_temperature(float row_top) {
+    const DrawCut d = draw_cut(draw_temperature_, row_top, cutoff_.threshold, kNoCeiling, s_max_);
+    x_origin_ = d.x_origin;
+    scores_at_draw_temperature(scores_, p_.vocab, cutoff_.threshold, draw_temperature_, x_origin_);
+    s_max_ = d.s_max;
+    cutoff_ = {d.threshold, false};  // (Scratch::kept holds the scores at T = 1)
+    total_mass_ = kNoTotal;
   }
 
   // llama.cpp's chain (FilterOrder::kLlamaCpp): top-p over the kept set renormalised (the
@@ -508,7 +525,8 @@ class RowSampler {
 
   const SamplingParams& p_;
   const int64_t row_;
-  const RowParams r_;
+  const RowParams r_;              // the cut's: at T = 1 with temperature_last
+  const float draw_temperature_;  // the draw's T
   const RowPenaltyView penalty_;
   Scratch& scratch_;
   float* scores_;

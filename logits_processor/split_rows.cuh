@@ -248,9 +248,10 @@ __device__ void cut_from_chunks(const RowSampler& sampler, const Split& split, i
   // (A saturated s_max may move the scores (RowSampler::rebase): the row goes to one block; so
   // does an epsilon_cutoff, eta_cutoff or top_n_sigma row, whose floor needs Z or sigma before
   // the cut, and a typical_p row, one whose XTC coin falls or whose top-p and min-p come after
-  // the cut (llama.cpp's order), which need the kept set's Z_K after it.)
+  // the cut (llama.cpp's order), which need the kept set's Z_K after it; and a temperature_last
+  // row, which the chunks counted at T, its cut at T = 1.)
   const bool needs_z = has_truncation(sampler.r) || sampler.r.typical_p < 1.0f || xtc_falls(sampler.r) ||
-                       chained_top_p_min_p(sampler.r);
+                       chained_top_p_min_p(sampler.r) || sampler.r.temperature_last;
   if (needs_z || listed > kBinListCapacity || saturated_score(row_max_score(static_cast<uint32_t>(max_key)))) {
     if (threadIdx.x == 0) state.cut = kSampledWhole;
     return;

@@ -129,7 +129,6 @@ LP_HOST_DEVICE uint32_t typical_key(float s, float s_max, float center) {
 // origin, the masses and the log-probabilities are then taken. Nothing is dropped where c_xtc
 // is s_max's key. The coin is word 0 of Philox counter (kXtcGroup, stream, offset): keyed like
 // the draw, so every op given the row's seed and offset decides it alike.
-constexpr uint32_t kNoCeiling = 0xffffffffu;  // above every candidate's key (scores are finite)
 constexpr uint32_t kXtcGroup = 0x20000000u;   // above every token group (V < 2^31), below verify's
 
 // Whether XTC cuts this row: on (xtc_probability > 0, xtc_threshold <= 0.5, as llama.cpp's

@@ -138,6 +138,15 @@ Tensor row_parameter(const Tensor& t, const Tensor& logits, const char* name, Sc
   return torch::stable::contiguous(read_as_given && readable ? t : torch::stable::to(t, dtype));
 }
 
+Tensor row_flag(const Tensor& t, const Tensor& logits, const char* name) {
+  CHECK_ARG(t.dim() == 1 && t.size(0) == logits.size(0), name, " must be a bool or a 1-D bool tensor of length ",
+            logits.size(0), " (one per row), got shape ", shape_name(t.sizes()));
+  CHECK_ARG(t.device() == logits.device(), name, " must be on the logits' device (", device_name(logits.device()),
+            "), got ", device_name(t.device()));
+  CHECK_ARG(t.scalar_type() == ScalarType::Bool, name, " must be a bool tensor, got ", t.scalar_type());
+  return torch::stable::contiguous(torch::stable::to(t, ScalarType::Int));
+}
+
 int choice_index(const std::string& value, const char* name, std::initializer_list<const char*> choices) {
   int index = 0;
   std::string listed;

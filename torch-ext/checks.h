@@ -84,6 +84,10 @@ std::pair<int64_t, int64_t> host_int64_range(const Tensor& t);
 Tensor row_parameter(const Tensor& t, const Tensor& logits, const char* name, ScalarType dtype,
                      bool read_as_given = false);
 
+// A per-row flag (temperature_last): a bool tensor of length B on the logits' device, as int32
+// (a copy: the kernels read it as an IntArray).
+Tensor row_flag(const Tensor& t, const Tensor& logits, const char* name);
+
 // The index of `value` among `choices` (an option given by name, such as
 // filter_apply_order); else an error naming the argument and listing the choices.
 int choice_index(const std::string& value, const char* name, std::initializer_list<const char*> choices);

@@ -44,8 +44,8 @@ void dynamic_temperature(const Tensor& given_logits, LP_DYNATEMP_ARGUMENTS(LP_PA
   const std::string joint = "joint";
   const double inf = std::numeric_limits<double>::infinity();
   SamplingCall call = sampling_call(
-      logits, {temperature, temperature_value, none, 0, none, 1.0, none, 0.0, joint, none, 0.0, none, 0.0, none, -1.0,
-               none, inf, none, 1.0, none, 0.0, none, 0.1},
+      logits, {temperature, temperature_value, none, 0, none, 1.0, none, 0.0, joint, none, false, none, 0.0, none, 0.0,
+               none, -1.0, none, inf, none, 1.0, none, 0.0, none, 0.1},
       {none, 0, none, 0}, row_bitmask);
   add_penalties(call, logits, {LP_SAMPLER_PENALTY_ARGUMENTS(LP_FORWARD)}, -1, positions_given ? positions : 0);
   std::optional<Tensor> path;

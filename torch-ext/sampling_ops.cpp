@@ -64,6 +64,8 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   call.typical_p = param(filters.typical_p, "typical_p", ScalarType::Float);
   call.xtc_probability = param(filters.xtc_probability, "xtc_probability", ScalarType::Float);
   call.xtc_threshold = param(filters.xtc_threshold, "xtc_threshold", ScalarType::Float);
+  if (filters.temperature_last.has_value())
+    call.temperature_last = row_flag(*filters.temperature_last, logits, "temperature_last");
   call.seed = param(draws.seed, "seed", ScalarType::Long);
   call.offset = param(draws.offset, "offset", ScalarType::Long);
 
@@ -104,6 +106,8 @@ SamplingCall sampling_call(const Tensor& logits, const FilterArguments& filters,
   p.xtc_threshold = float_array(call.xtc_threshold);
   p.xtc_threshold_value = ieee_float(filters.xtc_threshold_value);
   p.filter_order = filter_order;
+  p.temperature_last = int_array(call.temperature_last);
+  p.temperature_last_value = filters.temperature_last_value;
   p.seed = int_array(call.seed);
   p.seed_value = draws.seed_value;
   p.offset = int_array(call.offset);

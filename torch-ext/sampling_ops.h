@@ -26,7 +26,7 @@ struct DrawArguments {
 struct SamplingCall {
   logits_processor::SamplingParams params{};
   std::optional<Tensor> temperature, top_k, top_p, min_p, epsilon, eta, top_n_sigma, mirostat_mu, typical_p, xtc_probability,
-      xtc_threshold, seed, offset, mirostat_tau, mirostat_eta;
+      xtc_threshold, temperature_last, seed, offset, mirostat_tau, mirostat_eta;
   PenaltyCall penalty;
 };
 

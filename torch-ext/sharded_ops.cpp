@@ -71,6 +71,8 @@ void sample_shard_step(const Tensor& logits, int64_t vocab_offset, int64_t vocab
   CHECK_ARG(filter_apply_order != "llama_cpp",
             "filter_apply_order \"llama_cpp\" is not supported by sample_sharded (its top-p and min-p come after "
             "the cut: \"joint\" or \"top_k_first\")");
+  CHECK_ARG(!temperature_last.has_value() && !temperature_last_value,
+            "temperature_last is not supported by sample_sharded (leave it False)");
   CHECK_ARG(vocab_size >= 1 && vocab_size < (int64_t{1} << 31), "vocab_size must be in [1, 2^31), got ",
             vocab_size);
   const int64_t shard = logits.size(1);

@@ -35,14 +35,16 @@
 #define LP_PER_ROW(X, name, value_schema_type, value_cpp_type) \
   X("Tensor?", const std::optional<Tensor>&, name) X(value_schema_type, value_cpp_type, name##_value)
 
-// The sampler's filters (sample, sample_with_logprobs, token_logprobs, verify_draft), and how
-// they compose ("joint", "top_k_first" or "llama_cpp": sampling.h's FilterOrder), one for the call.
+// The sampler's filters (sample, sample_with_logprobs, token_logprobs, verify_draft), how they
+// compose ("joint", "top_k_first" or "llama_cpp": sampling.h's FilterOrder, one for the call)
+// and whether they decide at temperature 1 (temperature_last, per row).
 #define LP_FILTER_ARGUMENTS(X)                        \
   LP_PER_ROW(X, temperature, "float", double)         \
   LP_PER_ROW(X, top_k, "int", int64_t)                \
   LP_PER_ROW(X, top_p, "float", double)               \
   LP_PER_ROW(X, min_p, "float", double)               \
   X("str", const std::string&, filter_apply_order)    \
+  LP_PER_ROW(X, temperature_last, "bool", bool)       \
   LP_PER_ROW(X, epsilon_cutoff, "float", double)      \
   LP_PER_ROW(X, eta_cutoff, "float", double)          \
   LP_PER_ROW(X, top_n_sigma, "float", double)         \

@@ -58,9 +58,27 @@ LLAMA_CPP_PATHS = {
 }
 # Each order's own paths, where it decides differently from "joint".
 ORDER_PATHS = {"top_k_first": TOP_K_FIRST_PATHS, "llama_cpp": LLAMA_CPP_PATHS}
-# PATHS and every order's paths, each with its filter_apply_order ("<path>_<order>").
+# temperature_last (the cut at T = 1, the draw at T): llama.cpp's whole chain, the other orders'
+# cuts, the whole-row floors (sigma in logit units either way), a temperature at which every
+# score is 0 (only the cut's own bounds keep its set: sampling.h's within_cut) and one at
+# which the scores are taken from the row's top (score_origin), and an unfiltered row.
+TEMPERATURE_LAST_PATHS = {
+    "llama_cpp": dict(temperature=0.7, top_k=50, typical_p=0.9, top_p=0.9, min_p=0.05, filter_apply_order="llama_cpp"),
+    "llama_cpp_xtc": dict(temperature=1.6, top_k=100, top_p=0.95, xtc_probability=1.0, xtc_threshold=0.05,
+                          filter_apply_order="llama_cpp"),
+    "joint": dict(temperature=1.3, top_k=40, top_p=0.9, min_p=0.02),
+    "top_k_first": dict(temperature=0.6, top_k=40, top_p=0.8, filter_apply_order="top_k_first"),
+    "floors": dict(temperature=0.5, top_n_sigma=1.5, epsilon_cutoff=1e-3, top_p=0.95),
+    "infinite": dict(temperature=math.inf, top_k=7, top_p=0.9),
+    "tiny": dict(temperature=1e-30, top_p=0.9, min_p=0.01),
+    "unfiltered": dict(temperature=0.8),
+}
+# PATHS, every order's paths, each with its filter_apply_order ("<path>_<order>"), and the
+# temperature_last paths ("<path>_temperature_last").
 ORDERED_PATHS = {**PATHS, **{f"{name}_{order}": dict(filters, filter_apply_order=order)
-                             for order, paths in ORDER_PATHS.items() for name, filters in paths.items()}}
+                             for order, paths in ORDER_PATHS.items() for name, filters in paths.items()},
+                 **{f"{name}_temperature_last": dict(filters, temperature_last=True)
+                    for name, filters in TEMPERATURE_LAST_PATHS.items()}}
 
 
 # The speculative kernels' rows (verify_draft, verify_tree): row r on path r % 9.

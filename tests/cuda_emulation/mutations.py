@@ -185,8 +185,8 @@ MUTANTS = [
            "fibers", AGREEMENT, "kept_set_sizes_agree_with_cpu", "tests/cuda_emulation/test_replay_cuda.py"),
     # The filtered distribution's scores taken without the row's score origin (a tiny
     # temperature's row then saturates), and its probabilities normalised without Z's low digit.
-    Mutant("filtered-origin", LOGPROBS, "score(x, sampler.r.temperature, sampler.x_origin)",
-           "score(x, sampler.r.temperature, 0.0f)", "fibers", AGREEMENT, "tiny_temperatures",
+    Mutant("filtered-origin", LOGPROBS, "sampler.draw_score(x)",
+           "(x > kNegInf ? score(x, sampler.r.temperature, 0.0f) : kNegInf)", "fibers", AGREEMENT, "tiny_temperatures",
            "tests/cuda_emulation/test_filtered_cuda.py"),
     Mutant("filtered-normaliser", LOGPROBS, "normaliser_units({block_sum(k.z.high, sh), block_sum(k.z.low, sh)})",
            "normaliser_units({block_sum(k.z.high, sh), 0})", "fibers", AGREEMENT, "filtered_agrees_with_cpu",
@@ -257,6 +257,12 @@ MUTANTS = [
            "min_p_key(s_max, r.min_p)", "fibers", AGREEMENT, "filter_orders_agree_with_cpu"),
     Mutant("llama-floor-top-p", ROW_SAMPLER, "!chained && r.top_p < 1.0f", "r.top_p < 1.0f", "fibers", AGREEMENT,
            "filter_orders_agree_with_cpu"),
+    # temperature_last: the cut's own bounds not kept (its kept set then those bounds' draw_keys,
+    # which at T = inf every candidate meets); the draw left at T = 1.
+    Mutant("temperature-last-bounds", ROW_SAMPLER, "!within_cut(x, unit_threshold, unit_ceiling)", "false", "fibers",
+           AGREEMENT, "temperature_last_agrees_with_cpu"),
+    Mutant("temperature-last-draw", ROW_SAMPLER, "if (last && found) to_draw_temperature(temperature, row_top);",
+           "if (last && found) r.temperature = temperature;", "fibers", AGREEMENT, "temperature_last_agrees_with_cpu"),
     # mirostat along the path: verify_kernel's positions all at the row's first mu (the emitted
     # tokens' steps still taken); block verification's last token drawn at the walk's last mu,
     # not tau's; an accepted sibling's surprise from the residual it was accepted under, not p_i.

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import requires_cuda
-from cuda_emulation.cases import (BIN_PATHS, DTYPES, ORDER_PATHS, PATHS, SMALL_CASES, SMS, assert_launched,
-                                  crowded_logits, row_params, special_bitmask, special_logits, unaligned_rows)
+from cuda_emulation.cases import (BIN_PATHS, DTYPES, ORDER_PATHS, PATHS, SMALL_CASES, SMS, TEMPERATURE_LAST_PATHS,
+                                  assert_launched, crowded_logits, row_params, special_bitmask, special_logits, unaligned_rows)
 from cuda_emulation.emulation import FLAVOR
 from op_cases import ZERO_TOP_ROWS, check_top_cell_refined, random_row_params, zero_top_kept_sets, zero_top_logits
 from reference import random_bitmask
@@ -120,6 +120,23 @@ def test_filter_orders_agree_with_cpu(emulation, lp_cpu, sms, order, path, rows,
         with emulation.gpu(sms) as lp:
             got = lp.sample(logits, **kwargs)
         assert torch.equal(got, lp_cpu.sample(logits, **kwargs)), filters
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("sms", SMS)
+@pytest.mark.parametrize("path", list(TEMPERATURE_LAST_PATHS))
+@pytest.mark.parametrize("rows,vocab", [(5, 20000), (64, 3000)] if not SMALL_CASES else [(2, 9000)])
+def test_temperature_last_agrees_with_cpu(emulation, lp_cpu, sms, path, rows, vocab):
+    """temperature_last (the cut at T = 1, the draw at T), for every row and per row (every other
+    row), in one block a row and on rows a split batch samples whole (132 SMs): the CPU's tokens."""
+    g = torch.Generator().manual_seed(vocab + sms + len(path) + 1)
+    logits = special_logits(rows, vocab, DTYPES[(rows + sms) % len(DTYPES)], g)
+    for last in (True, torch.arange(rows) % 2 == 0):
+        kwargs = dict(TEMPERATURE_LAST_PATHS[path], seed=123, offset=7, bitmask=special_bitmask(rows, vocab, g),
+                      temperature_last=last)
+        with emulation.gpu(sms) as lp:
+            got = lp.sample(logits, **kwargs)
+        assert torch.equal(got, lp_cpu.sample(logits, **kwargs))
 
 
 # The filters of rows cut over several blocks (top-k up to 1024, min-p, top-p with top-k or

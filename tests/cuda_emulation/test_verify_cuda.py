@@ -53,10 +53,13 @@ def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, drafts
     seeds = dict(seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
     mirostat = mirostat_path(rows, g)  # (with the per-row seeds: mu along each row's path)
     blocks = []
+    # ("<order>_last": that order with temperature_last.)
     for draft_probs, order, block in [(q, "joint", False), (None, "joint", False), (q, "top_k_first", False),
-                                      (q, "joint", True), (q, "top_k_first", True)]:
+                                      (q, "joint", True), (q, "top_k_first", True), (q, "llama_cpp_last", False),
+                                      (None, "joint_last", False), (q, "joint_last", True)]:
         for rng in (seeds | mirostat, dict(seed=5, offset=9)):
-            kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, **rng, filter_apply_order=order,
+            kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, **rng,
+                          filter_apply_order=order.removesuffix("_last"), temperature_last=order.endswith("_last"),
                           block_verification=block)
             cpu_kwargs, gpu_kwargs = with_fresh_mu(kwargs), with_fresh_mu(kwargs)
             expected = lp_cpu.verify_draft(target, drafts, counts, **cpu_kwargs)

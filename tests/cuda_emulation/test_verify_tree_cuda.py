@@ -70,12 +70,13 @@ def test_cuda_kernel_agrees_with_cpu(emulation, lp_cpu, sms, dtype, rows, nodes,
     buffer[..., 3 : vocab + 3] = target
     target = buffer[..., 3 : vocab + 3]
     seeds = dict(seed=torch.randint(0, 2**62, (rows,), generator=g), offset=torch.randint(0, 2**40, (rows,), generator=g))
-    modes = [(None, "joint"), (q, "joint"), (q, "top_k_first")]
+    modes = [(None, "joint"), (q, "joint"), (q, "top_k_first"), (q, "llama_cpp_last"), (None, "joint_last")]
     mirostat = mirostat_path(rows, g)  # (with the per-row seeds: mu along each row's path)
     accepted = []
     for draft_probs, order in modes:
         for rng in (seeds | mirostat, dict(seed=5, offset=9)):
-            kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, **rng, filter_apply_order=order)
+            kwargs = dict(draft_probs=draft_probs, bitmask=bitmask, **params, **rng,
+                          filter_apply_order=order.removesuffix("_last"), temperature_last=order.endswith("_last"))
             cpu_kwargs, gpu_kwargs = with_fresh_mu(kwargs), with_fresh_mu(kwargs)
             expected = lp_cpu.verify_tree(target, drafts, next_token, next_sibling, **cpu_kwargs)
             before = emulation.launches()

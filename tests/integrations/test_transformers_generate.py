@@ -271,6 +271,30 @@ def test_xtc_is_an_argument_of_the_loop(lp, pair, inputs):
                                [dict(xtc_probability=1.5), dict(xtc_probability=1.0, xtc_threshold=-0.1)])
 
 
+def test_temperature_last_is_an_argument_of_the_loop(lp, pair, inputs):
+    """temperature_last (llama.cpp's order; transformers' is the temperature first): each step's
+    reported scores are transformers' own warpers run in that order, top-k, top-p and min-p on the
+    raw logits, then TemperatureLogitsWarper last: the same kept set and values; every row is cut;
+    the run differs from temperature first; greedy search ignores it; a bad value raises."""
+    _, model = pair
+    kwargs = dict(do_sample=True, temperature=0.5, top_k=40, top_p=0.8, min_p=0.05, max_new_tokens=8, seed=6,
+                  return_dict_in_generate=True, output_scores=True, output_logits=True)
+    out = ours(model, lp, inputs, temperature_last=True, **kwargs)
+    chain = transformers.LogitsProcessorList([transformers.TopKLogitsWarper(40), transformers.TopPLogitsWarper(0.8),
+                                              transformers.MinPLogitsWarper(0.05),
+                                              transformers.TemperatureLogitsWarper(0.5)])
+    width = inputs["input_ids"].shape[1]
+    for step, (scores, logits) in enumerate(zip(out.scores, out.logits)):
+        warped = chain(out.sequences[:, :width + step], logits.clone())
+        assert scores.isneginf().any(-1).all(), step
+        assert torch.equal(scores.isneginf(), warped.isneginf()), step
+        both = ~scores.isneginf()
+        assert torch.allclose(scores[both], warped[both], rtol=1e-6), step
+        assert not scores.gather(1, out.sequences[:, width + step, None]).isneginf().any(), step
+    assert_a_sampling_argument(model, lp, inputs, kwargs, out, dict(temperature_last=True),
+                               [dict(temperature_last="yes")])
+
+
 def assert_a_sampling_argument(model, lp, inputs, kwargs, out, given, bad):
     """A loop argument of the sampler: the run `out` (made with `kwargs` and it) differs from the
     one with `kwargs` alone, greedy search ignores `given`, and each of `bad` raises a ValueError

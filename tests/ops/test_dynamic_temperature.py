@@ -155,7 +155,7 @@ def test_bad_arguments_name_the_argument(lp):
         lp.dynamic_temperature(torch.randn(3, 3, 100), 1.0, 0.5, bitmask=torch.zeros(3, 4, dtype=torch.int32))
     with pytest.raises(RuntimeError, match="^position_temperature must have shape"):
         lp._ops.ops.verify_draft(torch.randn(3, 3, 100), drafts, None, None, None, 1.0, None, 0, None, 1.0, None, 0.0,
-                                 "joint", None, 0.0, None, 0.0, None, -1.0, None, math.inf, None, 1.0, None, 0.0, None, 0.1, None, 0, None, 0,
+                                 "joint", None, False, None, 0.0, None, 0.0, None, -1.0, None, math.inf, None, 1.0, None, 0.0, None, 0.1, None, 0, None, 0,
                                  None,
                                  None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None, torch.ones(3, 2),
                                  None, None, 5.0, None, 0.1, False, torch.empty(3, 3, dtype=torch.int64), torch.empty(3, dtype=torch.int64))

@@ -254,7 +254,7 @@ def test_bad_arguments(lp):
     with pytest.raises(RuntimeError, match="filter_apply_order"):
         lp.filtered_probs(logits, filter_apply_order="sideways")
     with pytest.raises(RuntimeError, match="output"):
-        lp._ops.ops.filtered_distribution(logits, None, 1.0, None, 0, None, 1.0, None, 0.0, "joint", None, 0.0,
+        lp._ops.ops.filtered_distribution(logits, None, 1.0, None, 0, None, 1.0, None, 0.0, "joint", None, False, None, 0.0,
                                           None, 0.0, None, -1.0, None, float("inf"), None, 1.0, None, 0.0, None, 0.1, None, 0, None, 0, None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None,
                                           "tokens", torch.empty(3, 100))
 
@@ -266,7 +266,7 @@ def test_opcheck_and_compile(lp):
     no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None)
     for output in ("probs", "logits"):
         torch.library.opcheck(lp._ops.ops.filtered_distribution,
-                              (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "joint", None, 1e-4, None, 2e-3,
+                              (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "joint", None, False, None, 1e-4, None, 2e-3,
                                torch.full((4,), 2.0), -1.0, torch.full((4,), 4.0), float("inf"), None, 0.9, torch.full((4,), 0.5), 0.0, None, 0.1,
                                torch.arange(4), 0, None, 3, bitmask,
                                *no_penalties, output, torch.empty(4, 300)))

@@ -165,7 +165,8 @@ def test_opcheck_and_compile(lp):
     torch.library.opcheck(ops.sample_with_kept, schema_order(
         ops.sample_with_kept, logits=logits, temperature=torch.rand(rows, generator=g) + 0.5, temperature_value=1.0,
         top_k=None, top_k_value=20, top_p=None, top_p_value=0.9, min_p=None, min_p_value=0.0,
-        filter_apply_order="joint", epsilon_cutoff=torch.full((rows,), 1e-4), epsilon_cutoff_value=0.0,
+        filter_apply_order="joint", temperature_last=torch.arange(rows) % 2 == 0, temperature_last_value=False,
+        epsilon_cutoff=torch.full((rows,), 1e-4), epsilon_cutoff_value=0.0,
         eta_cutoff=None, eta_cutoff_value=2e-3, top_n_sigma=torch.full((rows,), 2.0), top_n_sigma_value=-1.0,
         mirostat_mu=torch.full((rows,), 9.0), mirostat_mu_value=float("inf"), typical_p=torch.full((rows,), 0.95),
         typical_p_value=1.0, xtc_probability=None, xtc_probability_value=0.5, xtc_threshold=torch.full((rows,), 0.05), xtc_threshold_value=0.1, seed=torch.arange(rows), seed_value=0, offset=None, offset_value=3,

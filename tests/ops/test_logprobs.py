@@ -252,13 +252,13 @@ def test_opcheck_and_compile(lp):
     outs = (torch.empty(4, dtype=torch.int32), torch.empty(4, 6), torch.empty(4, 6, dtype=torch.int32),
             torch.empty(4, dtype=torch.int64))
     no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None)
-    args = (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "joint", None, 1e-4, torch.full((4,), 1e-3), 0.0, None, 1.5, torch.full((4,), 5.0), float("inf"),
+    args = (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "joint", None, False, None, 1e-4, torch.full((4,), 1e-3), 0.0, None, 1.5, torch.full((4,), 5.0), float("inf"),
             None, 0.9, torch.full((4,), 0.5), 0.0, None, 0.1, torch.arange(4), 0, None, 3,
             bitmask,
             *no_penalties, 5, "processed", "max", *outs)
     torch.library.opcheck(lp._ops.ops.sample_with_logprobs, args)
     tokens = torch.randint(0, 300, (4,), generator=g)
-    torch.library.opcheck(lp._ops.ops.token_logprobs, (logits, tokens, None, 0.7, None, 20, None, 1.0, None, 0.0, "top_k_first", None, 0.0, None, 2e-3,
+    torch.library.opcheck(lp._ops.ops.token_logprobs, (logits, tokens, None, 0.7, None, 20, None, 1.0, None, 0.0, "top_k_first", None, False, None, 0.0, None, 2e-3,
                                                        None, 2.0, None, 7.0, torch.full((4,), 0.8), 1.0, None, 1.0, torch.full((4,), 0.05), 0.1,
                                                        torch.arange(4), 0, None, 3, bitmask,
                                                        *no_penalties, "raw", torch.empty(4)))

@@ -112,7 +112,7 @@ def test_bad_arguments_name_the_argument(lp):
     target = torch.randn(2, 3, 100)
     drafts = torch.randint(0, 100, (2, 2))
     with pytest.raises(RuntimeError, match="^mirostat_mu of verify_draft is its state"):
-        lp._ops.ops.verify_draft(target, drafts, None, None, None, 1.0, None, 0, None, 1.0, None, 0.0, "joint", None,
+        lp._ops.ops.verify_draft(target, drafts, None, None, None, 1.0, None, 0, None, 1.0, None, 0.0, "joint", None, False, None,
                                  0.0, None, 0.0, None, -1.0, None, 3.0, None, 1.0, None, 0.0, None, 0.1, None, 0, None,
                                  0, None, None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None, None,
                                  None, None, 5.0, None, 0.1, False, torch.empty(2, 3, dtype=torch.int64),

@@ -242,7 +242,7 @@ def test_opcheck_and_compile(lp):
     penalty_args = (prompt_mask, counts, torch.rand(4) + 0.5, 1.0, None, 0.2, torch.rand(4), 0.0,
                     bias["logit_bias_ids"], bias["logit_bias_values"], "vllm", rows)
     bitmask = random_bitmask(4, 300, g, "mixed")
-    filter_args = (torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "joint", torch.full((4,), 1e-4), 0.0, None, 2e-3,
+    filter_args = (torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "joint", None, False, torch.full((4,), 1e-4), 0.0, None, 2e-3,
                    None, 2.5, None, 8.0, None, 0.9, torch.full((4,), 0.5), 0.0, None, 0.1)
     torch.library.opcheck(ops.sample, (logits, *filter_args, torch.arange(4), 0, None, 3, bitmask, *penalty_args,
                                        torch.empty(4, dtype=torch.int64)))
@@ -305,5 +305,5 @@ def test_fused_penalties_without_state_rejected(lp):
         lp.sample(logits, penalties=(torch.zeros(2, 2, dtype=torch.int32), torch.zeros(2, 40, dtype=torch.int32)))
     no_state = (None, None, None, 1.5, None, 0.0, None, 0.0, None, None, "vllm", None)
     with pytest.raises(RuntimeError, match="^penalties need their state"):
-        lp._ops.ops.sample(logits, None, 1.0, None, 0, None, 1.0, None, 0.0, "joint", None, 0.0, None, 0.0,
+        lp._ops.ops.sample(logits, None, 1.0, None, 0, None, 1.0, None, 0.0, "joint", None, False, None, 0.0, None, 0.0,
                            None, -1.0, None, float("inf"), None, 1.0, None, 0.0, None, 0.1, None, 0, None, 0, None, *no_state, torch.empty(2, dtype=torch.int64))

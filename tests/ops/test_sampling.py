@@ -303,7 +303,7 @@ def test_opcheck_and_compile(lp):
     bitmask = random_bitmask(4, 300, g, "mixed")
     out = torch.empty(4, dtype=torch.int64)
     no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None)
-    args = (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "top_k_first", torch.full((4,), 1e-3), 0.0, None, 2e-3,
+    args = (logits, torch.rand(4) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0, "top_k_first", torch.tensor([True, False, True, False]), False, torch.full((4,), 1e-3), 0.0, None, 2e-3,
             torch.full((4,), 1.5), -1.0, torch.full((4,), 6.0), float("inf"), torch.full((4,), 0.9), 1.0, None, 1.0, torch.full((4,), 0.05), 0.1,
             torch.arange(4), 0, None, 3, bitmask,
             *no_penalties, out)

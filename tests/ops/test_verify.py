@@ -217,6 +217,29 @@ def test_forbidden_or_filtered_draft_always_rejected(lp_cpu, with_draft_probs):
     assert (accepted == 0).all()
 
 
+def test_temperature_last(lp_cpu):
+    """temperature_last in llama.cpp's order: the emitted sequence has the distributions
+    filtered_probs gives for it (checked against a float64 chain in test_llama_cpp_order.py), not
+    temperature first's: the first token, the acceptance of d_0 and the second given the first."""
+    g = torch.Generator().manual_seed(1470)
+    filters = dict(temperature=0.6, top_k=12, top_p=0.8, min_p=0.05)
+    target, drafts, q, _, _, (q0, _, _) = speculative_setup(g, N // 3, **filters)
+    params = dict(filters, filter_apply_order="llama_cpp")
+    first = target[0, 0][None]
+    p0 = lp_cpu.filtered_probs(first, **params, temperature_last=True)[0].double()
+    assert not torch.equal(p0 > 0, lp_cpu.filtered_probs(first, **params)[0] > 0)
+    tokens, accepted = lp_cpu.verify_draft(target, drafts, draft_probs=q, seed=8, offset=1, temperature_last=True,
+                                           **params)
+    assert_matches(tokens[:, 0], p0, 0.005)
+    assert abs((accepted >= 1).double().mean() - torch.minimum(p0, q0).sum()) < 0.008
+    continued = accepted >= 1
+    firsts, seconds = tokens[continued, 0], tokens[continued, 1]
+    p1 = lp_cpu.filtered_probs(target[continued, 1], **params, temperature_last=True).double()
+    joint = torch.bincount(firsts * V + seconds, minlength=V * V).double()
+    expected = torch.zeros(V, V, dtype=torch.float64).index_add_(0, firsts, p1)
+    assert chi_square_p_value(joint, expected.flatten()) > 1e-4
+
+
 def test_no_drafts_behaves_as_sample(lp_cpu):
     """num_draft_tokens = 0: the bonus token is a draw from p_0 (greedy: sample's argmax)."""
     g = torch.Generator().manual_seed(1460)
@@ -303,7 +326,7 @@ def test_out_opcheck_and_compile(lp_cpu):
     assert returned.tokens is out[0] and returned.num_accepted is out[1]
     no_penalties = (None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None)
     args = (target, drafts, torch.tensor([2, 1, 0, 2]), q, torch.rand(rows) + 0.5, 1.0, None, 5, None, 0.9,
-            None, 0.0, "top_k_first", None, 1e-4, None, 2e-3, torch.full((rows,), 2.0), -1.0, None, float("inf"), None, 0.9, torch.full((rows,), 0.5), 0.0, None, 0.1,
+            None, 0.0, "top_k_first", torch.tensor([True, False, True, False]), False, None, 1e-4, None, 2e-3, torch.full((rows,), 2.0), -1.0, None, float("inf"), None, 0.9, torch.full((rows,), 0.5), 0.0, None, 0.1,
             torch.arange(rows), 0, None,
             3, bitmask, *no_penalties, torch.rand(rows, 3) + 0.5, None, None, 5.0, None, 0.1, False,
             torch.empty(rows, 3, dtype=torch.int64), torch.empty(rows, dtype=torch.int64))
@@ -314,10 +337,10 @@ def test_out_opcheck_and_compile(lp_cpu):
     penalties = (prompt, counts, torch.rand(rows) + 0.5, 0.0, None, 0.3, None, 0.1,
                  torch.randint(-1, V, (rows, 2), generator=g), torch.randn(rows, 2, generator=g), "bias_last",
                  torch.tensor([3, 0, 2, 1]))
-    args = args[:32] + penalties + args[44:]
+    args = args[:34] + penalties + args[46:]
     torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args)
     # Block verification.
-    torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args[:50] + (True,) + args[51:])
+    torch.library.opcheck(lp_cpu._ops.ops.verify_draft, args[:52] + (True,) + args[53:])
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def step(x, d, p, m, offset):

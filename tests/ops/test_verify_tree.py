@@ -483,7 +483,7 @@ def test_out_opcheck_and_compile(lp_cpu):
     new_out = lambda: (torch.empty(rows, width, dtype=torch.int64), torch.empty(rows, width, dtype=torch.int64),  # noqa: E731
                        torch.empty(rows, dtype=torch.int64))
     args = (target, drafts, next_token, next_sibling, q, torch.rand(rows) + 0.5, 1.0, None, 5, None, 0.9, None, 0.0,
-            "top_k_first", None, 1e-4, torch.full((rows,), 1e-3), 0.0, None, 2.0, None, float("inf"), torch.full((rows,), 0.9), 1.0, None, 1.0, None, 0.05,
+            "top_k_first", None, False, None, 1e-4, torch.full((rows,), 1e-3), 0.0, None, 2.0, None, float("inf"), torch.full((rows,), 0.9), 1.0, None, 1.0, None, 0.05,
             torch.arange(rows), 0, None, 3, masks,
             None, None, None, 1.0, None, 0.0, None, 0.0, None, None, "vllm", None,  # (no penalties)
             torch.rand(rows, target.shape[1]) + 0.5, None, None, 5.0, None, 0.1, *new_out())  # (each node's temperature; no mirostat)
@@ -495,7 +495,7 @@ def test_out_opcheck_and_compile(lp_cpu):
     penalties = (prompt, counts, torch.rand(rows) + 0.5, 0.0, None, 0.3, None, 0.1,
                  torch.randint(-1, V, (rows, 2), generator=g), torch.randn(rows, 2), "bias_last",
                  torch.randperm(rows + 1, generator=g)[:rows])
-    torch.library.opcheck(lp_cpu._ops.ops.verify_tree, args[:33] + penalties + args[45:])
+    torch.library.opcheck(lp_cpu._ops.ops.verify_tree, args[:35] + penalties + args[47:])
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def step(x, d, nt, ns, p, m, offset, out):

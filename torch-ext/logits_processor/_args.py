@@ -15,6 +15,7 @@ import torch
 from ._ops import ops as _registered_ops
 
 Param = Union[float, int, torch.Tensor]
+Flag = Union[bool, torch.Tensor]
 Indices = Union[Sequence[int], torch.Tensor, None]
 Rows = Indices  # indices of rows of the penalty state
 
@@ -27,6 +28,16 @@ def number_or_tensor(name: str, value: Param, kind: type) -> dict:
     if kind is int and not isinstance(value, int):
         raise TypeError(f"{name} must be an int or an integer tensor, got {value!r}")
     return {name: None, f"{name}_value": kind(value)}
+
+
+def flag_or_tensor(name: str, value: Flag) -> dict:
+    """`value`, a bool or a per-row bool tensor (the op checks it), as the schema arguments `<name>`
+    and `<name>_value`."""
+    if isinstance(value, torch.Tensor):
+        return {name: value, f"{name}_value": False}
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool or a 1-D bool tensor, got {type(value).__name__}")
+    return {name: None, f"{name}_value": value}
 
 
 def indices_tensor(indices: Indices, name: str = "indices") -> Optional[torch.Tensor]:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ._args import Param, number_or_tensor
+from ._args import Flag, Param, flag_or_tensor, number_or_tensor
 from ._dynatemp import dynamic_temperature
 from ._penalties import Penalties, fused_penalty_arguments
 
@@ -52,7 +52,7 @@ class Control:
         it."""
         kind = self.annotation.replace("Param", "float or torch.Tensor" if self.number is float
                                        else "int or torch.Tensor")
-        kind = kind.replace("Optional[torch.Tensor]", "torch.Tensor, optional").replace(
+        kind = kind.replace("Optional[torch.Tensor]", "torch.Tensor, optional").replace("Flag", "bool or torch.Tensor").replace(
             "Optional[Penalties]", "Penalties, optional")
         if text is not None or not brief:
             return f"{self.name} ({kind}): {text or self.doc}"
@@ -99,6 +99,15 @@ CONTROLS: dict[str, Control] = {c.name: c for c in (
         "default \"top_k_first\"). ``\"llama_cpp\"``: llama.cpp's chain, each over what the last "
         "left, renormalised: top-k, typical_p, top-p, min-p (then XTC; not `sample_sharded`); see "
         "docs/semantics-sampling.md.")),
+    Control("temperature_last", False, "Flag", positional=False, doc=(
+        "whether the temperature comes after the filters (llama.cpp's default chain, "
+        "text-generation-webui's temperature_last), a bool or a bool ``[B]`` tensor: every filter "
+        "decides on the logits at temperature 1 and the draw, the log-probabilities and the kept "
+        "set's outputs are those of the kept tokens at the temperature. False (default): the "
+        "filters decide at the temperature, as vLLM's, SGLang's and transformers' do. With "
+        "``filter_apply_order=\"llama_cpp\"`` it is llama.cpp's chain whole. Not taken by "
+        "`sample_sharded`."),
+        sharded=False),
     Control("epsilon_cutoff", 0.0, "Param", number=float, positional=False, doc=(
         "keep the tokens with p >= epsilon_cutoff (transformers' EpsilonLogitsWarper, Hewitt et "
         "al. 2022), p over the whole row, and always the most likely; in [0, 1]; 0.0 (default) "
@@ -187,6 +196,8 @@ class SamplingControls(collections.namedtuple("_Controls", CONTROLS, defaults=[c
                 arguments |= number_or_tensor(name, value, control.number)
             elif name == "penalties":
                 arguments |= fused_penalty_arguments(value)
+            elif control.annotation == "Flag":
+                arguments |= flag_or_tensor(name, value)
             else:
                 arguments[name] = value
         if positions:
@@ -270,7 +281,8 @@ def sampling_op(*names: str, full_docs: bool = False, docs: Optional[dict[str, s
         module = impl.__globals__
         impl_name, defaults_name = f"_{impl.__name__}_impl", f"_{impl.__name__}_defaults"
         module.update({impl_name: impl, defaults_name: defaults, "_controls_from": controls_from})
-        for name, value in (("Param", Param), ("Penalties", Penalties), ("SamplingControls", SamplingControls)):
+        for name, value in (("Param", Param), ("Flag", Flag), ("Penalties", Penalties),
+                            ("SamplingControls", SamplingControls)):
             module.setdefault(name, value)
 
         def parameter(name: str) -> str:

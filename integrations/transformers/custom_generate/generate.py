@@ -315,6 +315,7 @@ def decode(
     grammars: Optional[list] = None,
     tokenizer_info=None,
     filter_apply_order: Optional[str] = None,
+    temperature_last: bool = False,
     frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0,
     top_n_sigma: float = -1.0,
@@ -339,6 +340,10 @@ def decode(
     filter_apply_order: default transformers' chain ("top_k_first"; "llama_cpp" where min_p is
         beside top_p), or "joint", "top_k_first", "llama_cpp"; needed when top_p, min_p and
         typical_p are all set.
+    temperature_last: the temperature after the filters (llama.cpp's chain, text-generation-webui's
+        temperature_last): top-k, top-p, min-p and the rest decide on the logits at temperature 1,
+        the draw and the reported scores are at the temperature; False (the default):
+        transformers' order, the temperature warper first; ignored by greedy search.
     frequency_penalty, presence_penalty: vLLM's, from the counts of generated tokens.
     top_n_sigma: llama.cpp's (transformers has no warper for it): keep the logits within
         top_n_sigma standard deviations of the row's largest, before top-k and top-p; -1 (the
@@ -374,8 +379,11 @@ def decode(
     for name, value in (("xtc_probability", xtc_probability), ("xtc_threshold", xtc_threshold)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
             raise ValueError(f"custom_generate (logits-processor): {name} must be a number in [0, 1], got {value!r}")
+    if not isinstance(temperature_last, bool):
+        raise ValueError(f"custom_generate (logits-processor): temperature_last must be a bool, got {temperature_last!r}")
     if sampling["temperature"] > 0:
         sampling["top_n_sigma"] = top_n_sigma
+        sampling["temperature_last"] = temperature_last
         if xtc_probability > 0:
             sampling.update(xtc_probability=float(xtc_probability), xtc_threshold=float(xtc_threshold))
         if dynatemp_range > 0:  # (every op below, reported scores included, runs at T')
