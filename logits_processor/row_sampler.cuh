@@ -325,19 +325,18 @@ struct RowSampler {
     const float temperature = r.temperature;
     if (last) r = at_cut_temperature(r), x_origin = 0.0f, unit_threshold = kNoKey, unit_ceiling = kNoCeiling;
     const bool found = cut_floor(sh, typical || chained || xtc || last ? nullptr : draw);
-    const float row_top = s_max;
     if (found && typical) keep_typical(sh);
     if (found && chained) keep_top_p_min_p(sh);
     if (found && xtc) exclude_top_choices(sh);
-    if (last && found) to_draw_temperature(temperature, row_top);
+    if (last && found) to_draw_temperature(temperature);
     if (last && !found) r.temperature = temperature;
     return found;
   }
 
   // temperature_last (sampling.h's draw_cut): the cut's bounds become within_cut's, and the
   // row's scores, bounds and s_max those of the draw's T.
-  __device__ void to_draw_temperature(float temperature, float row_top) {
-    const DrawCut d = draw_cut(temperature, row_top, threshold, ceiling, s_max);
+  __device__ void to_draw_temperature(float temperature) {
+    const DrawCut d = draw_cut(temperature, threshold, ceiling, s_max);
     r.temperature = temperature;
     unit_threshold = threshold, unit_ceiling = ceiling;
     x_origin = d.x_origin, threshold = d.threshold, ceiling = d.ceiling, s_max = d.s_max;

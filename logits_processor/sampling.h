@@ -331,9 +331,11 @@ LP_HOST_DEVICE bool within_cut(float x, uint32_t threshold, uint32_t ceiling) {
   return key >= threshold && key <= ceiling;
 }
 
-// The draw's side of a temperature_last cut (its threshold, ceiling and s_max keys at T = 1,
-// row_top the row's largest score at T = 1): the score origin at T, the bounds' draw_keys
-// (every kept candidate's key at T lies within them) and the kept set's top at T.
+// The draw's side of a temperature_last cut (its threshold and ceiling keys and the kept set's
+// top s_max, at T = 1): the score origin at T, from the kept set's top (XTC and typical_p may
+// drop the row's; with the row's, a tiny T would clamp every kept score to -FLT_MAX), the
+// bounds' draw_keys (every kept candidate's key at T lies within them) and the kept set's top
+// at T.
 struct DrawCut {
   float x_origin;
   uint32_t threshold;
@@ -341,8 +343,8 @@ struct DrawCut {
   float s_max;
 };
 
-LP_HOST_DEVICE DrawCut draw_cut(float temperature, float row_top, uint32_t threshold, uint32_t ceiling, float s_max) {
-  const float x_origin = score_origin(row_top, temperature);
+LP_HOST_DEVICE DrawCut draw_cut(float temperature, uint32_t threshold, uint32_t ceiling, float s_max) {
+  const float x_origin = score_origin(s_max, temperature);
   return {x_origin, draw_key(threshold, temperature, x_origin), draw_key(ceiling, temperature, x_origin),
           row_max_score(draw_key(score_key(s_max), temperature, x_origin))};
 }

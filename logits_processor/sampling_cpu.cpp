@@ -228,18 +228,17 @@ class RowSampler {
   // With temperature_last the cut runs on the scores at T = 1 (r_'s temperature), which the
   // draw's then replace (to_draw_temperature).
   void cut() {
-    const float row_top = s_max_;
     cutoff_ = cutoff();
     if (r_.typical_p < 1.0f) keep_typical();
     if (chained_top_p_min_p(r_)) keep_top_p_min_p();
     if (xtc_falls(r_)) exclude_top_choices();
-    if (r_.temperature_last) to_draw_temperature(row_top);
+    if (r_.temperature_last) to_draw_temperature();
   }
 
   // temperature_last (sampling.h's draw_cut): the kept candidates' scores at T = 1 become the
   // draw's at T, the others -inf (XTC's and typical_p's ceilings have already dropped theirs).
-  void to_draw_temperature(float row_top) {
-    const DrawCut d = draw_cut(draw_temperature_, row_top, cutoff_.threshold, kNoCeiling, s_max_);
+  void to_draw_temperature() {
+    const DrawCut d = draw_cut(draw_temperature_, cutoff_.threshold, kNoCeiling, s_max_);
     x_origin_ = d.x_origin;
     scores_at_draw_temperature(scores_, p_.vocab, cutoff_.threshold, draw_temperature_, x_origin_);
     s_max_ = d.s_max;

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) split_draw_kernel(const __grid_const
 }
 
 // One block per row, grid-stride. (__grid_constant__: row_logprobs takes p by reference, which
-// would otherwise copy its 472 bytes to the stack, toward CUDA's default 1 KB limit.)
+// would otherwise copy its 700-odd bytes to the stack, toward CUDA's default 1 KB limit.)
 __global__ void __launch_bounds__(kThreads) logprobs_kernel(const __grid_constant__ SamplingParams p) {
   __shared__ SharedState sh;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {

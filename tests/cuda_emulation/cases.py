@@ -60,8 +60,9 @@ LLAMA_CPP_PATHS = {
 ORDER_PATHS = {"top_k_first": TOP_K_FIRST_PATHS, "llama_cpp": LLAMA_CPP_PATHS}
 # temperature_last (the cut at T = 1, the draw at T): llama.cpp's whole chain, the other orders'
 # cuts, the whole-row floors (sigma in logit units either way), a temperature at which every
-# score is 0 (only the cut's own bounds keep its set: sampling.h's within_cut) and one at
-# which the scores are taken from the row's top (score_origin), and an unfiltered row.
+# score is 0 (only the cut's own bounds keep its set: sampling.h's within_cut) and two at
+# which the scores are taken from the kept set's top (score_origin; XTC may drop the row's),
+# and an unfiltered row.
 TEMPERATURE_LAST_PATHS = {
     "llama_cpp": dict(temperature=0.7, top_k=50, typical_p=0.9, top_p=0.9, min_p=0.05, filter_apply_order="llama_cpp"),
     "llama_cpp_xtc": dict(temperature=1.6, top_k=100, top_p=0.95, xtc_probability=1.0, xtc_threshold=0.05,
@@ -71,6 +72,7 @@ TEMPERATURE_LAST_PATHS = {
     "floors": dict(temperature=0.5, top_n_sigma=1.5, epsilon_cutoff=1e-3, top_p=0.95),
     "infinite": dict(temperature=math.inf, top_k=7, top_p=0.9),
     "tiny": dict(temperature=1e-30, top_p=0.9, min_p=0.01),
+    "tiny_xtc": dict(temperature=1e-40, xtc_probability=1.0, xtc_threshold=0.05),  # (scores from the kept set's top)
     "unfiltered": dict(temperature=0.8),
 }
 # PATHS, every order's paths, each with its filter_apply_order ("<path>_<order>"), and the

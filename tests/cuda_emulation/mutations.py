@@ -261,7 +261,10 @@ MUTANTS = [
     # which at T = inf every candidate meets); the draw left at T = 1.
     Mutant("temperature-last-bounds", ROW_SAMPLER, "!within_cut(x, unit_threshold, unit_ceiling)", "false", "fibers",
            AGREEMENT, "temperature_last_agrees_with_cpu"),
-    Mutant("temperature-last-draw", ROW_SAMPLER, "if (last && found) to_draw_temperature(temperature, row_top);",
+    # ... and its scores at T from no origin (a tiny T's then all clamp to one value).
+    Mutant("temperature-last-origin", "logits_processor/sampling.h", "score_origin(s_max, temperature)", "0.0f", "fibers",
+           AGREEMENT, "temperature_last_agrees_with_cpu"),
+    Mutant("temperature-last-draw", ROW_SAMPLER, "if (last && found) to_draw_temperature(temperature);",
            "if (last && found) r.temperature = temperature;", "fibers", AGREEMENT, "temperature_last_agrees_with_cpu"),
     # mirostat along the path: verify_kernel's positions all at the row's first mu (the emitted
     # tokens' steps still taken); block verification's last token drawn at the walk's last mu,

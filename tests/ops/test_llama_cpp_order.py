@@ -197,6 +197,17 @@ def test_temperature_last_keeps_exactly_the_cut_where_scores_merge(lp):
     assert (kept.size == 5).all() and torch.allclose(out.logprobs[:, 0], torch.full((4,), -math.log(5)))
 
 
+def test_temperature_last_origin_is_the_kept_sets_top(lp):
+    """XTC at T = 1 drops the row's top; at a temperature where x / T overflows the scores are taken
+    from the kept set's top, so the draw is its argmax (the limit), not a tie of clamped scores."""
+    row = torch.tensor([[100.0, 99.9, 97.0, 96.8]])
+    kwargs = dict(temperature=1e-40, xtc_probability=1.0, xtc_threshold=0.1, temperature_last=True)
+    assert torch.equal(lp.filtered_probs(row, **kwargs), torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
+    assert (lp.sample(row.repeat(64, 1), **kwargs) == 1).all()
+    out, kept = lp.sample_with_logprobs(row, **kwargs, return_kept=4)
+    assert out.logprobs[0, 0] == 0.0 and kept.size.tolist() == [3]
+
+
 def test_temperature_last_draws(lp):
     """200k draws of one row with temperature_last fit filtered_probs' distribution (chi-square),
     which temperature first's fails; the logprobs and kept set are the drawn distribution's;
